@@ -158,23 +158,23 @@ fn ipv6_vectors() {
 fn parsed_frames_hash_like_the_vectors() {
     // A TCP/IPv4 frame of the first vector: parse, then hash the frame.
     let v = &V4_VECTORS[0];
-    let s: Ipv4Addr = v.src.parse().unwrap();
-    let d: Ipv4Addr = v.dst.parse().unwrap();
+    let src: Ipv4Addr = v.src.parse().unwrap();
+    let dst: Ipv4Addr = v.dst.parse().unwrap();
     let mut f = vec![0u8; 14 + 20 + 20];
     f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     f[14] = 0x45;
     f[16..18].copy_from_slice(&40u16.to_be_bytes());
     f[14 + 9] = 6;
-    f[26..30].copy_from_slice(&s.octets());
-    f[30..34].copy_from_slice(&d.octets());
+    f[26..30].copy_from_slice(&src.octets());
+    f[30..34].copy_from_slice(&dst.octets());
     f[34..36].copy_from_slice(&v.sport.to_be_bytes());
     f[36..38].copy_from_slice(&v.dport.to_be_bytes());
     f[34 + 12] = 0x50;
-    let p = parse_frame(&f).unwrap();
+    let parsed = parse_frame(&f).unwrap();
     let t = Toeplitz::default();
-    assert_eq!(t.hash_frame(&p), Some(v.with_ports));
+    assert_eq!(t.hash_frame(&parsed), Some(v.with_ports));
     // Mark it a fragment: 2-tuple.
     f[14 + 6] = 0x20; // MF
-    let p = parse_frame(&f).unwrap();
-    assert_eq!(t.hash_frame(&p), Some(v.without));
+    let parsed = parse_frame(&f).unwrap();
+    assert_eq!(t.hash_frame(&parsed), Some(v.without));
 }
