@@ -676,9 +676,6 @@ impl FilterTable {
         if op.rxq >= enabled {
             return self.reject(seq, op, Some(key), OpStatus::BadQueue, on_event);
         }
-        if self.fail_rng.chance(self.cfg.add_fail_rate) {
-            return self.reject(seq, op, Some(key), OpStatus::InjectedFailure, on_event);
-        }
         let cur = self.index.get(op.id);
         let other = self.index.lookup(&key).filter(|&(oid, _)| oid != op.id);
         if cur.is_none() && other.is_none() && self.index.len() >= self.cfg.capacity as usize {
@@ -698,6 +695,10 @@ impl FilterTable {
             if fill >= ways {
                 return self.reject(seq, op, Some(key), OpStatus::BucketFull, on_event);
             }
+        }
+        // One draw per ADD op that would otherwise succeed.
+        if self.fail_rng.chance(self.cfg.add_fail_rate) {
+            return self.reject(seq, op, Some(key), OpStatus::InjectedFailure, on_event);
         }
         let keep_hits = matches!(cur, Some((f, _)) if f == key);
         let prev_meta = self.meta[usize::from(op.id)];
