@@ -5,7 +5,7 @@ use arfs::proto::{
     decode, decode_frame, decode_frame_driver, decode_frame_limited, encode, encode_ack,
     encode_caps, encode_into, encode_nak, is_mgmt_frame, max_ops_per_frame, Ack, AddOp, Caps,
     DelOp, DelReason, Direction, EncodeError, FrameError, FrameMeta, Hello, Message, MsgType,
-    OpStatus, BROADCAST_MAC, DEVICE_MAC, MAX_ADD_OPS, MAX_DEL_OPS,
+    OpStatus, BROADCAST_MAC, DEFAULT_MAX_OPS, DEVICE_MAC, MAX_ADD_OPS, MAX_DEL_OPS,
 };
 use arfs::{FlowKey, L4Proto};
 use proptest::prelude::*;
@@ -373,6 +373,17 @@ fn padding_is_ignored_and_limits_apply() {
     )
     .unwrap();
     assert!(out.len() <= 1514);
+    // fits the MTU, but the device's default max_ops is 33 for DEL too
+    assert_eq!(decode_frame(&out).unwrap_err().kind, FrameError::TooManyOps);
+    assert!(decode_frame_limited(&out, MAX_DEL_OPS).is_ok());
+    let del33 = vec![
+        DelOp {
+            id: 1,
+            reason: DelReason::Idle
+        };
+        usize::from(DEFAULT_MAX_OPS)
+    ];
+    encode(&mut out, &meta(3), &Message::Del(del33)).unwrap();
     assert!(decode_frame(&out).is_ok());
     // encode refuses what does not fit
     let too_many = Message::Add(vec![AddOp::new(1, 0, &k); usize::from(MAX_ADD_OPS) + 1]);
