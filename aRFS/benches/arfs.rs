@@ -2,6 +2,11 @@
 //!
 //! Run: `cargo bench -p arfs -- --warm-up-time 1 --measurement-time 3`
 //!
+//! The clock is the benchmark thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`)
+//! by default, so time the thread spends descheduled on a shared, loaded
+//! machine is not counted (cache pollution by other processes still is).
+//! `ARFS_BENCH_CLOCK=wall` switches to criterion's wall clock.
+//!
 //! Lookup benches cycle through a shuffled array of keys, one lookup per
 //! iteration; iterations are independent, so the figure is the per-lookup
 //! cost in a stream of packets (cache misses of consecutive lookups overlap),
@@ -18,7 +23,100 @@ use arfs::rng::SplitMix64;
 use arfs::{
     parse_frame, FilterTable, FlowIndex, FlowKey, L4Proto, Request, Rss, TableConfig, Toeplitz,
 };
-use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput};
+
+/// Criterion measurement: CPU time consumed by the calling thread.
+struct ThreadCpu;
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the
+    // call, and CLOCK_THREAD_CPUTIME_ID is supported on Linux; the call
+    // writes only into `ts`.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID) failed");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Measurement for ThreadCpu {
+    type Intermediate = u64;
+    type Value = u64;
+
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, start: u64) -> u64 {
+        thread_cpu_ns() - start
+    }
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+    fn zero(&self) -> u64 {
+        0
+    }
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &NsFormatter
+    }
+}
+
+/// Formats nanosecond values (criterion's own formatter is private).
+struct NsFormatter;
+
+impl ValueFormatter for NsFormatter {
+    fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
+        let (factor, unit) = if typical < 1e3 {
+            (1.0, "ns")
+        } else if typical < 1e6 {
+            (1e-3, "µs")
+        } else if typical < 1e9 {
+            (1e-6, "ms")
+        } else {
+            (1e-9, "s")
+        };
+        for v in values {
+            *v *= factor;
+        }
+        unit
+    }
+
+    fn scale_throughputs(
+        &self,
+        typical: f64,
+        throughput: &Throughput,
+        values: &mut [f64],
+    ) -> &'static str {
+        let n = match *throughput {
+            Throughput::Bytes(n) | Throughput::BytesDecimal(n) | Throughput::Elements(n) => {
+                n as f64
+            }
+        };
+        let per_sec = n * 1e9 / typical;
+        let (div, unit) = if per_sec < 1e3 {
+            (1.0, " elem/s")
+        } else if per_sec < 1e6 {
+            (1e3, "Kelem/s")
+        } else if per_sec < 1e9 {
+            (1e6, "Melem/s")
+        } else {
+            (1e9, "Gelem/s")
+        };
+        for v in values {
+            *v = n * 1e9 / *v / div;
+        }
+        unit
+    }
+
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
 
 fn key(rng: &mut SplitMix64) -> FlowKey {
     let x = rng.next_u64();
@@ -44,7 +142,7 @@ fn keys(n: usize, seed: u64) -> Vec<FlowKey> {
     v
 }
 
-fn bench_lookup(c: &mut Criterion) {
+fn bench_lookup<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("lookup");
     g.throughput(Throughput::Elements(1));
     for &n in &[1_000usize, 65_535] {
@@ -103,10 +201,35 @@ fn bench_lookup(c: &mut Criterion) {
             black_box(ix.lookup(black_box(&misses[i])))
         });
     });
+    // The same 1M table looked up in bursts of 32 (a virtqueue batch).
+    let mut out = [None; 32];
+    let mut i = 0usize;
+    g.throughput(Throughput::Elements(32));
+    g.bench_function(BenchmarkId::new("hit_batch32", n), |b| {
+        b.iter(|| {
+            i += 32;
+            if i + 32 > ks.len() {
+                i = 0;
+            }
+            ix.lookup_batch(black_box(&ks[i..i + 32]), &mut out);
+            black_box(&out);
+        });
+    });
+    let mut i = 0usize;
+    g.bench_function(BenchmarkId::new("miss_batch32", n), |b| {
+        b.iter(|| {
+            i += 32;
+            if i + 32 > misses.len() {
+                i = 0;
+            }
+            ix.lookup_batch(black_box(&misses[i..i + 32]), &mut out);
+            black_box(&out);
+        });
+    });
     g.finish();
 }
 
-fn bench_add_del(c: &mut Criterion) {
+fn bench_add_del<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("add_del");
     // FlowIndex: one insert + one remove_by_id per iteration, table half full.
     let n = 32_768usize;
@@ -181,7 +304,7 @@ fn bench_add_del(c: &mut Criterion) {
     g.finish();
 }
 
-fn bench_toeplitz(c: &mut Criterion) {
+fn bench_toeplitz<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("toeplitz");
     g.throughput(Throughput::Elements(1));
     let t = Toeplitz::default();
@@ -255,7 +378,7 @@ fn frame_v6_ext() -> Vec<u8> {
     f
 }
 
-fn bench_parse(c: &mut Criterion) {
+fn bench_parse<M: Measurement>(c: &mut Criterion<M>) {
     let mut g = c.benchmark_group("parse");
     g.throughput(Throughput::Elements(1));
     let f4 = frame_v4();
@@ -297,11 +420,22 @@ fn bench_parse(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(
-    benches,
-    bench_lookup,
-    bench_add_del,
-    bench_toeplitz,
-    bench_parse
-);
-criterion_main!(benches);
+fn run<M: Measurement>(mut c: Criterion<M>) {
+    bench_lookup(&mut c);
+    bench_add_del(&mut c);
+    bench_toeplitz(&mut c);
+    bench_parse(&mut c);
+    c.final_summary();
+}
+
+fn main() {
+    if std::env::var("ARFS_BENCH_CLOCK").as_deref() == Ok("wall") {
+        run(Criterion::default()
+            .with_measurement(WallTime)
+            .configure_from_args());
+    } else {
+        run(Criterion::default()
+            .with_measurement(ThreadCpu)
+            .configure_from_args());
+    }
+}
