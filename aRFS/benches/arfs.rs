@@ -420,7 +420,45 @@ fn bench_parse<M: Measurement>(c: &mut Criterion<M>) {
     g.finish();
 }
 
+/// Context for the lookup figures: the machine's own cost of one random
+/// 8-byte read from arrays the size of the 64K and 1M indexes' slot arrays
+/// (6 MiB and 96 MiB), as a stream of independent reads (what a lookup
+/// stream can at best overlap) and as a dependent chain (raw latency).
+fn bench_memory_baseline<M: Measurement>(c: &mut Criterion<M>) {
+    let mut g = c.benchmark_group("memory_baseline");
+    g.throughput(Throughput::Elements(1));
+    for (name, bytes) in [("6MiB", 6usize << 20), ("96MiB", 96usize << 20)] {
+        let n = bytes / 8;
+        // a single random cycle through all elements (Sattolo's algorithm)
+        let mut next: Vec<u64> = (0..n as u64).collect();
+        let mut rng = SplitMix64::new(9);
+        for i in (1..n).rev() {
+            let j = (rng.next_u64() % i as u64) as usize;
+            next.swap(i, j);
+        }
+        let idx: Vec<u32> = (0..1 << 20)
+            .map(|_| (rng.next_u64() % n as u64) as u32)
+            .collect();
+        let mut i = 0usize;
+        g.bench_function(BenchmarkId::new("independent_reads", name), |b| {
+            b.iter(|| {
+                i = (i + 1) & ((1 << 20) - 1);
+                black_box(next[idx[i] as usize])
+            });
+        });
+        let mut p = 0usize;
+        g.bench_function(BenchmarkId::new("dependent_chain", name), |b| {
+            b.iter(|| {
+                p = next[p] as usize;
+                black_box(p)
+            });
+        });
+    }
+    g.finish();
+}
+
 fn run<M: Measurement>(mut c: Criterion<M>) {
+    bench_memory_baseline(&mut c);
     bench_lookup(&mut c);
     bench_add_del(&mut c);
     bench_toeplitz(&mut c);
