@@ -251,55 +251,65 @@ fn bench_add_del<M: Measurement>(c: &mut Criterion<M>) {
     });
 
     // FilterTable: a 33-op ADD request then a 33-op DEL request, applied
-    // with events delivered to a counting closure; table holds 32K filters.
-    let mut t = FilterTable::new(TableConfig {
-        capacity: 65_535,
-        buckets: Some((16_384, 8)),
-        ..TableConfig::default()
-    })
-    .unwrap();
-    let base: Vec<AddOp> = ks[..n]
-        .iter()
-        .enumerate()
-        .map(|(i, k)| AddOp::new(i as u16, 0, k))
-        .collect();
+    // with events delivered to a counting closure, with the placement model
+    // on; a small table (cache-resident) and a large one (1K / 32K live).
     let mut sink = 0u64;
-    for chunk in base.chunks(33) {
-        t.apply_now(0, 0, Request::Add(chunk.to_vec()), 4, &mut |_| sink += 1);
-    }
-    let adds: Vec<Vec<AddOp>> = extra
-        .chunks(33)
-        .enumerate()
-        .map(|(c, ch)| {
-            ch.iter()
-                .enumerate()
-                .map(|(j, k)| AddOp::new((n + c * 33 + j) as u16 % 65_535, 1, k))
-                .collect()
+    for (capacity, live) in [(2_048u32, 1_000usize), (65_535, 32_768)] {
+        let mut t = FilterTable::new(TableConfig {
+            capacity,
+            buckets: Some((capacity / 4, 16)),
+            ..TableConfig::default()
         })
-        .collect();
-    let mut c_i = 0usize;
-    g.throughput(Throughput::Elements(33));
-    g.bench_function("table_33_pairs", |b| {
-        b.iter_batched(
-            || {
-                c_i = (c_i + 1) % adds.len();
-                let a = adds[c_i].clone();
-                let d: Vec<DelOp> = a
-                    .iter()
-                    .map(|o| DelOp {
-                        id: o.id,
-                        reason: DelReason::Expired,
-                    })
-                    .collect();
-                (a, d)
-            },
-            |(a, d)| {
-                t.apply_now(1, 1, Request::Add(a), 4, &mut |_| sink += 1);
-                t.apply_now(2, 2, Request::Del(d), 4, &mut |_| sink += 1);
-            },
-            BatchSize::SmallInput,
+        .unwrap();
+        let base: Vec<AddOp> = ks[..live]
+            .iter()
+            .enumerate()
+            .map(|(i, k)| AddOp::new(i as u16, 0, k))
+            .collect();
+        for chunk in base.chunks(33) {
+            t.apply_now(0, 0, Request::Add(chunk.to_vec()), 4, &mut |_| sink += 1);
+        }
+        assert_eq!(t.len(), live);
+        let adds: Vec<Vec<AddOp>> = extra
+            .chunks(33)
+            .enumerate()
+            .map(|(c, ch)| {
+                ch.iter()
+                    .enumerate()
+                    .map(|(j, k)| AddOp::new((live + c * 33 + j) as u16, 1, k))
+                    .collect()
+            })
+            .collect();
+        let mut c_i = 0usize;
+        g.throughput(Throughput::Elements(33));
+        g.bench_function(BenchmarkId::new("table_33_pairs", live), |b| {
+            b.iter_batched(
+                || {
+                    c_i = (c_i + 1) % adds.len();
+                    let a = adds[c_i].clone();
+                    let d: Vec<DelOp> = a
+                        .iter()
+                        .map(|o| DelOp {
+                            id: o.id,
+                            reason: DelReason::Expired,
+                        })
+                        .collect();
+                    (a, d)
+                },
+                |(a, d)| {
+                    t.apply_now(1, 1, Request::Add(a), 4, &mut |_| sink += 1);
+                    t.apply_now(2, 2, Request::Del(d), 4, &mut |_| sink += 1);
+                },
+                BatchSize::SmallInput,
+            );
+        });
+        assert_eq!(t.len(), live);
+        assert_eq!(
+            t.counters().rejects.total(),
+            0,
+            "no op rejected: every iteration is a real add + delete"
         );
-    });
+    }
     black_box(sink);
     g.finish();
 }
