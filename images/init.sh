@@ -32,6 +32,22 @@ for opt in $(cat /proc/cmdline); do
     esac
 done
 
+# Named virtio-serial ports (no udev here): /dev/virtio-ports/<name> -> /dev/vportXpY.
+# Ports are announced asynchronously by the device: wait up to 1 s for them.
+if ls -d /sys/bus/virtio/drivers/virtio_console/virtio* >/dev/null 2>&1; then
+    i=0
+    while [ $i -lt 10 ] && ! ls /sys/class/virtio-ports/*/name >/dev/null 2>&1; do
+        usleep 100000
+        i=$((i + 1))
+    done
+    mkdir -p /dev/virtio-ports
+    for p in /sys/class/virtio-ports/*; do
+        [ -r "$p/name" ] || continue
+        n=$(cat "$p/name")
+        [ -n "$n" ] && ln -sf "../${p##*/}" "/dev/virtio-ports/$n"
+    done
+fi
+
 for m in $(echo "$modules" | tr ',' ' '); do
     modprobe "$m" || echo "vnic-init: modprobe $m failed" >/dev/console
 done
