@@ -17,6 +17,23 @@ for d in /sys/class/net/eth*; do
     [ -e "$d" ] || continue
     echo "SMOKE ${d##*/}_rx_queues=$(ls -d "$d"/queues/rx-* | wc -l)"
 done
+# With vnic attached: address eth0 and ping the peer (vnic's gen answers ARP/ICMP).
+ip_addr="" ping_to=""
+for opt in $(cat /proc/cmdline); do
+    case "$opt" in
+    vnic.smoke_ip=*) ip_addr=${opt#*=} ;;
+    vnic.smoke_ping=*) ping_to=${opt#*=} ;;
+    esac
+done
+if [ -n "$ip_addr" ] && [ -e /sys/class/net/eth0 ]; then
+    ip addr add "$ip_addr" dev eth0
+    ip link set eth0 up
+    echo "SMOKE eth0_combined=$(ls -d /sys/class/net/eth0/queues/tx-* | wc -l)"
+    if [ -n "$ping_to" ]; then
+        ok=$(ping -c 3 -W 5 "$ping_to" 2>&1 | sed -n 's/.* \([0-9]*\) packets received.*/\1/p')
+        echo "SMOKE ping_received=${ok:-0}"
+    fi
+fi
 # The host connects to the agent socket and sends one line; reads on an
 # unconnected port return EOF at once, so retry for up to 30 s.
 line=""

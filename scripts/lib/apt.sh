@@ -122,12 +122,19 @@ vnic_apt_write_sources() {
             printf 'deb %s %s sid main\n' "$opts" "$archive"
         fi
     } >"$dir/sources.list.new"
-    mv "$dir/sources.list.new" "$dir/sources.list"
+    # Replace only on change: apt's package cache is invalidated by a newer sources.list.
+    if cmp -s "$dir/sources.list.new" "$dir/sources.list"; then
+        rm -f "$dir/sources.list.new"
+    else
+        mv "$dir/sources.list.new" "$dir/sources.list"
+    fi
 }
 
 vnic_apt_dir() { printf '%s/apt/%s\n' "$(vnic_cache)" "$1"; }
 
-# Options that point apt at a private state directory.
+# Options that point apt at a private state directory. The package caches are
+# named explicitly because some images (Docker's debian) disable them globally,
+# which makes every apt-cache call re-parse ~90 MB of lists (10 s instead of 0.1 s).
 vnic_apt_opts() {
     local d
     d=$(vnic_apt_dir "$1")
@@ -138,7 +145,13 @@ vnic_apt_opts() {
         -o "Dir::Cache=$d/cache" \
         -o "Dir::Cache::archives=$d/cache/archives" \
         -o "APT::Sandbox::User=root" \
-        -o "Acquire::Languages=none"
+        -o "Dir::Cache::pkgcache=pkgcache.bin" \
+        -o "Dir::Cache::srcpkgcache=srcpkgcache.bin" \
+        -o "Acquire::Languages=none" \
+        -o "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false" \
+        -o "Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled=false" \
+        -o "Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled=false" \
+        -o "Acquire::IndexTargets::deb::DEP-11-icons-hidpi::DefaultEnabled=false"
 }
 
 # Run apt-get / apt-cache against a private state: vnic_apt STATE apt-get ARGS...
