@@ -1275,7 +1275,8 @@ static void vnic_detach(struct vnic_ctx *ctx, bool unload)
 			dev->hw_features &= ~NETIF_F_NTUPLE;
 			dev->wanted_features &= ~NETIF_F_NTUPLE;
 			dev->features &= ~NETIF_F_NTUPLE;
-			netdev_features_change(dev);
+			if (dev->reg_state == NETREG_REGISTERED)
+				netdev_features_change(dev);
 		}
 		synchronize_net();
 		WRITE_ONCE(dev->rx_cpu_rmap, NULL);
