@@ -139,6 +139,7 @@ struct vnic_filter {
 	bool add_inflight;
 	bool on_dev;			/* an ADD of this id was ACKed ok */
 	bool sent;			/* an ADD went out in this generation */
+	bool resteer_blocked;		/* a re-steer was refused at @since */
 };
 
 struct vnic_slot {
@@ -524,6 +525,15 @@ static int vnic_rx_flow_steer(struct net_device *dev, const struct sk_buff *skb,
 			ctx->c.steer_dedup++;
 			goto out;
 		}
+		if (f->resteer_blocked &&
+		    time_before(now, f->since + msecs_to_jiffies(reject_holdoff_ms))) {
+			/* the device refused this move lately: no ADD per packet */
+			ctx->c.busy++;
+			ctx->c.busy_rejected++;
+			ret = -EBUSY;
+			goto out;
+		}
+		f->resteer_blocked = false;
 		f->rxq = rxq_index;
 		ctx->c.resteers++;
 		vnic_queue_add_locked(ctx, f);
@@ -915,6 +925,8 @@ static void vnic_ack_op_locked(struct vnic_ctx *ctx, const struct vnic_slot *s,
 		if (f->on_dev) {
 			/* a refused re-steer: the device keeps the previous queue */
 			f->rxq = f->dev_rxq;
+			f->resteer_blocked = true;
+			f->since = jiffies;
 			ctx->c.replaced_rejected++;
 			return;
 		}
