@@ -124,7 +124,7 @@ impl Daemon {
             return Err(io::Error::other("already reaped"));
         };
         // SAFETY: kill(2) on the pid of our own, not yet reaped child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(c.id().cast_signed(), libc::SIGTERM) };
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = c.try_wait()? {
@@ -147,7 +147,11 @@ impl Drop for Daemon {
             let _ = c.wait();
         }
         if std::thread::panicking() {
-            eprintln!("---- vnic daemon log ({}) ----\n{}", self.log.display(), self.log_text());
+            eprintln!(
+                "---- vnic daemon log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
         }
     }
 }

@@ -11,6 +11,7 @@
 pub mod harness;
 pub mod mem;
 pub mod net;
+pub mod pump;
 pub mod ring;
 
 use std::fmt;
@@ -23,7 +24,10 @@ use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VringConfigData};
 
 pub use mem::GuestMem;
-pub use net::{build_frame, parse_flow, FrameSpec, NetHdr, ParsedFlow, RxFrame, RxQueue, TxLayout, TxQueue, NET_HDR_LEN};
+pub use net::{
+    build_frame, parse_flow, FrameSpec, NetHdr, ParsedFlow, RxFrame, RxQueue, TxLayout, TxQueue,
+    NET_HDR_LEN,
+};
 pub use ring::{Desc, DeviceFault, Hostile, RingLayout, SplitRing, UsedElem};
 
 /// virtio-net feature bits.
@@ -35,7 +39,8 @@ pub mod features {
     pub const PROTOCOL_FEATURES: u64 = 1 << 30;
     pub const VERSION_1: u64 = 1 << 32;
     /// What the issue requires the device to offer.
-    pub const REQUIRED: u64 = VERSION_1 | MQ | MRG_RXBUF | EVENT_IDX | INDIRECT_DESC | PROTOCOL_FEATURES;
+    pub const REQUIRED: u64 =
+        VERSION_1 | MQ | MRG_RXBUF | EVENT_IDX | INDIRECT_DESC | PROTOCOL_FEATURES;
 }
 
 /// Errors of the test frontend.
@@ -177,7 +182,10 @@ impl Driver {
         }
         let offered_protocol = vh("GET_PROTOCOL_FEATURES", fe.get_protocol_features())?;
         let acked_protocol = offered_protocol & opts.protocol;
-        vh("SET_PROTOCOL_FEATURES", fe.set_protocol_features(acked_protocol))?;
+        vh(
+            "SET_PROTOCOL_FEATURES",
+            fe.set_protocol_features(acked_protocol),
+        )?;
         if acked_protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
             // Every request asks for an ACK so a device-side failure shows up
             // at the request that caused it.
@@ -274,8 +282,14 @@ impl Driver {
             log_addr: None,
         };
         vh("SET_VRING_ADDR", self.fe.set_vring_addr(index, &cfg))?;
-        vh("SET_VRING_KICK", self.fe.set_vring_kick(index, ring.kick_fd()))?;
-        vh("SET_VRING_CALL", self.fe.set_vring_call(index, ring.call_fd()))?;
+        vh(
+            "SET_VRING_KICK",
+            self.fe.set_vring_kick(index, ring.kick_fd()),
+        )?;
+        vh(
+            "SET_VRING_CALL",
+            self.fe.set_vring_call(index, ring.call_fd()),
+        )?;
         Ok(ring)
     }
 
@@ -292,8 +306,14 @@ impl Driver {
 
     /// SET_VRING_ENABLE on both vrings of `pair`.
     pub fn enable_pair(&mut self, pair: u16, on: bool) -> Result<()> {
-        vh("SET_VRING_ENABLE", self.fe.set_vring_enable(2 * pair as usize, on))?;
-        vh("SET_VRING_ENABLE", self.fe.set_vring_enable(2 * pair as usize + 1, on))?;
+        vh(
+            "SET_VRING_ENABLE",
+            self.fe.set_vring_enable(2 * pair as usize, on),
+        )?;
+        vh(
+            "SET_VRING_ENABLE",
+            self.fe.set_vring_enable(2 * pair as usize + 1, on),
+        )?;
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 
 use std::net::IpAddr;
 
-use super::ring::{Desc, DeviceFault, SplitRing, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE};
+use super::ring::{
+    Desc, DeviceFault, SplitRing, VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
+};
 
 /// Size of `virtio_net_hdr_v1` (VERSION_1 or MRG_RXBUF negotiated).
 pub const NET_HDR_LEN: usize = 12;
@@ -228,8 +230,15 @@ impl TxQueue {
     /// Queue `frame` (not yet published). Returns the head, or None when the
     /// ring is full.
     pub fn push(&mut self, frame: &[u8], layout: TxLayout) -> Option<u16> {
-        assert!(frame.len() <= self.max_frame(), "frame larger than a tx buffer");
-        let need = if layout == TxLayout::SplitHeader { 2 } else { 1 };
+        assert!(
+            frame.len() <= self.max_frame(),
+            "frame larger than a tx buffer"
+        );
+        let need = if layout == TxLayout::SplitHeader {
+            2
+        } else {
+            1
+        };
         if self.ring.free_slots() < need {
             return None;
         }
@@ -241,14 +250,27 @@ impl TxQueue {
         let total = (NET_HDR_LEN + frame.len()) as u32;
         match layout {
             TxLayout::Single => {
-                self.ring.write_desc(s, Desc { addr: buf, len: total, flags: 0, next: 0 });
+                self.ring.write_desc(
+                    s,
+                    Desc {
+                        addr: buf,
+                        len: total,
+                        flags: 0,
+                        next: 0,
+                    },
+                );
                 self.ring.push_single(s, 0);
             }
             TxLayout::SplitHeader => {
                 let t = self.ring.alloc().expect("checked");
                 self.ring.write_desc(
                     s,
-                    Desc { addr: buf, len: NET_HDR_LEN as u32, flags: VIRTQ_DESC_F_NEXT, next: t },
+                    Desc {
+                        addr: buf,
+                        len: NET_HDR_LEN as u32,
+                        flags: VIRTQ_DESC_F_NEXT,
+                        next: t,
+                    },
                 );
                 self.ring.write_desc(
                     t,
@@ -266,16 +288,31 @@ impl TxQueue {
                 self.ring.write_indirect(
                     table,
                     0,
-                    Desc { addr: buf, len: NET_HDR_LEN as u32, flags: VIRTQ_DESC_F_NEXT, next: 1 },
+                    Desc {
+                        addr: buf,
+                        len: NET_HDR_LEN as u32,
+                        flags: VIRTQ_DESC_F_NEXT,
+                        next: 1,
+                    },
                 );
                 self.ring.write_indirect(
                     table,
                     1,
-                    Desc { addr: buf + NET_HDR_LEN as u64, len: frame.len() as u32, flags: 0, next: 0 },
+                    Desc {
+                        addr: buf + NET_HDR_LEN as u64,
+                        len: frame.len() as u32,
+                        flags: 0,
+                        next: 0,
+                    },
                 );
                 self.ring.write_desc(
                     s,
-                    Desc { addr: table, len: 32, flags: VIRTQ_DESC_F_INDIRECT, next: 0 },
+                    Desc {
+                        addr: table,
+                        len: 32,
+                        flags: VIRTQ_DESC_F_INDIRECT,
+                        next: 0,
+                    },
                 );
                 self.ring.push_single(s, 0);
             }
@@ -309,7 +346,12 @@ impl TxQueue {
         let buf = self.ring.layout().buf(s);
         self.ring.write_desc(
             s,
-            Desc { addr: buf, len: (NET_HDR_LEN + frame_len) as u32, flags: 0, next: 0 },
+            Desc {
+                addr: buf,
+                len: (NET_HDR_LEN + frame_len) as u32,
+                flags: 0,
+                next: 0,
+            },
         );
         self.ring.push_single(s, 0);
         true
@@ -450,7 +492,10 @@ pub fn parse_flow(f: &[u8]) -> Option<ParsedFlow> {
         (0, 0)
     } else {
         let p = f.get(l4..l4 + 4)?;
-        (u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]]))
+        (
+            u16::from_be_bytes([p[0], p[1]]),
+            u16::from_be_bytes([p[2], p[3]]),
+        )
     };
     Some(ParsedFlow {
         src,

@@ -156,7 +156,12 @@ pub enum DeviceFault {
     /// in-flight chain.
     BogusUsedId { queue: usize, id: u32 },
     /// A used element reports more bytes than the chain can hold.
-    UsedLenTooBig { queue: usize, id: u32, len: u32, cap: u32 },
+    UsedLenTooBig {
+        queue: usize,
+        id: u32,
+        len: u32,
+        cap: u32,
+    },
     /// An RX header with num_buffers 0 or more than the ring could hold.
     BadNumBuffers { queue: usize, num_buffers: u16 },
 }
@@ -333,7 +338,9 @@ impl SplitRing {
         let old = self.kicked_at;
         self.kicked_at = new;
         let need = if self.event_idx {
-            let ev = self.mem.read_u16(self.layout.used + 4 + 8 * self.layout.size as u64);
+            let ev = self
+                .mem
+                .read_u16(self.layout.used + 4 + 8 * self.layout.size as u64);
             // vring_need_event(event, new, old)
             new.wrapping_sub(ev).wrapping_sub(1) < new.wrapping_sub(old)
         } else {
@@ -480,18 +487,33 @@ impl SplitRing {
         match kind {
             Hostile::AddrOutOfMemory => self.write_desc(
                 s,
-                Desc { addr: FAR_ADDR, len, flags: dir, next: 0 },
+                Desc {
+                    addr: FAR_ADDR,
+                    len,
+                    flags: dir,
+                    next: 0,
+                },
             ),
             Hostile::StraddlesEnd => self.write_desc(
                 s,
-                Desc { addr: self.mem.end() - 64, len: 4096, flags: dir, next: 0 },
+                Desc {
+                    addr: self.mem.end() - 64,
+                    len: 4096,
+                    flags: dir,
+                    next: 0,
+                },
             ),
             Hostile::Loop => {
                 let t = slots[1];
                 let half = len / 2;
                 self.write_desc(
                     s,
-                    Desc { addr: buf, len: half, flags: dir | VIRTQ_DESC_F_NEXT, next: t },
+                    Desc {
+                        addr: buf,
+                        len: half,
+                        flags: dir | VIRTQ_DESC_F_NEXT,
+                        next: t,
+                    },
                 );
                 self.write_desc(
                     t,
@@ -504,7 +526,15 @@ impl SplitRing {
                 );
             }
             Hostile::ZeroLength => {
-                self.write_desc(s, Desc { addr: buf, len: 0, flags: dir, next: 0 });
+                self.write_desc(
+                    s,
+                    Desc {
+                        addr: buf,
+                        len: 0,
+                        flags: dir,
+                        next: 0,
+                    },
+                );
             }
             Hostile::ChainLongerThanRing => {
                 for (i, &slot) in slots.iter().enumerate() {
@@ -531,37 +561,85 @@ impl SplitRing {
             ),
             Hostile::IndirectOutOfMemory => self.write_desc(
                 s,
-                Desc { addr: FAR_ADDR, len: 16 * 4, flags: VIRTQ_DESC_F_INDIRECT, next: 0 },
+                Desc {
+                    addr: FAR_ADDR,
+                    len: 16 * 4,
+                    flags: VIRTQ_DESC_F_INDIRECT,
+                    next: 0,
+                },
             ),
             Hostile::IndirectBadLength => {
-                self.write_indirect(table, 0, Desc { addr: buf, len, flags: dir, next: 0 });
+                self.write_indirect(
+                    table,
+                    0,
+                    Desc {
+                        addr: buf,
+                        len,
+                        flags: dir,
+                        next: 0,
+                    },
+                );
                 self.write_desc(
                     s,
-                    Desc { addr: table, len: 17, flags: VIRTQ_DESC_F_INDIRECT, next: 0 },
+                    Desc {
+                        addr: table,
+                        len: 17,
+                        flags: VIRTQ_DESC_F_INDIRECT,
+                        next: 0,
+                    },
                 );
             }
             Hostile::IndirectEntryOutOfMemory => {
                 self.write_indirect(
                     table,
                     0,
-                    Desc { addr: FAR_ADDR, len, flags: dir, next: 0 },
+                    Desc {
+                        addr: FAR_ADDR,
+                        len,
+                        flags: dir,
+                        next: 0,
+                    },
                 );
                 self.write_desc(
                     s,
-                    Desc { addr: table, len: 16, flags: VIRTQ_DESC_F_INDIRECT, next: 0 },
+                    Desc {
+                        addr: table,
+                        len: 16,
+                        flags: VIRTQ_DESC_F_INDIRECT,
+                        next: 0,
+                    },
                 );
             }
             Hostile::IndirectNested => {
                 let inner = self.layout.scratch;
-                self.write_indirect(inner, 0, Desc { addr: buf, len, flags: dir, next: 0 });
+                self.write_indirect(
+                    inner,
+                    0,
+                    Desc {
+                        addr: buf,
+                        len,
+                        flags: dir,
+                        next: 0,
+                    },
+                );
                 self.write_indirect(
                     table,
                     0,
-                    Desc { addr: inner, len: 16, flags: VIRTQ_DESC_F_INDIRECT, next: 0 },
+                    Desc {
+                        addr: inner,
+                        len: 16,
+                        flags: VIRTQ_DESC_F_INDIRECT,
+                        next: 0,
+                    },
                 );
                 self.write_desc(
                     s,
-                    Desc { addr: table, len: 16, flags: VIRTQ_DESC_F_INDIRECT, next: 0 },
+                    Desc {
+                        addr: table,
+                        len: 16,
+                        flags: VIRTQ_DESC_F_INDIRECT,
+                        next: 0,
+                    },
                 );
             }
             Hostile::IndirectLongerThanRing => {
@@ -584,14 +662,27 @@ impl SplitRing {
                 }
                 self.write_desc(
                     s,
-                    Desc { addr: tab, len: (16 * n) as u32, flags: VIRTQ_DESC_F_INDIRECT, next: 0 },
+                    Desc {
+                        addr: tab,
+                        len: (16 * n) as u32,
+                        flags: VIRTQ_DESC_F_INDIRECT,
+                        next: 0,
+                    },
                 );
             }
             Hostile::WrongDirection => {
                 let flags = if rx { 0 } else { VIRTQ_DESC_F_WRITE };
                 // A plausible frame on TX so only the direction is wrong.
                 self.mem.fill(buf, 64, 0);
-                self.write_desc(s, Desc { addr: buf, len: 12 + 60, flags, next: 0 });
+                self.write_desc(
+                    s,
+                    Desc {
+                        addr: buf,
+                        len: 12 + 60,
+                        flags,
+                        next: 0,
+                    },
+                );
             }
         }
         // Record the slots the chain occupies so a returned head frees them
