@@ -67,6 +67,8 @@ pub struct Guest {
     pub mgmt_txq: u16,
     /// Faults the driver detected in what the device wrote.
     pub faults: Vec<DeviceFault>,
+    /// Rx queues `poll` must not refill (tests that post buffers by hand).
+    pub no_refill: Vec<bool>,
 }
 
 impl std::fmt::Debug for Guest {
@@ -83,6 +85,12 @@ impl Guest {
     /// Connect, set up and enable `enable` of the `opts.pairs` pairs, and
     /// post rx buffers on all of them.
     pub fn connect(socket: &Path, opts: Options, enable: u16) -> Result<Guest> {
+        Self::connect_with(socket, opts, enable, true)
+    }
+
+    /// As [`Guest::connect`]; with `fill` false no rx buffer is posted and
+    /// `poll` refills nothing until `no_refill` is cleared.
+    pub fn connect_with(socket: &Path, opts: Options, enable: u16, fill: bool) -> Result<Guest> {
         let pairs = opts.pairs;
         let mut drv = Driver::connect(socket, Duration::from_secs(20), opts)?;
         let mut qps = Vec::new();
@@ -92,8 +100,10 @@ impl Guest {
         for p in 0..enable {
             drv.enable_pair(p, true)?;
         }
-        for qp in &mut qps {
-            qp.rx.fill();
+        if fill {
+            for qp in &mut qps {
+                qp.rx.fill();
+            }
         }
         Ok(Guest {
             drv,
@@ -105,6 +115,7 @@ impl Guest {
             generation: 0,
             mgmt_txq: 0,
             faults: Vec::new(),
+            no_refill: vec![!fill; pairs as usize],
         })
     }
 
@@ -143,7 +154,9 @@ impl Guest {
             if let Err(e) = qp.tx.reap() {
                 self.faults.push(e);
             }
-            qp.rx.fill();
+            if !self.no_refill[q] {
+                qp.rx.fill();
+            }
         }
         n
     }

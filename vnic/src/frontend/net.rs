@@ -68,6 +68,8 @@ pub struct RxQueue {
     mrg_rxbuf: bool,
     /// Length given to the device for each posted buffer (<= layout buf_len).
     post_len: u32,
+    /// Used entries returned with fewer bytes than the virtio-net header.
+    pub short_used: u64,
 }
 
 impl RxQueue {
@@ -77,6 +79,7 @@ impl RxQueue {
             ring,
             mrg_rxbuf,
             post_len,
+            short_used: 0,
         }
     }
 
@@ -117,26 +120,33 @@ impl RxQueue {
     }
 
     /// Number of buffers of the next pending frame, if its header is visible.
-    fn next_frame_buffers(&self) -> Result<Option<u16>, DeviceFault> {
-        if self.ring.pending_used() == 0 {
-            return Ok(None);
+    /// Used entries shorter than the virtio-net header (buffers the device
+    /// gave back unused, e.g. after rejecting a broken chain) are consumed
+    /// and counted in `short_used` first.
+    fn next_frame_buffers(&mut self) -> Result<Option<u16>, DeviceFault> {
+        loop {
+            if self.ring.pending_used() == 0 {
+                return Ok(None);
+            }
+            let e = self.ring.peek_used(0);
+            if e.len < NET_HDR_LEN as u32 {
+                self.ring.consume_used()?;
+                self.short_used += 1;
+                continue;
+            }
+            if !self.mrg_rxbuf || e.id >= u32::from(self.ring.size()) {
+                return Ok(Some(1)); // consume_used reports a bad id
+            }
+            let a = self.ring.layout().buf(e.id as u16) + 10;
+            let n = self.ring.mem().read_u16(a);
+            if n == 0 || n > self.ring.size() {
+                return Err(DeviceFault::BadNumBuffers {
+                    queue: self.ring.index(),
+                    num_buffers: n,
+                });
+            }
+            return Ok(Some(n));
         }
-        if !self.mrg_rxbuf {
-            return Ok(Some(1));
-        }
-        let e = self.ring.peek_used(0);
-        if e.id >= self.ring.size() as u32 {
-            return Ok(Some(1)); // consume_used reports it
-        }
-        let a = self.ring.layout().buf(e.id as u16) + 10;
-        let n = self.ring.mem().read_u16(a);
-        if n == 0 || n > self.ring.size() {
-            return Err(DeviceFault::BadNumBuffers {
-                queue: self.ring.index(),
-                num_buffers: n,
-            });
-        }
-        Ok(Some(n))
     }
 
     /// Take the next complete frame off the used ring, if one is there.
