@@ -144,6 +144,17 @@ impl FlowSet {
                 }
             })
             .collect();
+        // Record the resolved spec (defaults filled in) for `gen list` and `gen set`.
+        let spec = FlowSpec {
+            flows: Some(flows),
+            src: Some(spec.src.unwrap_or_else(|| gen_ip.to_string())),
+            sport: Some(spec.sport.unwrap_or_else(|| "10000".into())),
+            dst: Some(spec.dst.unwrap_or_else(|| guest_ip.to_string())),
+            dport: Some(spec.dport.unwrap_or_else(|| "5001".into())),
+            count: Some(spec.count.unwrap_or(0)),
+            rate: Some(spec.rate.unwrap_or(1000)),
+            size: Some(size),
+        };
         Ok(Self {
             id,
             count: spec.count.unwrap_or(0),

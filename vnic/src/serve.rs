@@ -176,7 +176,12 @@ fn serve_one(sh: &Arc<Shared>, vl: &mut Listener) -> Result<(), String> {
         .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     sh.lock_mgmt().detach();
     match r {
-        Ok(()) => log::info!("frontend disconnected"),
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(
+            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+        )) => {
+            log::info!("frontend disconnected");
+        }
         Err(e) => log::warn!("frontend connection ended: {e}"),
     }
     Ok(())
@@ -351,19 +356,20 @@ pub fn print_summary(sh: &Shared, trace_flushed: bool) {
     let _ = writeln!(e, "  pair   rx_pkts    rx_bytes  rx_drops  rx_filter     rx_rss   tx_pkts    tx_bytes  bad_rx  bad_tx");
     if let Some(qs) = s["queues"].as_array() {
         for q in qs {
+            let n = |k: &str| q[k].as_u64().unwrap_or(0);
             let _ = writeln!(
                 e,
                 "  {:>4} {:>9} {:>11} {:>9} {:>10} {:>10} {:>9} {:>11} {:>7} {:>7}",
-                q["index"],
-                q["rx_packets"],
-                q["rx_bytes"],
-                q["rx_drops"],
-                q["rx_filter"],
-                q["rx_rss"],
-                q["tx_packets"],
-                q["tx_bytes"],
-                q["rx_bad_chains"],
-                q["tx_bad_chains"]
+                n("index"),
+                n("rx_packets"),
+                n("rx_bytes"),
+                n("rx_drops"),
+                n("rx_filter"),
+                n("rx_rss"),
+                n("tx_packets"),
+                n("tx_bytes"),
+                n("rx_bad_chains"),
+                n("tx_bad_chains")
             );
         }
     }
