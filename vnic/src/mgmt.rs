@@ -124,10 +124,10 @@ impl Mgmt {
         log::info!("generation {prev:#x} -> {gen:#x} ({cause})");
     }
 
-    /// Forgets the connection (it closed).
-    pub fn detach(&mut self) {
-        self.conn = None;
-    }
+    /// The connection closed. Its state is kept until the next reset
+    /// (so the evictions of that reset still report their hits); replies
+    /// queued meanwhile go nowhere.
+    pub fn detach(&mut self) {}
 
     /// Handles one management frame sent by the guest on pair `worker`.
     /// Replies are queued on the worker's inbox; other workers are woken,
@@ -191,13 +191,13 @@ impl Mgmt {
                         }
                     }
                     Message::Add(ops) => {
-                        self.request(sh, now, gen, h.seq, Request::Add(ops), route)
+                        self.request(sh, now, gen, h.seq, Request::Add(ops), route);
                     }
                     Message::Del(ops) => {
-                        self.request(sh, now, gen, h.seq, Request::Del(ops), route)
+                        self.request(sh, now, gen, h.seq, Request::Del(ops), route);
                     }
                     Message::Flush(r) => {
-                        self.request(sh, now, gen, h.seq, Request::Flush(r), route)
+                        self.request(sh, now, gen, h.seq, Request::Flush(r), route);
                     }
                     // decode_frame rejects device->driver types.
                     Message::Caps(_) | Message::Ack(_) => {}
