@@ -377,6 +377,8 @@ pub struct Worker {
 impl Worker {
     fn new(id: usize, sh: Arc<Shared>, conn: Arc<Conn>, mem: Mem) -> io::Result<Self> {
         let capacity = sh.cfg.table_capacity as usize;
+        let timer = TimerFd::new()?;
+        crate::shared::set_nonblocking(timer.as_raw_fd())?;
         Ok(Self {
             ctx: Ctx {
                 id,
@@ -392,7 +394,7 @@ impl Worker {
                 conn,
             },
             mem,
-            timer: TimerFd::new()?,
+            timer,
             timer_armed: false,
             registered: false,
             txbuf: vec![0; 4096],
@@ -435,6 +437,7 @@ impl Worker {
             }
         }
         self.ctx.sync();
+        log::trace!("pair {}: event {ev}", self.ctx.id);
         match ev {
             EV_RX => {
                 self.rx_work(vrings, true);
@@ -482,6 +485,11 @@ impl Worker {
             sh.cfg.gen_mac,
         );
         self.unlimited = self.sets.iter().any(|s| s.rate == 0.0);
+        log::debug!(
+            "pair {}: generator version {v}: {} local flow set(s)",
+            self.ctx.id,
+            self.sets.len()
+        );
         let want = !self.sets.is_empty();
         if want != self.timer_armed {
             let r = if want {

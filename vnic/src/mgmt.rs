@@ -62,6 +62,12 @@ pub struct Mgmt {
 impl Mgmt {
     pub fn new(cfg: TableConfig) -> Result<Self, String> {
         let table = FilterTable::new(cfg).map_err(|e| e.to_string())?;
+        let timer = TimerFd::new().map_err(|e| format!("timerfd: {e}"))?;
+        {
+            use std::os::fd::AsRawFd;
+            crate::shared::set_nonblocking(timer.as_raw_fd())
+                .map_err(|e| format!("timerfd: {e}"))?;
+        }
         Ok(Self {
             table,
             expected: None,
@@ -70,7 +76,7 @@ impl Mgmt {
             c: MgmtCounters::default(),
             hits_base: vec![0; ID_SPACE].into_boxed_slice(),
             conn: None,
-            timer: TimerFd::new().map_err(|e| format!("timerfd: {e}"))?,
+            timer,
             armed_for: None,
             max_ops: proto::MAX_ADD_OPS,
         })
