@@ -46,6 +46,7 @@ pub fn deliver<M: GuestMemory>(
     pkt[NUM_BUFFERS_OFF] = 1;
     let total = pkt.len();
     let max_bufs = if mrg { MAX_BUFS_PER_FRAME } else { 1 };
+    let qsize = usize::from(queue.size());
 
     // (head, bytes written) of the chains taken for this frame, in order.
     let mut used: [(u16, u32); MAX_BUFS_PER_FRAME] = [(0, 0); MAX_BUFS_PER_FRAME];
@@ -97,7 +98,8 @@ pub fn deliver<M: GuestMemory>(
         }
         // The iterator ends silently on a broken link: a last descriptor that
         // still says NEXT means the chain was cut short.
-        if last_next {
+        // Longer than the ring (possible through an indirect table): invalid.
+        if last_next || ndesc > qsize {
             ok = false;
         }
         // The first chain must at least hold the whole header.
@@ -159,6 +161,7 @@ pub enum TxChain {
 /// needed up to [`MAX_TX_LEN`]), and completes it with length 0. Returns
 /// `None` when the ring is empty.
 pub fn gather_tx<M: GuestMemory>(queue: &mut Queue, mem: &M, buf: &mut Vec<u8>) -> Option<TxChain> {
+    let qsize = usize::from(queue.size());
     let chain = queue.pop_descriptor_chain(mem)?;
     let head = chain.head_index();
     let mut off = 0usize;
@@ -192,7 +195,7 @@ pub fn gather_tx<M: GuestMemory>(queue: &mut Queue, mem: &M, buf: &mut Vec<u8>) 
     let _ = queue.add_used(mem, head, 0);
     // Broken link (loop, next out of range, bad indirect table), nothing in
     // it, or not even a virtio-net header: unusable.
-    if !ok || ndesc == 0 || last_next || off < NET_HDR_LEN {
+    if !ok || ndesc == 0 || ndesc > qsize || last_next || off < NET_HDR_LEN {
         return Some(TxChain::Bad);
     }
     Some(TxChain::Ok { len: off })
