@@ -4,3 +4,4 @@
 
 pub mod procfs;
 pub mod proto;
+pub mod harness;
