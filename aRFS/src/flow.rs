@@ -1,0 +1,798 @@
+//! Flow keys and the Ethernet frame parser.
+//!
+//! [`parse_frame`] classifies an Ethernet frame (no virtio header) into a
+//! matchable [`FlowKey`] (TCP/UDP over IPv4/IPv6, not fragmented), an IP
+//! 2-tuple ([`IpPair`]: fragments and other IP protocols) or non-IP traffic.
+//! It never panics and never allocates; malformed or truncated frames return a
+//! [`ParseError`] naming what was wrong.
+
+use core::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde::{Deserialize, Serialize};
+
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// EtherType of IPv6.
+pub const ETHERTYPE_IPV6: u16 = 0x86DD;
+/// EtherType of an IEEE 802.1Q VLAN tag.
+pub const ETHERTYPE_VLAN: u16 = 0x8100;
+/// Length of an untagged Ethernet header.
+pub const ETH_HLEN: usize = 14;
+
+/// IP protocol number of TCP.
+pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Most IPv6 extension headers the parser walks before giving up.
+pub const MAX_IPV6_EXT_HEADERS: usize = 8;
+
+/// Address family of a flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IpFamily {
+    /// IPv4.
+    Ipv4,
+    /// IPv6.
+    Ipv6,
+}
+
+impl IpFamily {
+    /// The family's code on the management wire (4 or 6).
+    pub const fn wire(self) -> u8 {
+        match self {
+            Self::Ipv4 => 4,
+            Self::Ipv6 => 6,
+        }
+    }
+
+    /// Decodes a wire family code (4 or 6).
+    pub const fn from_wire(code: u8) -> Option<Self> {
+        match code {
+            4 => Some(Self::Ipv4),
+            6 => Some(Self::Ipv6),
+            _ => None,
+        }
+    }
+
+    /// Number of meaningful address bytes (4 or 16).
+    pub const fn addr_len(self) -> usize {
+        match self {
+            Self::Ipv4 => 4,
+            Self::Ipv6 => 16,
+        }
+    }
+}
+
+/// Transport protocol of a matchable flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum L4Proto {
+    /// TCP (IP protocol 6).
+    Tcp,
+    /// UDP (IP protocol 17).
+    Udp,
+}
+
+impl L4Proto {
+    /// The IP protocol number (6 or 17), also the management-wire code.
+    pub const fn ip_proto(self) -> u8 {
+        match self {
+            Self::Tcp => IPPROTO_TCP,
+            Self::Udp => IPPROTO_UDP,
+        }
+    }
+
+    /// Decodes an IP protocol number; only TCP and UDP are matchable.
+    pub const fn from_ip_proto(proto: u8) -> Option<Self> {
+        match proto {
+            IPPROTO_TCP => Some(Self::Tcp),
+            IPPROTO_UDP => Some(Self::Udp),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name: `tcp` or `udp`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+impl fmt::Display for L4Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An exact-match flow: family, L4 protocol, source and destination address
+/// and port, as received by the guest (`src` is the remote peer).
+///
+/// IPv4 addresses are stored in the first four bytes of a 16-byte array with
+/// zeros after, the same encoding as the management wire, so equality and
+/// hashing never see stale bytes.
+///
+/// Serialized (serde) as the structured object used by the trace:
+/// `{"family":"ipv4","proto":"udp","src":"10.0.0.2","dst":"10.0.0.1","sport":5000,"dport":6000}`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(into = "FlowRepr", try_from = "FlowRepr")]
+pub struct FlowKey {
+    family: IpFamily,
+    proto: L4Proto,
+    src_port: u16,
+    dst_port: u16,
+    src: [u8; 16],
+    dst: [u8; 16],
+}
+
+fn v4_bytes(a: Ipv4Addr) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&a.octets());
+    b
+}
+
+impl FlowKey {
+    /// An IPv4 flow.
+    pub fn v4(proto: L4Proto, src: Ipv4Addr, src_port: u16, dst: Ipv4Addr, dst_port: u16) -> Self {
+        Self {
+            family: IpFamily::Ipv4,
+            proto,
+            src_port,
+            dst_port,
+            src: v4_bytes(src),
+            dst: v4_bytes(dst),
+        }
+    }
+
+    /// An IPv6 flow.
+    pub fn v6(proto: L4Proto, src: Ipv6Addr, src_port: u16, dst: Ipv6Addr, dst_port: u16) -> Self {
+        Self {
+            family: IpFamily::Ipv6,
+            proto,
+            src_port,
+            dst_port,
+            src: src.octets(),
+            dst: dst.octets(),
+        }
+    }
+
+    /// A flow from two addresses of the same family; `None` when the families differ.
+    pub fn new(
+        proto: L4Proto,
+        src: IpAddr,
+        src_port: u16,
+        dst: IpAddr,
+        dst_port: u16,
+    ) -> Option<Self> {
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Some(Self::v4(proto, s, src_port, d, dst_port)),
+            (IpAddr::V6(s), IpAddr::V6(d)) => Some(Self::v6(proto, s, src_port, d, dst_port)),
+            _ => None,
+        }
+    }
+
+    /// Builds a key from raw wire bytes. For IPv4, bytes 4..16 of each address
+    /// must be zero; otherwise `None`.
+    pub fn from_raw(
+        family: IpFamily,
+        proto: L4Proto,
+        src: [u8; 16],
+        src_port: u16,
+        dst: [u8; 16],
+        dst_port: u16,
+    ) -> Option<Self> {
+        if family == IpFamily::Ipv4
+            && (src[4..].iter().any(|&b| b != 0) || dst[4..].iter().any(|&b| b != 0))
+        {
+            return None;
+        }
+        Some(Self {
+            family,
+            proto,
+            src_port,
+            dst_port,
+            src,
+            dst,
+        })
+    }
+
+    /// Address family.
+    pub const fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// L4 protocol.
+    pub const fn proto(&self) -> L4Proto {
+        self.proto
+    }
+
+    /// Source port.
+    pub const fn src_port(&self) -> u16 {
+        self.src_port
+    }
+
+    /// Destination port.
+    pub const fn dst_port(&self) -> u16 {
+        self.dst_port
+    }
+
+    /// Source address.
+    pub fn src_ip(&self) -> IpAddr {
+        addr_of(self.family, &self.src)
+    }
+
+    /// Destination address.
+    pub fn dst_ip(&self) -> IpAddr {
+        addr_of(self.family, &self.dst)
+    }
+
+    /// Source address in wire encoding (IPv4 in bytes 0..4, zeros after).
+    pub const fn src_bytes(&self) -> &[u8; 16] {
+        &self.src
+    }
+
+    /// Destination address in wire encoding (IPv4 in bytes 0..4, zeros after).
+    pub const fn dst_bytes(&self) -> &[u8; 16] {
+        &self.dst
+    }
+
+    /// The same flow seen from the other side (addresses and ports swapped).
+    #[must_use]
+    pub const fn reversed(&self) -> Self {
+        Self {
+            family: self.family,
+            proto: self.proto,
+            src_port: self.dst_port,
+            dst_port: self.src_port,
+            src: self.dst,
+            dst: self.src,
+        }
+    }
+
+    /// The flow's 2-tuple (addresses only), as used for RSS of fragments.
+    pub const fn ip_pair(&self) -> IpPair {
+        IpPair {
+            family: self.family,
+            proto: self.proto.ip_proto(),
+            fragment: false,
+            src: self.src,
+            dst: self.dst,
+        }
+    }
+
+    /// A 64-bit mix of every field, for hash tables (not cryptographic).
+    #[inline]
+    pub(crate) fn mix64(&self) -> u64 {
+        const K: u64 = 0x9E37_79B9_7F4A_7C15;
+        #[inline]
+        fn w(b: &[u8; 16], i: usize) -> u64 {
+            u64::from_le_bytes([
+                b[i],
+                b[i + 1],
+                b[i + 2],
+                b[i + 3],
+                b[i + 4],
+                b[i + 5],
+                b[i + 6],
+                b[i + 7],
+            ])
+        }
+        let head = (u64::from(self.src_port) << 32)
+            | (u64::from(self.dst_port) << 16)
+            | (u64::from(self.family.wire()) << 8)
+            | u64::from(self.proto.ip_proto());
+        let mut h = head.wrapping_mul(K);
+        h = (h ^ w(&self.src, 0)).wrapping_mul(K);
+        h = (h ^ w(&self.dst, 0)).wrapping_mul(K);
+        if self.family == IpFamily::Ipv6 {
+            h = (h ^ w(&self.src, 8)).wrapping_mul(K);
+            h = (h ^ w(&self.dst, 8)).wrapping_mul(K);
+        }
+        h ^ (h >> 29)
+    }
+}
+
+fn addr_of(family: IpFamily, b: &[u8; 16]) -> IpAddr {
+    match family {
+        IpFamily::Ipv4 => IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3])),
+        IpFamily::Ipv6 => IpAddr::V6(Ipv6Addr::from(*b)),
+    }
+}
+
+fn fmt_endpoint(
+    f: &mut fmt::Formatter<'_>,
+    family: IpFamily,
+    b: &[u8; 16],
+    port: u16,
+) -> fmt::Result {
+    match addr_of(family, b) {
+        IpAddr::V4(a) => write!(f, "{a}:{port}"),
+        IpAddr::V6(a) => write!(f, "[{a}]:{port}"),
+    }
+}
+
+impl fmt::Display for FlowKey {
+    /// `udp 10.0.0.2:5000 -> 10.0.0.1:6000`, `tcp [fe80::1]:80 -> [fe80::2]:1234`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ", self.proto)?;
+        fmt_endpoint(f, self.family, &self.src, self.src_port)?;
+        f.write_str(" -> ")?;
+        fmt_endpoint(f, self.family, &self.dst, self.dst_port)
+    }
+}
+
+impl fmt::Debug for FlowKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FlowKey({self})")
+    }
+}
+
+/// The serde shape of a [`FlowKey`] (also the trace's `flow` object).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowRepr {
+    /// `ipv4` or `ipv6`.
+    pub family: IpFamily,
+    /// `tcp` or `udp`.
+    pub proto: L4Proto,
+    /// Source address (remote peer).
+    pub src: IpAddr,
+    /// Destination address (the guest).
+    pub dst: IpAddr,
+    /// Source port.
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+}
+
+impl From<FlowKey> for FlowRepr {
+    fn from(k: FlowKey) -> Self {
+        Self {
+            family: k.family,
+            proto: k.proto,
+            src: k.src_ip(),
+            dst: k.dst_ip(),
+            sport: k.src_port,
+            dport: k.dst_port,
+        }
+    }
+}
+
+impl TryFrom<FlowRepr> for FlowKey {
+    type Error = String;
+
+    fn try_from(r: FlowRepr) -> Result<Self, String> {
+        let k = FlowKey::new(r.proto, r.src, r.sport, r.dst, r.dport)
+            .ok_or_else(|| "src and dst are of different families".to_string())?;
+        if k.family != r.family {
+            return Err(format!(
+                "family {:?} does not match the addresses",
+                r.family
+            ));
+        }
+        Ok(k)
+    }
+}
+
+/// An IP 2-tuple: what RSS hashes when there are no ports (fragments, other
+/// IP protocols). Not matchable by a filter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IpPair {
+    family: IpFamily,
+    proto: u8,
+    fragment: bool,
+    src: [u8; 16],
+    dst: [u8; 16],
+}
+
+impl IpPair {
+    /// Address family.
+    pub const fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// The upper-layer protocol number (after IPv6 extension headers), as far
+    /// as it could be determined; for a non-first fragment it is the
+    /// fragmented protocol.
+    pub const fn proto(&self) -> u8 {
+        self.proto
+    }
+
+    /// Whether the packet is an IP fragment (any fragment, first included).
+    pub const fn is_fragment(&self) -> bool {
+        self.fragment
+    }
+
+    /// Source address.
+    pub fn src_ip(&self) -> IpAddr {
+        addr_of(self.family, &self.src)
+    }
+
+    /// Destination address.
+    pub fn dst_ip(&self) -> IpAddr {
+        addr_of(self.family, &self.dst)
+    }
+
+    /// Source address in wire encoding.
+    pub const fn src_bytes(&self) -> &[u8; 16] {
+        &self.src
+    }
+
+    /// Destination address in wire encoding.
+    pub const fn dst_bytes(&self) -> &[u8; 16] {
+        &self.dst
+    }
+}
+
+/// Layer-3/4 classification of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L3 {
+    /// TCP or UDP over IPv4/IPv6, not fragmented: matchable by a filter, RSS over the 4-tuple.
+    Flow(FlowKey),
+    /// IP without usable ports (fragment, other protocol): RSS over the 2-tuple.
+    Ip(IpPair),
+    /// Not IP (ARP, LLDP, management frames...).
+    NonIp,
+}
+
+/// A parsed Ethernet frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParsedFrame {
+    /// Destination MAC.
+    pub dst_mac: [u8; 6],
+    /// Source MAC.
+    pub src_mac: [u8; 6],
+    /// The 802.1Q tag control information (PCP/DEI/VID), when tagged.
+    pub vlan_tci: Option<u16>,
+    /// EtherType after the optional VLAN tag.
+    pub ethertype: u16,
+    /// Offset of the L3 header in the frame.
+    pub l3_offset: usize,
+    /// L3/L4 classification.
+    pub l3: L3,
+}
+
+impl ParsedFrame {
+    /// The matchable flow key, if any.
+    pub const fn flow(&self) -> Option<&FlowKey> {
+        match &self.l3 {
+            L3::Flow(k) => Some(k),
+            _ => None,
+        }
+    }
+}
+
+/// Which header a [`ParseError`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// The Ethernet header.
+    Ethernet,
+    /// The 802.1Q tag.
+    Vlan,
+    /// The IPv4 header.
+    Ipv4,
+    /// The IPv6 fixed header.
+    Ipv6,
+    /// An IPv6 extension header.
+    Ipv6Ext,
+    /// The TCP header.
+    Tcp,
+    /// The UDP header.
+    Udp,
+}
+
+impl Layer {
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ethernet => "ethernet",
+            Self::Vlan => "vlan",
+            Self::Ipv4 => "ipv4",
+            Self::Ipv6 => "ipv6",
+            Self::Ipv6Ext => "ipv6_ext",
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
+}
+
+/// Why a frame could not be parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParseError {
+    /// The frame ends inside the named header.
+    Truncated(Layer),
+    /// The IP version nibble does not match the EtherType.
+    BadIpVersion(u8),
+    /// IPv4 IHL below 5 (value given).
+    BadIhl(u8),
+    /// IPv4 total length smaller than the header or larger than the frame.
+    BadIpv4TotalLength(u16),
+    /// IPv6 payload length larger than the frame, or zero (jumbograms are not supported).
+    BadIpv6PayloadLength(u16),
+    /// An IPv6 extension header runs past the payload.
+    BadExtHeader(u8),
+    /// More than [`MAX_IPV6_EXT_HEADERS`] IPv6 extension headers.
+    TooManyExtHeaders,
+    /// TCP data offset below 5 or past the IP payload (value given).
+    BadTcpDataOffset(u8),
+    /// UDP length below 8 or past the IP payload (value given).
+    BadUdpLength(u16),
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated(l) => write!(f, "frame truncated in the {} header", l.name()),
+            Self::BadIpVersion(v) => write!(f, "IP version {v} does not match the EtherType"),
+            Self::BadIhl(v) => write!(f, "IPv4 header length {v} is below 5"),
+            Self::BadIpv4TotalLength(v) => write!(
+                f,
+                "IPv4 total length {v} is inconsistent with the header or the frame"
+            ),
+            Self::BadIpv6PayloadLength(v) => {
+                write!(f, "IPv6 payload length {v} is zero or exceeds the frame")
+            }
+            Self::BadExtHeader(nh) => write!(f, "IPv6 extension header {nh} runs past the payload"),
+            Self::TooManyExtHeaders => {
+                write!(f, "more than {MAX_IPV6_EXT_HEADERS} IPv6 extension headers")
+            }
+            Self::BadTcpDataOffset(v) => write!(
+                f,
+                "TCP data offset {v} is below 5 or exceeds the IP payload"
+            ),
+            Self::BadUdpLength(v) => {
+                write!(f, "UDP length {v} is below 8 or exceeds the IP payload")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+#[inline]
+fn be16(b: &[u8], off: usize) -> u16 {
+    u16::from_be_bytes([b[off], b[off + 1]])
+}
+
+/// Parses an Ethernet frame (no virtio header). Never panics, never allocates.
+pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame, ParseError> {
+    if frame.len() < ETH_HLEN {
+        return Err(ParseError::Truncated(Layer::Ethernet));
+    }
+    let mut dst_mac = [0u8; 6];
+    let mut src_mac = [0u8; 6];
+    dst_mac.copy_from_slice(&frame[0..6]);
+    src_mac.copy_from_slice(&frame[6..12]);
+    let mut ethertype = be16(frame, 12);
+    let mut off = ETH_HLEN;
+    let mut vlan_tci = None;
+    if ethertype == ETHERTYPE_VLAN {
+        if frame.len() < off + 4 {
+            return Err(ParseError::Truncated(Layer::Vlan));
+        }
+        vlan_tci = Some(be16(frame, off));
+        ethertype = be16(frame, off + 2);
+        off += 4;
+    }
+    let l3 = match ethertype {
+        ETHERTYPE_IPV4 => parse_ipv4(&frame[off..])?,
+        ETHERTYPE_IPV6 => parse_ipv6(&frame[off..])?,
+        _ => L3::NonIp,
+    };
+    Ok(ParsedFrame {
+        dst_mac,
+        src_mac,
+        vlan_tci,
+        ethertype,
+        l3_offset: off,
+        l3,
+    })
+}
+
+/// Parses an IPv4 packet (starting at its header).
+fn parse_ipv4(p: &[u8]) -> Result<L3, ParseError> {
+    if p.len() < 20 {
+        return Err(ParseError::Truncated(Layer::Ipv4));
+    }
+    let version = p[0] >> 4;
+    if version != 4 {
+        return Err(ParseError::BadIpVersion(version));
+    }
+    let ihl = p[0] & 0x0f;
+    if ihl < 5 {
+        return Err(ParseError::BadIhl(ihl));
+    }
+    let hlen = usize::from(ihl) * 4;
+    if p.len() < hlen {
+        return Err(ParseError::Truncated(Layer::Ipv4));
+    }
+    let total = be16(p, 2);
+    if usize::from(total) < hlen || usize::from(total) > p.len() {
+        return Err(ParseError::BadIpv4TotalLength(total));
+    }
+    let frag = be16(p, 6);
+    let is_fragment = frag & 0x3fff != 0; // MF set or offset != 0
+    let proto = p[9];
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    src[..4].copy_from_slice(&p[12..16]);
+    dst[..4].copy_from_slice(&p[16..20]);
+    let pair = IpPair {
+        family: IpFamily::Ipv4,
+        proto,
+        fragment: is_fragment,
+        src,
+        dst,
+    };
+    if is_fragment {
+        return Ok(L3::Ip(pair));
+    }
+    l4(pair, &p[hlen..usize::from(total)])
+}
+
+/// Parses the L4 header of an unfragmented packet into a flow, or returns the pair.
+fn l4(pair: IpPair, payload: &[u8]) -> Result<L3, ParseError> {
+    let Some(proto) = L4Proto::from_ip_proto(pair.proto) else {
+        return Ok(L3::Ip(pair));
+    };
+    match proto {
+        L4Proto::Tcp => {
+            if payload.len() < 20 {
+                return Err(ParseError::Truncated(Layer::Tcp));
+            }
+            let doff = payload[12] >> 4;
+            if doff < 5 || usize::from(doff) * 4 > payload.len() {
+                return Err(ParseError::BadTcpDataOffset(doff));
+            }
+        }
+        L4Proto::Udp => {
+            if payload.len() < 8 {
+                return Err(ParseError::Truncated(Layer::Udp));
+            }
+            let len = be16(payload, 4);
+            if len < 8 || usize::from(len) > payload.len() {
+                return Err(ParseError::BadUdpLength(len));
+            }
+        }
+    }
+    Ok(L3::Flow(FlowKey {
+        family: pair.family,
+        proto,
+        src_port: be16(payload, 0),
+        dst_port: be16(payload, 2),
+        src: pair.src,
+        dst: pair.dst,
+    }))
+}
+
+/// Parses an IPv6 packet (starting at its fixed header), walking
+/// hop-by-hop, routing, destination-options, AH and fragment headers.
+fn parse_ipv6(p: &[u8]) -> Result<L3, ParseError> {
+    if p.len() < 40 {
+        return Err(ParseError::Truncated(Layer::Ipv6));
+    }
+    let version = p[0] >> 4;
+    if version != 6 {
+        return Err(ParseError::BadIpVersion(version));
+    }
+    let plen = be16(p, 4);
+    if plen == 0 || usize::from(plen) > p.len() - 40 {
+        return Err(ParseError::BadIpv6PayloadLength(plen));
+    }
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    src.copy_from_slice(&p[8..24]);
+    dst.copy_from_slice(&p[24..40]);
+    let payload = &p[40..40 + usize::from(plen)];
+    let mut nh = p[6];
+    let mut off = 0usize;
+    let mut fragment = false;
+    let mut walked = 0usize;
+    loop {
+        match nh {
+            // hop-by-hop, routing, destination options: (len + 1) * 8 bytes
+            0 | 43 | 60 | 51 => {
+                walked += 1;
+                if walked > MAX_IPV6_EXT_HEADERS {
+                    return Err(ParseError::TooManyExtHeaders);
+                }
+                if payload.len() < off + 2 {
+                    return Err(ParseError::Truncated(Layer::Ipv6Ext));
+                }
+                let len = if nh == 51 {
+                    (usize::from(payload[off + 1]) + 2) * 4 // AH counts 4-byte words minus 2
+                } else {
+                    (usize::from(payload[off + 1]) + 1) * 8
+                };
+                if payload.len() < off + len {
+                    return Err(ParseError::BadExtHeader(nh));
+                }
+                nh = payload[off];
+                off += len;
+            }
+            // fragment header: 8 bytes
+            44 => {
+                walked += 1;
+                if walked > MAX_IPV6_EXT_HEADERS {
+                    return Err(ParseError::TooManyExtHeaders);
+                }
+                if payload.len() < off + 8 {
+                    return Err(ParseError::Truncated(Layer::Ipv6Ext));
+                }
+                let fo = be16(payload, off + 2);
+                // A fragment header with offset 0 and M clear is an "atomic
+                // fragment" (RFC 6946): the whole datagram, ports usable.
+                if fo & 0xfff9 != 0 {
+                    fragment = true;
+                }
+                nh = payload[off];
+                off += 8;
+                if fragment {
+                    break;
+                }
+            }
+            _ => break,
+        }
+    }
+    let pair = IpPair {
+        family: IpFamily::Ipv6,
+        proto: nh,
+        fragment,
+        src,
+        dst,
+    };
+    if fragment {
+        return Ok(L3::Ip(pair));
+    }
+    l4(pair, &payload[off..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_v4_v6() {
+        let k = FlowKey::v4(
+            L4Proto::Udp,
+            Ipv4Addr::new(10, 0, 0, 2),
+            5000,
+            Ipv4Addr::new(10, 0, 0, 1),
+            6000,
+        );
+        assert_eq!(k.to_string(), "udp 10.0.0.2:5000 -> 10.0.0.1:6000");
+        let k6 = FlowKey::v6(
+            L4Proto::Tcp,
+            "fe80::1".parse().unwrap(),
+            80,
+            "fe80::2".parse().unwrap(),
+            1234,
+        );
+        assert_eq!(k6.to_string(), "tcp [fe80::1]:80 -> [fe80::2]:1234");
+    }
+
+    #[test]
+    fn from_raw_rejects_v4_padding() {
+        let mut a = [0u8; 16];
+        a[..4].copy_from_slice(&[1, 2, 3, 4]);
+        assert!(FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 1, a, 2).is_some());
+        a[7] = 1;
+        assert!(FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 1, [0; 16], 2).is_none());
+        assert!(FlowKey::from_raw(IpFamily::Ipv6, L4Proto::Tcp, a, 1, [0; 16], 2).is_some());
+    }
+
+    #[test]
+    fn new_rejects_mixed_families() {
+        assert!(FlowKey::new(
+            L4Proto::Tcp,
+            "1.2.3.4".parse().unwrap(),
+            1,
+            "::1".parse().unwrap(),
+            2
+        )
+        .is_none());
+    }
+}

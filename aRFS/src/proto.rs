@@ -1,0 +1,1053 @@
+//! The management-frame codec: exactly `aRFS/PROTOCOL.md`.
+//!
+//! [`decode_frame`] is the device-side decoder (it accepts only driver ->
+//! device messages); [`decode_frame_driver`] is the driver-side one (CAPS and
+//! ACK), used by tests and tools. Decoding is strict: every malformed frame
+//! yields a [`DecodeError`] naming the [`FrameError`] code, the field and,
+//! for op lists, the op index. [`encode`] and [`encode_into`] write a whole
+//! Ethernet frame.
+
+use core::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::flow::{FlowKey, IpFamily, L4Proto};
+
+/// EtherType of management frames (IEEE local experimental 1).
+pub const ETHERTYPE_MGMT: u16 = 0x88B5;
+/// Header magic ("vA").
+pub const MAGIC: u16 = 0x7641;
+/// Protocol version.
+pub const VERSION: u8 = 1;
+/// Length of the Ethernet header (management frames are never tagged).
+pub const ETH_HEADER_LEN: usize = 14;
+/// Length of the management header.
+pub const HEADER_LEN: usize = 16;
+/// Offset of the body in the frame.
+pub const BODY_OFFSET: usize = ETH_HEADER_LEN + HEADER_LEN;
+/// The MTU the protocol is sized for.
+pub const MTU: usize = 1500;
+/// Longest frame (Ethernet header + MTU).
+pub const MAX_FRAME_LEN: usize = ETH_HEADER_LEN + MTU;
+/// Longest body.
+pub const MAX_BODY_LEN: usize = MTU - HEADER_LEN;
+/// HELLO body length.
+pub const HELLO_LEN: usize = 16;
+/// CAPS body length.
+pub const CAPS_LEN: usize = 24;
+/// Length of one ADD op.
+pub const ADD_OP_LEN: usize = 44;
+/// Length of one DEL op.
+pub const DEL_OP_LEN: usize = 4;
+/// FLUSH body length.
+pub const FLUSH_LEN: usize = 4;
+/// Fixed part of the ACK body (before the statuses).
+pub const ACK_FIXED_LEN: usize = 4;
+/// Most ADD ops in one frame at MTU 1500: (1500 - 16) / 44 = 33.
+pub const MAX_ADD_OPS: u16 = (MAX_BODY_LEN / ADD_OP_LEN) as u16;
+/// Most DEL ops in one frame at MTU 1500: (1500 - 16) / 4 = 371.
+pub const MAX_DEL_OPS: u16 = (MAX_BODY_LEN / DEL_OP_LEN) as u16;
+/// Most statuses in one ACK: as many as the largest request has ops.
+pub const MAX_ACK_STATUSES: u16 = MAX_DEL_OPS;
+/// Source MAC of every device frame.
+pub const DEVICE_MAC: [u8; 6] = [0x02, 0x76, 0x6e, 0x69, 0x63, 0x00];
+/// Broadcast MAC (destination of driver frames).
+pub const BROADCAST_MAC: [u8; 6] = [0xff; 6];
+
+/// Most ops of `t` that fit one frame at MTU 1500 (0 for types without ops;
+/// the status count for ACK).
+pub const fn max_ops_per_frame(t: MsgType) -> u16 {
+    match t {
+        MsgType::Add => MAX_ADD_OPS,
+        MsgType::Del => MAX_DEL_OPS,
+        MsgType::Ack => MAX_ACK_STATUSES,
+        _ => 0,
+    }
+}
+
+/// Whether an Ethernet frame is a management frame (untagged EtherType 0x88B5).
+pub fn is_mgmt_frame(frame: &[u8]) -> bool {
+    frame.len() >= ETH_HEADER_LEN && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT
+}
+
+/// Who sends a message type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Driver (guest module) -> device (daemon).
+    ToDevice,
+    /// Device -> driver.
+    ToDriver,
+}
+
+/// Message type (header byte 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MsgType {
+    /// HELLO (1), driver -> device.
+    Hello = 1,
+    /// CAPS (2), device -> driver.
+    Caps = 2,
+    /// ADD (3), driver -> device.
+    Add = 3,
+    /// DEL (4), driver -> device.
+    Del = 4,
+    /// FLUSH (5), driver -> device.
+    Flush = 5,
+    /// ACK (6), device -> driver.
+    Ack = 6,
+}
+
+impl MsgType {
+    /// Wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes a wire code.
+    pub const fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => Self::Hello,
+            2 => Self::Caps,
+            3 => Self::Add,
+            4 => Self::Del,
+            5 => Self::Flush,
+            6 => Self::Ack,
+            _ => return None,
+        })
+    }
+
+    /// Upper-case name as in PROTOCOL.md.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Hello => "HELLO",
+            Self::Caps => "CAPS",
+            Self::Add => "ADD",
+            Self::Del => "DEL",
+            Self::Flush => "FLUSH",
+            Self::Ack => "ACK",
+        }
+    }
+
+    /// Who sends it.
+    pub const fn direction(self) -> Direction {
+        match self {
+            Self::Caps | Self::Ack => Direction::ToDriver,
+            _ => Direction::ToDevice,
+        }
+    }
+}
+
+/// DEL/FLUSH reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DelReason {
+    /// 1: `rps_may_expire_flow` said the flow is gone.
+    Expired = 1,
+    /// 2: the driver's time-based idle backstop.
+    Idle = 2,
+    /// 3: replaced (the flow moved to another filter).
+    Replaced = 3,
+    /// 4: flush.
+    Flush = 4,
+    /// 5: driver unload.
+    Unload = 5,
+}
+
+impl DelReason {
+    /// Every reason, in code order.
+    pub const ALL: [Self; 5] = [
+        Self::Expired,
+        Self::Idle,
+        Self::Replaced,
+        Self::Flush,
+        Self::Unload,
+    ];
+
+    /// Wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes a wire code (1..=5).
+    pub const fn from_code(c: u8) -> Option<Self> {
+        Some(match c {
+            1 => Self::Expired,
+            2 => Self::Idle,
+            3 => Self::Replaced,
+            4 => Self::Flush,
+            5 => Self::Unload,
+            _ => return None,
+        })
+    }
+
+    /// Lower-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Idle => "idle",
+            Self::Replaced => "replaced",
+            Self::Flush => "flush",
+            Self::Unload => "unload",
+        }
+    }
+}
+
+impl fmt::Display for DelReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Per-op status in an ACK.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpStatus {
+    /// 0: applied.
+    Ok = 0,
+    /// 1: the table is at capacity.
+    TableFull = 1,
+    /// 2: the flow's bucket is full.
+    BucketFull = 2,
+    /// 3: rxq >= enabled queue pairs.
+    BadQueue = 3,
+    /// 4: bad family/proto or non-zero IPv4 padding.
+    BadKey = 4,
+    /// 5: the ADD-failure knob fired.
+    InjectedFailure = 5,
+    /// 6: DEL of an id that is not live.
+    UnknownId = 6,
+    /// 7: id 0xFFFF.
+    BadId = 7,
+}
+
+impl OpStatus {
+    /// Every status, in code order.
+    pub const ALL: [Self; 8] = [
+        Self::Ok,
+        Self::TableFull,
+        Self::BucketFull,
+        Self::BadQueue,
+        Self::BadKey,
+        Self::InjectedFailure,
+        Self::UnknownId,
+        Self::BadId,
+    ];
+
+    /// Wire code.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes a wire code.
+    pub const fn from_code(c: u8) -> Option<Self> {
+        if (c as usize) < Self::ALL.len() {
+            Some(Self::ALL[c as usize])
+        } else {
+            None
+        }
+    }
+
+    /// Name as in PROTOCOL.md.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::TableFull => "table_full",
+            Self::BucketFull => "bucket_full",
+            Self::BadQueue => "bad_queue",
+            Self::BadKey => "bad_key",
+            Self::InjectedFailure => "injected_failure",
+            Self::UnknownId => "unknown_id",
+            Self::BadId => "bad_id",
+        }
+    }
+}
+
+impl fmt::Display for OpStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Malformed-frame codes (ACK `frame_status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameError {
+    /// 1: shorter than Ethernet + header, or than header + `body_len` (silent).
+    TooShort = 1,
+    /// 2: magic is not 0x7641 (silent).
+    BadMagic = 2,
+    /// 3: version is not 1 (silent).
+    BadVersion = 3,
+    /// 4: type not in 1..=6.
+    UnknownType = 4,
+    /// 5: a type meant for the other direction.
+    WrongDirection = 5,
+    /// 6: `body_len` is not what `type` and `count` require.
+    BadLength = 6,
+    /// 7: `count` > `max_ops`.
+    TooManyOps = 7,
+    /// 8: DEL/FLUSH reason outside 1..=5.
+    BadReason = 8,
+    /// 9: a reserved field is not zero.
+    ReservedNonzero = 9,
+    /// 10: `count` wrong for the type.
+    BadCount = 10,
+}
+
+impl FrameError {
+    /// Every code, in order.
+    pub const ALL: [Self; 10] = [
+        Self::TooShort,
+        Self::BadMagic,
+        Self::BadVersion,
+        Self::UnknownType,
+        Self::WrongDirection,
+        Self::BadLength,
+        Self::TooManyOps,
+        Self::BadReason,
+        Self::ReservedNonzero,
+        Self::BadCount,
+    ];
+
+    /// Wire code (1..=10).
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// Decodes a wire code.
+    pub const fn from_code(c: u8) -> Option<Self> {
+        if c >= 1 && (c as usize) <= Self::ALL.len() {
+            Some(Self::ALL[c as usize - 1])
+        } else {
+            None
+        }
+    }
+
+    /// Name as in PROTOCOL.md.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::TooShort => "too_short",
+            Self::BadMagic => "bad_magic",
+            Self::BadVersion => "bad_version",
+            Self::UnknownType => "unknown_type",
+            Self::WrongDirection => "wrong_direction",
+            Self::BadLength => "bad_length",
+            Self::TooManyOps => "too_many_ops",
+            Self::BadReason => "bad_reason",
+            Self::ReservedNonzero => "reserved_nonzero",
+            Self::BadCount => "bad_count",
+        }
+    }
+
+    /// Whether the protocol forbids replying (the header cannot be trusted).
+    pub const fn is_silent(self) -> bool {
+        matches!(self, Self::TooShort | Self::BadMagic | Self::BadVersion)
+    }
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The management header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Header {
+    /// Message type code (raw: a NAK may acknowledge an unknown type).
+    pub msg_type: u8,
+    /// Sequence number.
+    pub seq: u32,
+    /// Device generation.
+    pub generation: u32,
+    /// Entries in the body.
+    pub count: u16,
+    /// Body length in bytes.
+    pub body_len: u16,
+}
+
+impl Header {
+    /// The message type, if known.
+    pub const fn kind(&self) -> Option<MsgType> {
+        MsgType::from_code(self.msg_type)
+    }
+}
+
+/// HELLO body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Hello {
+    /// Driver version (informational).
+    pub driver_version: u32,
+    /// The guest NIC's MAC; replies go to it.
+    pub mac: [u8; 6],
+}
+
+/// CAPS body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Caps {
+    /// Queue pairs the device has.
+    pub max_queue_pairs: u16,
+    /// Rx queues currently enabled by the guest.
+    pub enabled_queue_pairs: u16,
+    /// Most filters.
+    pub capacity: u32,
+    /// Placement buckets (0 = no placement model).
+    pub buckets: u32,
+    /// Filters per bucket (0 when `buckets` = 0).
+    pub ways: u16,
+    /// Most ops in one ADD or DEL frame.
+    pub max_ops: u16,
+    /// Modelled programming latency in microseconds.
+    pub latency_us: u32,
+}
+
+/// One ADD op, raw as on the wire: family, proto and address padding are
+/// checked when the op is applied (status `bad_key`), not when decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AddOp {
+    /// Filter id.
+    pub id: u16,
+    /// Target rx queue.
+    pub rxq: u16,
+    /// 4 or 6.
+    pub family: u8,
+    /// 6 or 17.
+    pub proto: u8,
+    /// Source port.
+    pub src_port: u16,
+    /// Destination port.
+    pub dst_port: u16,
+    /// Source address (IPv4 in bytes 0..4).
+    pub src: [u8; 16],
+    /// Destination address (IPv4 in bytes 0..4).
+    pub dst: [u8; 16],
+}
+
+impl AddOp {
+    /// The op installing `flow` as filter `id` on `rxq`.
+    pub fn new(id: u16, rxq: u16, flow: &FlowKey) -> Self {
+        Self {
+            id,
+            rxq,
+            family: flow.family().wire(),
+            proto: flow.proto().ip_proto(),
+            src_port: flow.src_port(),
+            dst_port: flow.dst_port(),
+            src: *flow.src_bytes(),
+            dst: *flow.dst_bytes(),
+        }
+    }
+
+    /// The flow, or `None` when family/proto/padding make it a `bad_key`.
+    pub fn key(&self) -> Option<FlowKey> {
+        let family = IpFamily::from_wire(self.family)?;
+        let proto = L4Proto::from_ip_proto(self.proto)?;
+        FlowKey::from_raw(
+            family,
+            proto,
+            self.src,
+            self.src_port,
+            self.dst,
+            self.dst_port,
+        )
+    }
+}
+
+/// One DEL op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DelOp {
+    /// Filter id.
+    pub id: u16,
+    /// Why the driver deletes it.
+    pub reason: DelReason,
+}
+
+/// ACK body.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Ack {
+    /// Type code of the acknowledged request (raw: may be unknown in a NAK).
+    pub acked_type: u8,
+    /// 0, or a [`FrameError`] code.
+    pub frame_status: u8,
+    /// One [`OpStatus`] code per op, in op order (raw codes).
+    pub statuses: Vec<u8>,
+}
+
+impl Ack {
+    /// The frame status as a typed error (`None` for 0 or an unknown code).
+    pub fn frame_error(&self) -> Option<FrameError> {
+        FrameError::from_code(self.frame_status)
+    }
+
+    /// The statuses typed (`None` entries for unknown codes).
+    pub fn op_statuses(&self) -> impl Iterator<Item = Option<OpStatus>> + '_ {
+        self.statuses.iter().map(|&c| OpStatus::from_code(c))
+    }
+}
+
+/// A decoded management message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// HELLO.
+    Hello(Hello),
+    /// CAPS.
+    Caps(Caps),
+    /// ADD with its ops.
+    Add(Vec<AddOp>),
+    /// DEL with its ops.
+    Del(Vec<DelOp>),
+    /// FLUSH with its reason.
+    Flush(DelReason),
+    /// ACK.
+    Ack(Ack),
+}
+
+impl Message {
+    /// Its type.
+    pub const fn msg_type(&self) -> MsgType {
+        match self {
+            Self::Hello(_) => MsgType::Hello,
+            Self::Caps(_) => MsgType::Caps,
+            Self::Add(_) => MsgType::Add,
+            Self::Del(_) => MsgType::Del,
+            Self::Flush(_) => MsgType::Flush,
+            Self::Ack(_) => MsgType::Ack,
+        }
+    }
+
+    /// The header `count` it encodes with.
+    pub fn count(&self) -> usize {
+        match self {
+            Self::Add(v) => v.len(),
+            Self::Del(v) => v.len(),
+            Self::Ack(a) => a.statuses.len(),
+            _ => 0,
+        }
+    }
+
+    /// The body length it encodes with.
+    pub fn body_len(&self) -> usize {
+        match self {
+            Self::Hello(_) => HELLO_LEN,
+            Self::Caps(_) => CAPS_LEN,
+            Self::Add(v) => v.len() * ADD_OP_LEN,
+            Self::Del(v) => v.len() * DEL_OP_LEN,
+            Self::Flush(_) => FLUSH_LEN,
+            Self::Ack(a) => ACK_FIXED_LEN + a.statuses.len(),
+        }
+    }
+}
+
+/// Why a frame did not decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    /// The malformed-frame code.
+    pub kind: FrameError,
+    /// The header, when it could be read (for a silent error it is not trustworthy).
+    pub header: Option<Header>,
+    /// The field at fault (`"magic"`, `"count"`, `"ops[].reserved"`...).
+    pub field: &'static str,
+    /// Index of the op at fault, for op lists.
+    pub op: Option<u16>,
+}
+
+impl DecodeError {
+    fn new(kind: FrameError, header: Option<Header>, field: &'static str) -> Self {
+        Self {
+            kind,
+            header,
+            field,
+            op: None,
+        }
+    }
+
+    fn at(kind: FrameError, header: Header, field: &'static str, op: usize) -> Self {
+        Self {
+            kind,
+            header: Some(header),
+            field,
+            op: Some(op as u16),
+        }
+    }
+
+    /// The header to NAK (an ACK with `frame_status` = [`Self::kind`]), or
+    /// `None` when the protocol says to stay silent.
+    pub fn nak_header(&self) -> Option<&Header> {
+        if self.kind.is_silent() {
+            None
+        } else {
+            self.header.as_ref()
+        }
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "malformed management frame: {} (code {}) in field {}",
+            self.kind,
+            self.kind.code(),
+            self.field
+        )?;
+        if let Some(op) = self.op {
+            write!(f, " of op {op}")?;
+        }
+        if let Some(h) = &self.header {
+            write!(f, " [type {} seq {}]", h.msg_type, h.seq)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+#[inline]
+fn be16(b: &[u8], o: usize) -> u16 {
+    u16::from_be_bytes([b[o], b[o + 1]])
+}
+
+#[inline]
+fn be32(b: &[u8], o: usize) -> u32 {
+    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+/// Reads the header of a management frame without validating the body.
+/// Returns `None` when the frame is shorter than Ethernet + header.
+pub fn peek_header(frame: &[u8]) -> Option<Header> {
+    if frame.len() < BODY_OFFSET {
+        return None;
+    }
+    let h = &frame[ETH_HEADER_LEN..];
+    Some(Header {
+        msg_type: h[3],
+        seq: be32(h, 4),
+        generation: be32(h, 8),
+        count: be16(h, 12),
+        body_len: be16(h, 14),
+    })
+}
+
+/// Device-side decode: accepts HELLO, ADD, DEL, FLUSH; CAPS and ACK are
+/// `wrong_direction`. ADD and DEL may carry up to what fits the MTU.
+pub fn decode_frame(frame: &[u8]) -> Result<(Header, Message), DecodeError> {
+    decode(frame, Direction::ToDevice, u16::MAX)
+}
+
+/// Device-side decode with the `max_ops` the device advertised in CAPS
+/// (ADD/DEL frames with more ops are `too_many_ops`).
+pub fn decode_frame_limited(frame: &[u8], max_ops: u16) -> Result<(Header, Message), DecodeError> {
+    decode(frame, Direction::ToDevice, max_ops)
+}
+
+/// Driver-side decode: accepts CAPS and ACK only.
+pub fn decode_frame_driver(frame: &[u8]) -> Result<(Header, Message), DecodeError> {
+    decode(frame, Direction::ToDriver, u16::MAX)
+}
+
+/// Decodes a frame travelling in direction `dir`; `max_ops` further limits
+/// ADD/DEL op counts below the MTU limits.
+///
+/// Checks run in the order of PROTOCOL.md's "Decoding order" section, so
+/// each malformed frame has exactly one error.
+pub fn decode(
+    frame: &[u8],
+    dir: Direction,
+    max_ops: u16,
+) -> Result<(Header, Message), DecodeError> {
+    use FrameError as E;
+    let Some(h) = peek_header(frame) else {
+        return Err(DecodeError::new(E::TooShort, None, "frame"));
+    };
+    if be16(frame, 12) != ETHERTYPE_MGMT {
+        return Err(DecodeError::new(E::BadMagic, Some(h), "ethertype"));
+    }
+    let hb = &frame[ETH_HEADER_LEN..];
+    if be16(hb, 0) != MAGIC {
+        return Err(DecodeError::new(E::BadMagic, Some(h), "magic"));
+    }
+    if hb[2] != VERSION {
+        return Err(DecodeError::new(E::BadVersion, Some(h), "version"));
+    }
+    let Some(t) = MsgType::from_code(h.msg_type) else {
+        return Err(DecodeError::new(E::UnknownType, Some(h), "type"));
+    };
+    if t.direction() != dir {
+        return Err(DecodeError::new(E::WrongDirection, Some(h), "type"));
+    }
+    let count = usize::from(h.count);
+    // count
+    let (min_count, max_count) = match t {
+        MsgType::Add => (1, usize::from(MAX_ADD_OPS.min(max_ops))),
+        MsgType::Del => (1, usize::from(MAX_DEL_OPS.min(max_ops))),
+        MsgType::Ack => (0, usize::from(MAX_ACK_STATUSES)),
+        _ => (0, 0),
+    };
+    if count < min_count || (max_count == 0 && count != 0) {
+        return Err(DecodeError::new(E::BadCount, Some(h), "count"));
+    }
+    if count > max_count {
+        return Err(DecodeError::new(E::TooManyOps, Some(h), "count"));
+    }
+    // body_len
+    let want = match t {
+        MsgType::Hello => HELLO_LEN,
+        MsgType::Caps => CAPS_LEN,
+        MsgType::Add => count * ADD_OP_LEN,
+        MsgType::Del => count * DEL_OP_LEN,
+        MsgType::Flush => FLUSH_LEN,
+        MsgType::Ack => ACK_FIXED_LEN + count,
+    };
+    if usize::from(h.body_len) != want {
+        return Err(DecodeError::new(E::BadLength, Some(h), "body_len"));
+    }
+    if frame.len() < BODY_OFFSET + want {
+        return Err(DecodeError::new(E::TooShort, Some(h), "body"));
+    }
+    let b = &frame[BODY_OFFSET..BODY_OFFSET + want];
+    let msg = match t {
+        MsgType::Hello => {
+            if be32(b, 4) != 0 {
+                return Err(DecodeError::new(E::ReservedNonzero, Some(h), "flags"));
+            }
+            if be16(b, 14) != 0 {
+                return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
+            }
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(&b[8..14]);
+            Message::Hello(Hello {
+                driver_version: be32(b, 0),
+                mac,
+            })
+        }
+        MsgType::Caps => {
+            if be32(b, 20) != 0 {
+                return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
+            }
+            Message::Caps(Caps {
+                max_queue_pairs: be16(b, 0),
+                enabled_queue_pairs: be16(b, 2),
+                capacity: be32(b, 4),
+                buckets: be32(b, 8),
+                ways: be16(b, 12),
+                max_ops: be16(b, 14),
+                latency_us: be32(b, 16),
+            })
+        }
+        MsgType::Add => {
+            let mut ops = Vec::with_capacity(count);
+            for (i, o) in b.chunks_exact(ADD_OP_LEN).enumerate() {
+                if be16(o, 10) != 0 {
+                    return Err(DecodeError::at(E::ReservedNonzero, h, "ops[].reserved", i));
+                }
+                let mut src = [0u8; 16];
+                let mut dst = [0u8; 16];
+                src.copy_from_slice(&o[12..28]);
+                dst.copy_from_slice(&o[28..44]);
+                ops.push(AddOp {
+                    id: be16(o, 0),
+                    rxq: be16(o, 2),
+                    family: o[4],
+                    proto: o[5],
+                    src_port: be16(o, 6),
+                    dst_port: be16(o, 8),
+                    src,
+                    dst,
+                });
+            }
+            Message::Add(ops)
+        }
+        MsgType::Del => {
+            let mut ops = Vec::with_capacity(count);
+            for (i, o) in b.chunks_exact(DEL_OP_LEN).enumerate() {
+                let Some(reason) = DelReason::from_code(o[2]) else {
+                    return Err(DecodeError::at(E::BadReason, h, "ops[].reason", i));
+                };
+                if o[3] != 0 {
+                    return Err(DecodeError::at(E::ReservedNonzero, h, "ops[].reserved", i));
+                }
+                ops.push(DelOp {
+                    id: be16(o, 0),
+                    reason,
+                });
+            }
+            Message::Del(ops)
+        }
+        MsgType::Flush => {
+            let Some(reason) = DelReason::from_code(b[0]) else {
+                return Err(DecodeError::new(E::BadReason, Some(h), "reason"));
+            };
+            if b[1..4].iter().any(|&x| x != 0) {
+                return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
+            }
+            Message::Flush(reason)
+        }
+        MsgType::Ack => {
+            if be16(b, 2) != 0 {
+                return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
+            }
+            Message::Ack(Ack {
+                acked_type: b[0],
+                frame_status: b[1],
+                statuses: b[4..].to_vec(),
+            })
+        }
+    };
+    Ok((h, msg))
+}
+
+/// Why a message could not be encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EncodeError {
+    /// More ops/statuses than fit one frame (`max` is the limit for the type).
+    TooManyOps {
+        /// Ops in the message.
+        count: usize,
+        /// Limit for the type.
+        max: usize,
+    },
+    /// The output buffer is smaller than the frame (`need` bytes).
+    BufferTooSmall {
+        /// Bytes the frame needs.
+        need: usize,
+    },
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TooManyOps { count, max } => {
+                write!(f, "{count} entries exceed the per-frame limit {max}")
+            }
+            Self::BufferTooSmall { need } => {
+                write!(f, "output buffer smaller than the {need}-byte frame")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EncodeError {}
+
+/// Addressing and header fields of a frame to encode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameMeta {
+    /// Destination MAC.
+    pub dst: [u8; 6],
+    /// Source MAC.
+    pub src: [u8; 6],
+    /// Sequence number.
+    pub seq: u32,
+    /// Generation.
+    pub generation: u32,
+}
+
+/// Length of the frame `msg` encodes to.
+pub fn encoded_len(msg: &Message) -> usize {
+    BODY_OFFSET + msg.body_len()
+}
+
+/// Encodes `msg` as a whole Ethernet frame into `buf`; returns its length.
+pub fn encode_into(buf: &mut [u8], meta: &FrameMeta, msg: &Message) -> Result<usize, EncodeError> {
+    let count = msg.count();
+    let max = usize::from(max_ops_per_frame(msg.msg_type()));
+    if count > max {
+        return Err(EncodeError::TooManyOps { count, max });
+    }
+    let len = encoded_len(msg);
+    if buf.len() < len {
+        return Err(EncodeError::BufferTooSmall { need: len });
+    }
+    let out = &mut buf[..len];
+    out.fill(0);
+    out[0..6].copy_from_slice(&meta.dst);
+    out[6..12].copy_from_slice(&meta.src);
+    out[12..14].copy_from_slice(&ETHERTYPE_MGMT.to_be_bytes());
+    let h = &mut out[ETH_HEADER_LEN..BODY_OFFSET];
+    h[0..2].copy_from_slice(&MAGIC.to_be_bytes());
+    h[2] = VERSION;
+    h[3] = msg.msg_type().code();
+    h[4..8].copy_from_slice(&meta.seq.to_be_bytes());
+    h[8..12].copy_from_slice(&meta.generation.to_be_bytes());
+    h[12..14].copy_from_slice(&(count as u16).to_be_bytes());
+    h[14..16].copy_from_slice(&(msg.body_len() as u16).to_be_bytes());
+    let b = &mut out[BODY_OFFSET..];
+    match msg {
+        Message::Hello(m) => {
+            b[0..4].copy_from_slice(&m.driver_version.to_be_bytes());
+            b[8..14].copy_from_slice(&m.mac);
+        }
+        Message::Caps(c) => {
+            b[0..2].copy_from_slice(&c.max_queue_pairs.to_be_bytes());
+            b[2..4].copy_from_slice(&c.enabled_queue_pairs.to_be_bytes());
+            b[4..8].copy_from_slice(&c.capacity.to_be_bytes());
+            b[8..12].copy_from_slice(&c.buckets.to_be_bytes());
+            b[12..14].copy_from_slice(&c.ways.to_be_bytes());
+            b[14..16].copy_from_slice(&c.max_ops.to_be_bytes());
+            b[16..20].copy_from_slice(&c.latency_us.to_be_bytes());
+        }
+        Message::Add(ops) => {
+            for (o, op) in b.chunks_exact_mut(ADD_OP_LEN).zip(ops) {
+                o[0..2].copy_from_slice(&op.id.to_be_bytes());
+                o[2..4].copy_from_slice(&op.rxq.to_be_bytes());
+                o[4] = op.family;
+                o[5] = op.proto;
+                o[6..8].copy_from_slice(&op.src_port.to_be_bytes());
+                o[8..10].copy_from_slice(&op.dst_port.to_be_bytes());
+                o[12..28].copy_from_slice(&op.src);
+                o[28..44].copy_from_slice(&op.dst);
+            }
+        }
+        Message::Del(ops) => {
+            for (o, op) in b.chunks_exact_mut(DEL_OP_LEN).zip(ops) {
+                o[0..2].copy_from_slice(&op.id.to_be_bytes());
+                o[2] = op.reason.code();
+            }
+        }
+        Message::Flush(r) => b[0] = r.code(),
+        Message::Ack(a) => {
+            b[0] = a.acked_type;
+            b[1] = a.frame_status;
+            b[4..].copy_from_slice(&a.statuses);
+        }
+    }
+    Ok(len)
+}
+
+/// Encodes `msg` as a whole Ethernet frame, replacing the contents of `out`.
+pub fn encode(out: &mut Vec<u8>, meta: &FrameMeta, msg: &Message) -> Result<(), EncodeError> {
+    out.clear();
+    out.resize(encoded_len(msg), 0);
+    let n = encode_into(out, meta, msg)?;
+    out.truncate(n);
+    Ok(())
+}
+
+/// Encodes the ACK of request `seq` (type `acked_type`) with per-op statuses,
+/// from the device to `dst`.
+pub fn encode_ack(
+    out: &mut Vec<u8>,
+    dst: [u8; 6],
+    seq: u32,
+    generation: u32,
+    acked_type: MsgType,
+    statuses: &[OpStatus],
+) -> Result<(), EncodeError> {
+    let msg = Message::Ack(Ack {
+        acked_type: acked_type.code(),
+        frame_status: 0,
+        statuses: statuses.iter().map(|s| s.code()).collect(),
+    });
+    encode(
+        out,
+        &FrameMeta {
+            dst,
+            src: DEVICE_MAC,
+            seq,
+            generation,
+        },
+        &msg,
+    )
+}
+
+/// Encodes the NAK for a malformed request (`count` = 0, `frame_status` =
+/// the error's code), or returns `Ok(false)` and writes nothing when the
+/// protocol says to stay silent.
+pub fn encode_nak(
+    out: &mut Vec<u8>,
+    dst: [u8; 6],
+    generation: u32,
+    err: &DecodeError,
+) -> Result<bool, EncodeError> {
+    let Some(h) = err.nak_header() else {
+        out.clear();
+        return Ok(false);
+    };
+    let msg = Message::Ack(Ack {
+        acked_type: h.msg_type,
+        frame_status: err.kind.code(),
+        statuses: Vec::new(),
+    });
+    encode(
+        out,
+        &FrameMeta {
+            dst,
+            src: DEVICE_MAC,
+            seq: h.seq,
+            generation,
+        },
+        &msg,
+    )?;
+    Ok(true)
+}
+
+/// Encodes CAPS answering HELLO `seq`.
+pub fn encode_caps(
+    out: &mut Vec<u8>,
+    dst: [u8; 6],
+    seq: u32,
+    generation: u32,
+    caps: &Caps,
+) -> Result<(), EncodeError> {
+    encode(
+        out,
+        &FrameMeta {
+            dst,
+            src: DEVICE_MAC,
+            seq,
+            generation,
+        },
+        &Message::Caps(*caps),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> FrameMeta {
+        FrameMeta {
+            dst: BROADCAST_MAC,
+            src: [2, 0, 0, 0, 0, 1],
+            seq: 7,
+            generation: 3,
+        }
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(MAX_ADD_OPS, 33);
+        assert_eq!(MAX_DEL_OPS, 371);
+        let ops = vec![
+            AddOp::new(
+                1,
+                0,
+                &FlowKey::v4(L4Proto::Tcp, [1, 2, 3, 4].into(), 1, [5, 6, 7, 8].into(), 2)
+            );
+            33
+        ];
+        let msg = Message::Add(ops);
+        assert_eq!(encoded_len(&msg), 14 + 16 + 33 * 44);
+        assert!(encoded_len(&msg) <= MAX_FRAME_LEN);
+    }
+
+    #[test]
+    fn hello_round_trip() {
+        let msg = Message::Hello(Hello {
+            driver_version: 1,
+            mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56],
+        });
+        let mut v = Vec::new();
+        encode(&mut v, &meta(), &msg).unwrap();
+        assert_eq!(v.len(), 46);
+        let (h, m) = decode_frame(&v).unwrap();
+        assert_eq!(h.seq, 7);
+        assert_eq!(h.generation, 3);
+        assert_eq!(m, msg);
+        // The device side does not accept its own types.
+        assert_eq!(
+            decode_frame_driver(&v).unwrap_err().kind,
+            FrameError::WrongDirection
+        );
+    }
+}

@@ -1,0 +1,352 @@
+//! Receive-side scaling: the Toeplitz hash and the indirection table.
+//!
+//! [`Toeplitz`] precomputes, for every input byte position and byte value,
+//! the 32-bit contribution of that byte, so hashing an input of `n` bytes is
+//! `n` table loads and XORs (12 for an IPv4 4-tuple, 36 for IPv6).
+
+use crate::flow::{FlowKey, IpFamily, IpPair, ParsedFrame, L3};
+
+/// Length of a Toeplitz key in bytes.
+pub const KEY_LEN: usize = 40;
+
+/// Size of the indirection table.
+pub const INDIRECTION_LEN: usize = 128;
+
+/// The longest hash input: IPv6 4-tuple (16 + 16 + 2 + 2 bytes).
+pub const MAX_INPUT: usize = 36;
+
+/// The well-known default key (Microsoft's RSS verification key).
+pub const DEFAULT_KEY: [u8; KEY_LEN] = [
+    0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3, 0x8f, 0xb0,
+    0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30, 0xf2, 0x0c,
+    0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+];
+
+/// The key as 80 lower-case hex digits.
+pub fn key_to_hex(key: &[u8; KEY_LEN]) -> String {
+    use core::fmt::Write;
+    let mut s = String::with_capacity(KEY_LEN * 2);
+    for b in key {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Parses a key from 80 hex digits (`:` separators allowed, as ethtool prints).
+pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], String> {
+    let digits: Vec<u8> = text.bytes().filter(|&c| c != b':').collect();
+    if digits.len() != KEY_LEN * 2 {
+        return Err(format!(
+            "an RSS key is {} hex digits, got {}",
+            KEY_LEN * 2,
+            digits.len()
+        ));
+    }
+    let mut key = [0u8; KEY_LEN];
+    for (i, pair) in digits.chunks_exact(2).enumerate() {
+        let hex = core::str::from_utf8(pair).map_err(|_| "RSS key is not ASCII hex".to_string())?;
+        key[i] = u8::from_str_radix(hex, 16)
+            .map_err(|_| format!("RSS key: {hex:?} is not a hex byte"))?;
+    }
+    Ok(key)
+}
+
+/// A Toeplitz hasher for one key, with per-byte lookup tables.
+#[derive(Clone)]
+pub struct Toeplitz {
+    key: [u8; KEY_LEN],
+    /// `table[i][b]`: contribution of byte value `b` at input position `i`.
+    table: Box<[[u32; 256]; MAX_INPUT]>,
+}
+
+impl core::fmt::Debug for Toeplitz {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Toeplitz")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Toeplitz {
+    fn default() -> Self {
+        Self::new(DEFAULT_KEY)
+    }
+}
+
+impl PartialEq for Toeplitz {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for Toeplitz {}
+
+/// The 32-bit window of `key` starting at bit `bit` (MSB first).
+fn key_window(key: &[u8; KEY_LEN], bit: usize) -> u32 {
+    let mut w = 0u32;
+    for i in 0..32 {
+        let b = bit + i;
+        let v = (key[b / 8] >> (7 - (b % 8))) & 1;
+        w = (w << 1) | u32::from(v);
+    }
+    w
+}
+
+impl Toeplitz {
+    /// Builds the tables for `key`.
+    pub fn new(key: [u8; KEY_LEN]) -> Self {
+        let mut table: Box<[[u32; 256]; MAX_INPUT]> = vec![[0u32; 256]; MAX_INPUT]
+            .into_boxed_slice()
+            .try_into()
+            .expect("MAX_INPUT rows");
+        for (pos, row) in table.iter_mut().enumerate() {
+            let windows: [u32; 8] = core::array::from_fn(|bit| key_window(&key, pos * 8 + bit));
+            for (val, slot) in row.iter_mut().enumerate() {
+                let mut h = 0u32;
+                for (bit, w) in windows.iter().enumerate() {
+                    if val & (0x80 >> bit) != 0 {
+                        h ^= w;
+                    }
+                }
+                *slot = h;
+            }
+        }
+        Self { key, table }
+    }
+
+    /// The key.
+    pub const fn key(&self) -> &[u8; KEY_LEN] {
+        &self.key
+    }
+
+    /// Hashes arbitrary input (at most [`MAX_INPUT`] bytes are used; longer
+    /// input is hashed bit by bit with the key, which covers up to 36 bytes).
+    #[inline]
+    pub fn hash(&self, input: &[u8]) -> u32 {
+        let mut h = 0u32;
+        for (row, &b) in self.table.iter().zip(input) {
+            h ^= row[usize::from(b)];
+        }
+        h
+    }
+
+    /// Hashes the bytes at the given positions (an unrolled helper).
+    #[inline]
+    fn at(&self, pos: usize, b: u8) -> u32 {
+        self.table[pos][usize::from(b)]
+    }
+
+    /// IPv4 2-tuple: src addr, dst addr.
+    #[inline]
+    pub fn hash_v4(&self, src: [u8; 4], dst: [u8; 4]) -> u32 {
+        let mut h = 0;
+        for i in 0..4 {
+            h ^= self.at(i, src[i]) ^ self.at(4 + i, dst[i]);
+        }
+        h
+    }
+
+    /// IPv4 4-tuple: src addr, dst addr, src port, dst port.
+    #[inline]
+    pub fn hash_v4_ports(&self, src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> u32 {
+        let sp = sport.to_be_bytes();
+        let dp = dport.to_be_bytes();
+        self.hash_v4(src, dst)
+            ^ self.at(8, sp[0])
+            ^ self.at(9, sp[1])
+            ^ self.at(10, dp[0])
+            ^ self.at(11, dp[1])
+    }
+
+    /// IPv6 2-tuple.
+    #[inline]
+    pub fn hash_v6(&self, src: &[u8; 16], dst: &[u8; 16]) -> u32 {
+        let mut h = 0;
+        for i in 0..16 {
+            h ^= self.at(i, src[i]) ^ self.at(16 + i, dst[i]);
+        }
+        h
+    }
+
+    /// IPv6 4-tuple.
+    #[inline]
+    pub fn hash_v6_ports(&self, src: &[u8; 16], dst: &[u8; 16], sport: u16, dport: u16) -> u32 {
+        let sp = sport.to_be_bytes();
+        let dp = dport.to_be_bytes();
+        self.hash_v6(src, dst)
+            ^ self.at(32, sp[0])
+            ^ self.at(33, sp[1])
+            ^ self.at(34, dp[0])
+            ^ self.at(35, dp[1])
+    }
+
+    /// The 4-tuple hash of a flow.
+    #[inline]
+    pub fn hash_flow(&self, k: &FlowKey) -> u32 {
+        match k.family() {
+            IpFamily::Ipv4 => {
+                let s = k.src_bytes();
+                let d = k.dst_bytes();
+                self.hash_v4_ports(
+                    [s[0], s[1], s[2], s[3]],
+                    [d[0], d[1], d[2], d[3]],
+                    k.src_port(),
+                    k.dst_port(),
+                )
+            }
+            IpFamily::Ipv6 => {
+                self.hash_v6_ports(k.src_bytes(), k.dst_bytes(), k.src_port(), k.dst_port())
+            }
+        }
+    }
+
+    /// The 2-tuple hash of an address pair.
+    #[inline]
+    pub fn hash_pair(&self, p: &IpPair) -> u32 {
+        match p.family() {
+            IpFamily::Ipv4 => {
+                let s = p.src_bytes();
+                let d = p.dst_bytes();
+                self.hash_v4([s[0], s[1], s[2], s[3]], [d[0], d[1], d[2], d[3]])
+            }
+            IpFamily::Ipv6 => self.hash_v6(p.src_bytes(), p.dst_bytes()),
+        }
+    }
+
+    /// The RSS hash of a parsed frame: 4-tuple for flows, 2-tuple for other
+    /// IP traffic, `None` for non-IP frames.
+    #[inline]
+    pub fn hash_frame(&self, f: &ParsedFrame) -> Option<u32> {
+        match &f.l3 {
+            L3::Flow(k) => Some(self.hash_flow(k)),
+            L3::Ip(p) => Some(self.hash_pair(p)),
+            L3::NonIp => None,
+        }
+    }
+
+    /// Reference bit-by-bit Toeplitz (slow; for tests and cross-checks).
+    pub fn hash_slow(&self, input: &[u8]) -> u32 {
+        let mut h = 0u32;
+        for (i, &b) in input.iter().take(MAX_INPUT).enumerate() {
+            for bit in 0..8 {
+                if b & (0x80 >> bit) != 0 {
+                    h ^= key_window(&self.key, i * 8 + bit);
+                }
+            }
+        }
+        h
+    }
+}
+
+/// RSS state: Toeplitz key and the 128-entry indirection table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rss {
+    toeplitz: Toeplitz,
+    indirection: [u16; INDIRECTION_LEN],
+    enabled: u16,
+}
+
+impl Rss {
+    /// Default key, indirection spread round-robin over `enabled_queues`
+    /// (a count of 0 is treated as 1).
+    pub fn new(enabled_queues: u16) -> Self {
+        Self::with_toeplitz(Toeplitz::default(), enabled_queues)
+    }
+
+    /// A given key, indirection spread over `enabled_queues` (0 is treated as 1).
+    pub fn with_key(key: [u8; KEY_LEN], enabled_queues: u16) -> Self {
+        Self::with_toeplitz(Toeplitz::new(key), enabled_queues)
+    }
+
+    /// A prebuilt hasher, indirection spread over `enabled_queues` (0 is treated as 1).
+    pub fn with_toeplitz(toeplitz: Toeplitz, enabled_queues: u16) -> Self {
+        let mut r = Self {
+            toeplitz,
+            indirection: [0; INDIRECTION_LEN],
+            enabled: 1,
+        };
+        r.set_enabled(enabled_queues);
+        r
+    }
+
+    /// Refills the indirection table round-robin: `indirection[i] = i % n`
+    /// (a count of 0 is treated as 1).
+    pub fn set_enabled(&mut self, enabled_queues: u16) {
+        let n = enabled_queues.max(1);
+        self.enabled = n;
+        for (i, q) in self.indirection.iter_mut().enumerate() {
+            *q = (i % usize::from(n)) as u16;
+        }
+    }
+
+    /// Number of enabled queues.
+    pub const fn enabled(&self) -> u16 {
+        self.enabled
+    }
+
+    /// The indirection table.
+    pub const fn indirection(&self) -> &[u16; INDIRECTION_LEN] {
+        &self.indirection
+    }
+
+    /// Replaces the indirection table (entries are not checked against `enabled`).
+    pub fn set_indirection(&mut self, table: [u16; INDIRECTION_LEN]) {
+        self.indirection = table;
+    }
+
+    /// The hasher.
+    pub const fn toeplitz(&self) -> &Toeplitz {
+        &self.toeplitz
+    }
+
+    /// Queue for a hash: `indirection[hash & 127]`.
+    #[inline]
+    pub fn queue_for_hash(&self, hash: u32) -> u16 {
+        self.indirection[(hash as usize) & (INDIRECTION_LEN - 1)]
+    }
+
+    /// Queue for a flow (4-tuple).
+    #[inline]
+    pub fn queue_for_key(&self, k: &FlowKey) -> u16 {
+        self.queue_for_hash(self.toeplitz.hash_flow(k))
+    }
+
+    /// Queue for a parsed frame; non-IP frames go to queue 0.
+    #[inline]
+    pub fn queue_for(&self, f: &ParsedFrame) -> u16 {
+        self.toeplitz
+            .hash_frame(f)
+            .map_or(0, |h| self.queue_for_hash(h))
+    }
+}
+
+impl Default for Rss {
+    fn default() -> Self {
+        Self::new(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_matches_bitwise() {
+        let t = Toeplitz::default();
+        let input: Vec<u8> = (0u8..36).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        for n in 0..=36 {
+            assert_eq!(t.hash(&input[..n]), t.hash_slow(&input[..n]), "len {n}");
+        }
+    }
+
+    #[test]
+    fn indirection_round_robin() {
+        let mut r = Rss::new(3);
+        assert_eq!(r.indirection()[0..6], [0, 1, 2, 0, 1, 2]);
+        assert_eq!(r.queue_for_hash(4), 1);
+        assert_eq!(r.queue_for_hash(128 + 4), 1);
+        r.set_enabled(0);
+        assert_eq!(r.enabled(), 1);
+        assert!(r.indirection().iter().all(|&q| q == 0));
+    }
+}
