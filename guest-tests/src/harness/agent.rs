@@ -21,7 +21,11 @@ pub struct Agent {
 impl Agent {
     /// Connect to QEMU's socket for the port and wait for the agent to
     /// answer `hello` (the guest boots meanwhile).
-    pub fn connect(path: &Path, boot_timeout: Duration, alive: &mut dyn FnMut() -> Result<()>) -> Result<(Self, Info)> {
+    pub fn connect(
+        path: &Path,
+        boot_timeout: Duration,
+        alive: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<(Self, Info)> {
         let start = Instant::now();
         let stream = loop {
             match UnixStream::connect(path) {
@@ -55,22 +59,32 @@ impl Agent {
     pub fn call_value(&mut self, req: &Request, timeout: Duration) -> Result<serde_json::Value> {
         let id = self.next_id;
         self.next_id += 1;
-        let mut line = serde_json::to_string(&Envelope { id, req: req.clone() })?;
+        let mut line = serde_json::to_string(&Envelope {
+            id,
+            req: req.clone(),
+        })?;
         self.transcript.push(format!("> {line}"));
         line.push('\n');
-        self.writer.write_all(line.as_bytes()).ctx("writing to the agent")?;
+        self.writer
+            .write_all(line.as_bytes())
+            .ctx("writing to the agent")?;
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                bail!("timed out after {timeout:?} waiting for the agent's reply to {}", cmd_name(req));
+                bail!(
+                    "timed out after {timeout:?} waiting for the agent's reply to {}",
+                    cmd_name(req)
+                );
             }
             self.reader.get_ref().set_read_timeout(Some(left))?;
             let mut buf = String::new();
             match self.reader.read_line(&mut buf) {
                 Ok(0) => bail!("the agent connection closed (guest gone?)"),
                 Ok(_) => {}
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    continue
+                }
                 Err(e) => bail!("reading from the agent: {e}"),
             }
             let text = buf.trim();
@@ -99,6 +113,7 @@ impl Agent {
     }
 
     /// A request with the default timeout (30 s: TCG under load is slow).
+    #[allow(clippy::needless_pass_by_value)] // call sites build the request inline
     pub fn req<T: DeserializeOwned>(&mut self, req: Request) -> Result<T> {
         self.call(&req, Duration::from_secs(30))
     }

@@ -34,7 +34,10 @@ fn run_stdout(cmd: &mut Command, what: &str) -> Result<String> {
 pub fn kernel_series(series: &str, variant: &str) -> Result<Kernel> {
     let script = repo_root().join("images/build-kernel");
     if !script.exists() {
-        bail!("{} not found: the images/ recipes are missing", script.display());
+        bail!(
+            "{} not found: the images/ recipes are missing",
+            script.display()
+        );
     }
     let out = run_stdout(
         Command::new(&script).args(["--series", series, "--variant", variant]),
@@ -47,7 +50,10 @@ pub fn kernel_series(series: &str, variant: &str) -> Result<Kernel> {
         kdir: dir.join("build"),
     };
     if !k.bzimage.is_file() || !k.kdir.is_dir() {
-        bail!("images/build-kernel printed {} but it has no bzImage/build", dir.display());
+        bail!(
+            "images/build-kernel printed {} but it has no bzImage/build",
+            dir.display()
+        );
     }
     Ok(k)
 }
@@ -58,7 +64,10 @@ pub fn kernel_custom(bzimage: &Path, kdir: &Path) -> Result<Kernel> {
         bail!("--kernel-image {}: no such file", bzimage.display());
     }
     if !kdir.join("include/config/kernel.release").is_file() {
-        bail!("--kdir {}: not a built kernel tree (no include/config/kernel.release)", kdir.display());
+        bail!(
+            "--kdir {}: not a built kernel tree (no include/config/kernel.release)",
+            kdir.display()
+        );
     }
     Ok(Kernel {
         label: "custom".into(),
@@ -69,10 +78,15 @@ pub fn kernel_custom(bzimage: &Path, kdir: &Path) -> Result<Kernel> {
 
 /// Kernel release of a built tree.
 pub fn kernel_release(kdir: &Path) -> Result<String> {
-    Ok(std::fs::read_to_string(kdir.join("include/config/kernel.release"))
-        .ctx(format!("reading {}/include/config/kernel.release", kdir.display()))?
-        .trim()
-        .to_string())
+    Ok(
+        std::fs::read_to_string(kdir.join("include/config/kernel.release"))
+            .ctx(format!(
+                "reading {}/include/config/kernel.release",
+                kdir.display()
+            ))?
+            .trim()
+            .to_string(),
+    )
 }
 
 /// Build the static guest agent into `target/agent` (a target dir of its
@@ -88,7 +102,15 @@ pub fn agent() -> Result<PathBuf> {
         .current_dir(&root)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env_remove("CARGO_TARGET_DIR")
-        .args(["build", "--release", "--quiet", "-p", "guest-tests", "--bin", "vnic-agent"])
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "guest-tests",
+            "--bin",
+            "vnic-agent",
+        ])
         .args(["--target", "x86_64-unknown-linux-gnu", "--target-dir"])
         .arg(&tdir)
         .stdin(Stdio::null())
@@ -115,11 +137,20 @@ pub fn vnic_bin() -> Result<PathBuf> {
         return Ok(p);
     }
     let root = repo_root();
-    let target = std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
     eprintln!("[guest-tests] building vnic (release)");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
-        .args(["build", "--release", "--quiet", "-p", "vnic", "--bin", "vnic"])
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "vnic",
+            "--bin",
+            "vnic",
+        ])
         .stdin(Stdio::null())
         .status()
         .ctx("running cargo for vnic")?;
@@ -138,7 +169,10 @@ pub fn vnic_bin() -> Result<PathBuf> {
 pub fn module(kdir: &Path, work: &Path) -> Result<PathBuf> {
     let src = repo_root().join("aRFS/kmod");
     if !src.join("vnic_arfs.c").is_file() {
-        bail!("{} has no vnic_arfs.c: the guest module is missing", src.display());
+        bail!(
+            "{} has no vnic_arfs.c: the guest module is missing",
+            src.display()
+        );
     }
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(work).ctx(format!("creating {}", work.display()))?;
@@ -151,7 +185,10 @@ pub fn module(kdir: &Path, work: &Path) -> Result<PathBuf> {
             std::fs::copy(ent.path(), work.join(&name)).ctx(format!("copying {n}"))?;
         }
     }
-    eprintln!("[guest-tests] building vnic_arfs.ko against {}", kdir.display());
+    eprintln!(
+        "[guest-tests] building vnic_arfs.ko against {}",
+        kdir.display()
+    );
     let out = Command::new("make")
         .arg("-C")
         .arg(kdir)
@@ -181,7 +218,10 @@ pub fn module(kdir: &Path, work: &Path) -> Result<PathBuf> {
 pub fn initramfs(kdir: &Path, agent: &Path, module: Option<&Path>) -> Result<PathBuf> {
     let script = repo_root().join("images/build-initramfs");
     if !script.exists() {
-        bail!("{} not found: the images/ recipes are missing", script.display());
+        bail!(
+            "{} not found: the images/ recipes are missing",
+            script.display()
+        );
     }
     let mut cmd = Command::new(&script);
     cmd.arg("--kernel-dir").arg(kdir).arg("--agent").arg(agent);
@@ -191,7 +231,10 @@ pub fn initramfs(kdir: &Path, agent: &Path, module: Option<&Path>) -> Result<Pat
     let out = run_stdout(&mut cmd, "images/build-initramfs")?;
     let p = PathBuf::from(out.lines().last().unwrap_or_default());
     if !p.is_file() {
-        bail!("images/build-initramfs printed {:?}, not a file", p.display());
+        bail!(
+            "images/build-initramfs printed {:?}, not a file",
+            p.display()
+        );
     }
     Ok(p)
 }

@@ -39,7 +39,9 @@ impl Ctl {
             bail!(
                 "vnic ctl {} failed: {}",
                 req,
-                v.get("error").and_then(Value::as_str).unwrap_or("(no error text)")
+                v.get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no error text)")
             );
         }
         Ok(v)
@@ -53,14 +55,16 @@ impl Ctl {
         Ok(self.call(&json!({"cmd": "table"}))?["table"].clone())
     }
 
-    pub fn set(&mut self, key: &str, value: Value) -> Result<Value> {
+    pub fn set(&mut self, key: &str, value: &Value) -> Result<Value> {
         Ok(self.call(&json!({"cmd": "set", "key": key, "value": value}))?["knobs"].clone())
     }
 
     /// Start a generator flow set; returns its id.
     pub fn gen_start(&mut self, spec: &Value) -> Result<u64> {
         let v = self.call(&json!({"cmd": "gen", "op": "start", "flow": spec}))?;
-        v["id"].as_u64().ok_or_else(|| "gen start: no id in reply".into())
+        v["id"]
+            .as_u64()
+            .ok_or_else(|| "gen start: no id in reply".into())
     }
 
     pub fn gen_stop_all(&mut self) -> Result<()> {

@@ -45,7 +45,13 @@ impl Guest {
         let start = Instant::now();
         let vnic = Vnic::start(spec.vnic_bin, &art.dir, &spec.vnic)?;
         let ctl = vnic.connect_ctl()?;
-        let mut qemu = Qemu::start(&spec.kernel.bzimage, spec.initrd, &vnic.socket, &art.dir, &spec.qemu)?;
+        let mut qemu = Qemu::start(
+            &spec.kernel.bzimage,
+            spec.initrd,
+            &vnic.socket,
+            &art.dir,
+            &spec.qemu,
+        )?;
         art.write("qemu-cmdline.txt", &qemu.cmdline.join(" "));
         let console = qemu.console.clone();
         let agent_socket = qemu.agent_socket.clone();
@@ -56,7 +62,10 @@ impl Guest {
             let mut alive = || -> Result<()> {
                 if let Some(st) = qemu_ref.exited() {
                     let con = std::fs::read_to_string(&console).unwrap_or_default();
-                    bail!("QEMU exited during boot ({st}); console tail:\n{}", tail(&con, 30));
+                    bail!(
+                        "QEMU exited during boot ({st}); console tail:\n{}",
+                        tail(&con, 30)
+                    );
                 }
                 if !vnic_ref.alive() {
                     bail!("vnic died during boot; its log:\n{}", vnic_ref.log_tail(30));
@@ -90,16 +99,26 @@ impl Guest {
     /// Fetch new kernel log records; return the ones that must fail a test
     /// (WARN, BUG, oops, KASAN, lockdep, ...), with a little context.
     pub fn kernel_failures(&mut self) -> Result<Vec<String>> {
-        let k: Kmsg = self.agent.req(Request::Dmesg { since: self.kmsg_next })?;
+        let k: Kmsg = self.agent.req(Request::Dmesg {
+            since: self.kmsg_next,
+        })?;
         let mut bad = Vec::new();
         for r in &k.records {
             if procfs::is_kernel_failure(&r.msg) {
-                bad.push(format!("[{:>5}.{:06}] {}", r.ts_us / 1_000_000, r.ts_us % 1_000_000, r.msg));
+                bad.push(format!(
+                    "[{:>5}.{:06}] {}",
+                    r.ts_us / 1_000_000,
+                    r.ts_us % 1_000_000,
+                    r.msg
+                ));
             }
             self.kmsg_next = self.kmsg_next.max(r.seq + 1);
         }
         if k.lost {
-            bad.push("kernel log records were lost (ring buffer overrun): cannot vouch for a clean log".into());
+            bad.push(
+                "kernel log records were lost (ring buffer overrun): cannot vouch for a clean log"
+                    .into(),
+            );
         }
         self.kmsg.extend(k.records);
         self.write_dmesg();
@@ -109,7 +128,14 @@ impl Guest {
     fn write_dmesg(&self) {
         let mut s = String::new();
         for r in &self.kmsg {
-            let _ = writeln!(s, "[{:>5}.{:06}] <{}> {}", r.ts_us / 1_000_000, r.ts_us % 1_000_000, r.level, r.msg);
+            let _ = writeln!(
+                s,
+                "[{:>5}.{:06}] <{}> {}",
+                r.ts_us / 1_000_000,
+                r.ts_us % 1_000_000,
+                r.level,
+                r.msg
+            );
         }
         self.art.write("dmesg.txt", &s);
     }
@@ -129,24 +155,39 @@ impl Guest {
                 .agent
                 .req::<crate::proto::DirContents>(Request::ReadDir { path: dir.into() })
             {
-                Ok(v) => self.art.write_json(&format!("{tag}-module-debugfs.json"), &v),
+                Ok(v) => self
+                    .art
+                    .write_json(&format!("{tag}-module-debugfs.json"), &v),
                 Err(e) => self.art.write(&format!("{tag}-module-debugfs.err"), &e.0),
             }
         }
         let mut procs = String::new();
-        for f in ["/proc/interrupts", "/proc/softirqs", "/proc/net/softnet_stat"] {
+        for f in [
+            "/proc/interrupts",
+            "/proc/softirqs",
+            "/proc/net/softnet_stat",
+        ] {
             let _ = writeln!(procs, "==> {f}");
-            procs.push_str(&self.agent.read_file(f).unwrap_or_else(|e| format!("<{e}>\n")));
+            procs.push_str(
+                &self
+                    .agent
+                    .read_file(f)
+                    .unwrap_or_else(|e| format!("<{e}>\n")),
+            );
         }
         self.art.write(&format!("{tag}-guest-proc.txt"), &procs);
     }
 
     /// Power the guest off and wait for QEMU to exit; save the transcript.
     pub fn shutdown(mut self) -> Result<()> {
-        self.art.write("agent-transcript.txt", &self.agent.transcript.join("\n"));
-        let r = self.agent.call_value(&Request::Poweroff, Duration::from_secs(10));
+        self.art
+            .write("agent-transcript.txt", &self.agent.transcript.join("\n"));
+        let r = self
+            .agent
+            .call_value(&Request::Poweroff, Duration::from_secs(10));
         let exited = self.qemu.wait_exit(Duration::from_secs(30));
-        self.art.write("console.log.copy", &self.qemu.console_text());
+        self.art
+            .write("console.log.copy", &self.qemu.console_text());
         r.ctx("poweroff")?;
         if !exited {
             bail!("QEMU did not exit within 30 s of the guest's power-off");
@@ -157,7 +198,8 @@ impl Guest {
 
 impl Drop for Guest {
     fn drop(&mut self) {
-        self.art.write("agent-transcript.txt", &self.agent.transcript.join("\n"));
+        self.art
+            .write("agent-transcript.txt", &self.agent.transcript.join("\n"));
     }
 }
 

@@ -76,7 +76,11 @@ impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
 }
 
 /// Poll `f` every 50 ms..500 ms until it yields `Some`, or fail after `timeout`.
-pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub fn wait_for<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(50);
     loop {
@@ -84,7 +88,10 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Result<
             return Ok(v);
         }
         if start.elapsed() >= timeout {
-            bail!("timed out after {:.1}s waiting for {what}", timeout.as_secs_f64());
+            bail!(
+                "timed out after {:.1}s waiting for {what}",
+                timeout.as_secs_f64()
+            );
         }
         std::thread::sleep(delay);
         delay = (delay * 2).min(Duration::from_millis(500));
@@ -141,7 +148,7 @@ pub fn timestamp() -> String {
         .map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
+    let z = i64::try_from(days).unwrap_or(0) + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;

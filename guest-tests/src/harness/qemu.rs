@@ -54,7 +54,12 @@ impl Qemu {
         let accel: Vec<String> = if opts.accel == "kvm" {
             vec!["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]
         } else {
-            vec!["-accel".into(), "tcg,thread=multi".into(), "-cpu".into(), "max".into()]
+            vec![
+                "-accel".into(),
+                "tcg,thread=multi".into(),
+                "-cpu".into(),
+                "max".into(),
+            ]
         };
         let mem = format!("{}M", opts.mem_mb);
         let q = opts.queues;

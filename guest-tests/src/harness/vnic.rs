@@ -54,11 +54,16 @@ impl Vnic {
             .arg(&trace)
             .args(["--peer", "gen", "--queues", &opts.queues.to_string()])
             .args(&opts.extra)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)
             .stderr(logf);
-        let child = cmd.spawn().ctx(format!("starting {} serve", bin.display()))?;
+        let child = cmd
+            .spawn()
+            .ctx(format!("starting {} serve", bin.display()))?;
         let mut v = Vnic {
             child,
             socket,
