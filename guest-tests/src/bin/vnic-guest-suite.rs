@@ -87,14 +87,14 @@ fn parse_args() -> Result<Args, String> {
             "--rate" => a.settings.rate = num(&val("--rate")?, "--rate", 1, 1_000_000)? as u32,
             "--measure" => {
                 a.settings.measure =
-                    Duration::from_secs(num(&val("--measure")?, "--measure", 1, 600)?)
+                    Duration::from_secs(num(&val("--measure")?, "--measure", 1, 600)?);
             }
             "--flow-cnt" => {
-                a.settings.flow_cnt = num(&val("--flow-cnt")?, "--flow-cnt", 1, 1 << 20)? as u32
+                a.settings.flow_cnt = num(&val("--flow-cnt")?, "--flow-cnt", 1, 1 << 20)? as u32;
             }
             "--idle-ms" => {
                 a.settings.module.idle_timeout_ms =
-                    num(&val("--idle-ms")?, "--idle-ms", 1, 600_000)? as u32
+                    num(&val("--idle-ms")?, "--idle-ms", 1, 600_000)? as u32;
             }
             "--artifacts" => a.artifacts = Some(PathBuf::from(val("--artifacts")?)),
             other => return Err(format!("unknown argument {other:?} (see --help)")),
