@@ -68,6 +68,9 @@ pub enum Request {
         feature: String,
         on: bool,
     },
+    /// `ethtool -L IFNAME combined N` (ETHTOOL_SCHANNELS). Answers the
+    /// combined count read back.
+    SetChannels { ifname: String, combined: u32 },
     /// finit_module(path, params).
     ModuleLoad {
         path: String,
@@ -151,6 +154,15 @@ pub struct UdpSpec {
     /// The peer the sockets connect to (the device's gen peer).
     pub peer: String,
     pub flows: Vec<UdpFlowSpec>,
+    /// Connect each socket to peer:peer_port (default). RFS records flows
+    /// only for connected UDP sockets; unconnected ones receive from any
+    /// source (RPS experiments with many source addresses).
+    #[serde(default = "yes")]
+    pub connect: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

@@ -265,6 +265,17 @@ impl Session {
                 Duration::from_secs(30),
             ) {
                 problems.push(format!("rmmod {}: {e}", module::NAME));
+            } else {
+                // Unloading flushes the device table.
+                let ctl = &mut self.guest.ctl;
+                let r = wait_for(
+                    Duration::from_secs(10),
+                    "the device table to be flushed on rmmod",
+                    || Ok((counter(&ctl.table()?, "/live") == 0).then_some(())),
+                );
+                if let Err(e) = r {
+                    problems.push(e.0);
+                }
             }
         }
         match self.guest.kernel_failures() {
@@ -373,6 +384,7 @@ impl Session {
                     cpu: f.cpu,
                 })
                 .collect(),
+            connect: true,
         };
         self.guest
             .agent

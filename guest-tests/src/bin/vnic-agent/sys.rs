@@ -176,6 +176,31 @@ pub fn set_feature(ifname: &str, feature: &str, on: bool) -> io::Result<bool> {
     feature_active(ifname, bit, blocks)
 }
 
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+const ETHTOOL_SCHANNELS: u32 = 0x3d;
+
+/// `ethtool -L IFNAME combined N`; returns the combined count read back.
+pub fn set_channels(ifname: &str, combined: u32) -> io::Result<u32> {
+    // struct ethtool_channels { cmd; max_rx; max_tx; max_other; max_combined;
+    //                           rx_count; tx_count; other_count; combined_count; }
+    let mut ch = [0u32; 9];
+    ch[0] = ETHTOOL_GCHANNELS;
+    ethtool(ifname, &mut ch)?;
+    if combined == 0 || combined > ch[4] {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("combined must be 1..={}", ch[4]),
+        ));
+    }
+    ch[0] = ETHTOOL_SCHANNELS;
+    ch[8] = combined;
+    ethtool(ifname, &mut ch)?;
+    let mut rd = [0u32; 9];
+    rd[0] = ETHTOOL_GCHANNELS;
+    ethtool(ifname, &mut rd)?;
+    Ok(rd[8])
+}
+
 /// finit_module(2).
 pub fn module_load(path: &str, params: &str) -> io::Result<()> {
     let f = std::fs::File::open(path)?;

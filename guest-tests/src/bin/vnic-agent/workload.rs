@@ -108,6 +108,15 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             }
             Ok(Value::Bool(active))
         }
+        Request::SetChannels { ifname, combined } => {
+            let got = sys::set_channels(&ifname, combined).map_err(err("ethtool channels"))?;
+            if got != combined {
+                return Err(format!(
+                    "asked for {combined} combined channels, the device has {got}"
+                ));
+            }
+            Ok(Value::from(got))
+        }
         Request::ModuleLoad { path, params } => {
             sys::module_load(&path, &params).map_err(err(&format!("finit_module {path}")))?;
             Ok(Value::Null)
@@ -367,8 +376,10 @@ impl UdpRun {
                 .map_err(err(&format!("bind udp {}", f.local_port)))?;
             // Connected: the kernel records the flow for RFS only on
             // sockets with a destination (inet_daddr set).
-            s.connect(SocketAddrV4::new(peer, f.peer_port))
-                .map_err(err(&format!("connect udp {}", f.peer_port)))?;
+            if spec.connect {
+                s.connect(SocketAddrV4::new(peer, f.peer_port))
+                    .map_err(err(&format!("connect udp {}", f.peer_port)))?;
+            }
             s.set_read_timeout(Some(POLL)).map_err(err("SO_RCVTIMEO"))?;
             socks.push(s);
         }
