@@ -326,7 +326,7 @@ impl Session {
             flow_cnt: st.flow_cnt,
             rps_cpus: None,
         })?;
-        let params = st.module.to_params();
+        let params = st.module.to_params(IFNAME);
         self.guest
             .agent
             .call_value(
@@ -338,23 +338,28 @@ impl Session {
             )
             .ctx("loading vnic_arfs.ko")?;
         self.module_loaded = true;
-        // The module turns NTUPLE on when it attaches; this is what a user
-        // would do (`ethtool -K eth0 ntuple on`) and must be accepted.
+        // The module installs itself (ndo, rmap, NTUPLE) once the device
+        // answered its HELLO with CAPS.
+        let mut last = String::new();
+        let r = wait_for(
+            Duration::from_secs(30),
+            "the module to attach to eth0 (state active)",
+            || {
+                let m = self.module_counters()?;
+                last = m.state(IFNAME).unwrap_or("<no debugfs state>").to_string();
+                Ok((last == "active").then_some(()))
+            },
+        );
+        if let Err(e) = r {
+            bail!("{e}: last state {last:?}");
+        }
+        // What a user would do (`ethtool -K eth0 ntuple on`): must be accepted
+        // and leave the feature on.
         self.guest.agent.req::<bool>(Request::SetFeature {
             ifname: IFNAME.into(),
             feature: "rx-ntuple-filter".into(),
             on: true,
         })?;
-        // The module greets the device (HELLO/CAPS) when it attaches.
-        let ctl = &mut self.guest.ctl;
-        wait_for(
-            Duration::from_secs(30),
-            "the module's HELLO to reach vnic",
-            || {
-                let s = ctl.stats()?;
-                Ok((counter(&s, "/mgmt/caps_sent") >= 1).then_some(()))
-            },
-        )?;
         Ok(())
     }
 
@@ -889,6 +894,13 @@ impl Session {
         self.trace_since_mark()?;
         let bound = self.settings.module.expiry_bound(ids.len());
         // The flows stop; the receivers stay (sockets open, threads idle).
+        // rps_may_expire_flow counts packets, so on idle CPUs only the
+        // module's idle backstop can delete these filters: it is switched on
+        // now (it was off while the flows ran, see ModuleParams).
+        self.guest.agent.write_file(
+            &format!("{}/idle_timeout_ms", module::PARAMS_DIR),
+            &self.settings.module.idle_timeout_ms.to_string(),
+        )?;
         let t0 = Instant::now();
         self.guest.ctl.gen_stop_all()?;
         self.gen_running = false;

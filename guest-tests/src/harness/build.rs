@@ -100,7 +100,10 @@ pub fn agent() -> Result<PathBuf> {
     eprintln!("[guest-tests] building the static guest agent (target/agent)");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
-        .env("RUSTFLAGS", "-C target-feature=+crt-static -C strip=debuginfo")
+        .env(
+            "RUSTFLAGS",
+            "-C target-feature=+crt-static -C strip=debuginfo",
+        )
         .env_remove("CARGO_TARGET_DIR")
         .args([
             "build",
