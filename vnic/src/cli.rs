@@ -1,0 +1,360 @@
+//! Command line (clap): `vnic serve ...` and `vnic ctl ...`.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+
+use crate::config::{self, Config, PeerKind};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnic",
+    version,
+    about = "A multi-queue vhost-user virtio-net device with an aRFS flow filter table",
+    long_about = "vnic is a virtual NIC for QEMU served over vhost-user. Its receive side holds an \
+aRFS flow filter table that the guest programs with in-band management frames (EtherType 0x88B5, \
+see aRFS/PROTOCOL.md); every filter event can be traced. `vnic serve` runs the device, `vnic ctl` \
+talks to a running one (protocol in vnic/CTL.md). Logging: RUST_LOG (default: warnings only)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the device on a vhost-user socket (QEMU connects to it).
+    Serve(ServeArgs),
+    /// Talk to a running daemon through its control socket.
+    Ctl(CtlArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Path of the vhost-user socket to listen on (QEMU: -chardev socket,path=PATH). A stale
+    /// socket file is replaced.
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    /// Number of queue pairs offered, 1..=16 (QEMU: -netdev vhost-user,queues=N may use up to
+    /// this many). One worker thread per pair.
+    #[arg(long, value_name = "N", default_value = "4", value_parser = config::parse_queues)]
+    pub queues: u16,
+    /// The far side of the NIC: `gen` (built-in generator/responder/sink, needs no privileges)
+    /// or `tap:IFNAME` (a multi-queue tap with a virtio-net header, needs CAP_NET_ADMIN or a
+    /// persistent tap owned by the user).
+    #[arg(long, value_name = "gen|tap:IFNAME", default_value = "gen", value_parser = config::parse_peer)]
+    pub peer: PeerKind,
+    /// MAC address of the generator peer (what it answers ARP with and sends from). The guest
+    /// NIC's own MAC is set by QEMU (-device virtio-net-pci,mac=...).
+    #[arg(long, value_name = "MAC", default_value = "02:76:6e:69:63:01", value_parser = config::parse_mac)]
+    pub mac: [u8; 6],
+    /// IPv4 address of the generator peer: it answers ARP and ICMP echo for it. Give the guest
+    /// an address in the same /24 (default guest address 10.0.2.15).
+    #[arg(long, value_name = "IPV4", default_value = "10.0.2.1", value_parser = config::parse_ipv4)]
+    pub gen_ip: Ipv4Addr,
+    /// IPv4 address of the guest: the default destination of generated flows.
+    #[arg(long, value_name = "IPV4", default_value = "10.0.2.15", value_parser = config::parse_ipv4)]
+    pub guest_ip: Ipv4Addr,
+    /// Most filters the table holds, 1..=65535.
+    #[arg(long, value_name = "N", default_value = "8192", value_parser = config::parse_capacity)]
+    pub table_capacity: u32,
+    /// Hardware-like placement model: B buckets of W ways, chosen by the flow's Toeplitz hash
+    /// (`1024x4`); a full bucket rejects an ADD with bucket_full. `none` for no placement model.
+    #[arg(long, value_name = "BxW", default_value = "none", value_parser = parse_buckets_arg)]
+    pub buckets: Buckets,
+    /// Programming latency: table ops take effect (and are acknowledged) this long after the
+    /// device receives them; packets follow the old state meanwhile. E.g. 0, 500us, 2ms; a bare
+    /// number is microseconds. Changeable at run time (`vnic ctl set program_latency=...`).
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = config::parse_duration)]
+    pub program_latency: Duration,
+    /// Probability (0.0..=1.0) that a valid ADD op fails with injected_failure.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub add_fail_rate: f64,
+    /// Probability (0.0..=1.0) that a management frame is lost, drawn separately for each
+    /// request received and each reply sent.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub mgmt_loss_rate: f64,
+    /// Seed of the fault-injection random draws (add failures, management loss).
+    #[arg(long, value_name = "N", default_value = "1")]
+    pub seed: u64,
+    /// Write one JSON line per filter-table event to FILE (truncated at start).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Control socket path. Default: the vhost-user socket path with `.ctl` appended.
+    #[arg(long, value_name = "SOCKET")]
+    pub ctl: Option<PathBuf>,
+    /// Largest virtqueue size accepted (power of two, 256..=32768). QEMU's rx_queue_size /
+    /// tx_queue_size must not exceed it.
+    #[arg(long, value_name = "N", default_value = "1024", value_parser = config::parse_queue_size)]
+    pub max_queue_size: u16,
+}
+
+impl ServeArgs {
+    pub fn into_config(self) -> Config {
+        let ctl = self.ctl.unwrap_or_else(|| {
+            let mut s = self.socket.clone().into_os_string();
+            s.push(".ctl");
+            PathBuf::from(s)
+        });
+        Config {
+            socket: self.socket,
+            ctl,
+            queues: self.queues,
+            max_queue_size: self.max_queue_size,
+            peer: self.peer,
+            gen_mac: self.mac,
+            gen_ip: self.gen_ip,
+            guest_ip: self.guest_ip,
+            table_capacity: self.table_capacity,
+            buckets: self.buckets.0,
+            program_latency: self.program_latency,
+            add_fail_rate: self.add_fail_rate,
+            mgmt_loss_rate: self.mgmt_loss_rate,
+            seed: self.seed,
+            trace: self.trace,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CtlArgs {
+    /// Control socket of the daemon (default: vnic.sock.ctl, what `vnic serve --socket
+    /// vnic.sock` uses).
+    #[arg(long, value_name = "SOCKET", default_value = "vnic.sock.ctl")]
+    pub ctl: PathBuf,
+    #[command(subcommand)]
+    pub cmd: CtlCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCmd {
+    /// Print all counters (JSON).
+    Stats,
+    /// Dump the live filters with their hit counts (JSON).
+    Table,
+    /// Print the fault-injection knobs (JSON).
+    Knobs,
+    /// Change a knob: add_fail_rate=P, mgmt_loss_rate=P, program_latency=DURATION.
+    Set {
+        /// KEY=VALUE
+        #[arg(value_name = "KEY=VALUE", value_parser = parse_kv)]
+        kv: (String, String),
+    },
+    /// Control the generator's UDP flow sets.
+    #[command(subcommand)]
+    Gen(GenCmd),
+    /// Send a raw JSON request line (see CTL.md) and print the reply.
+    Raw {
+        #[arg(value_name = "JSON")]
+        json: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GenCmd {
+    /// Start a flow set; prints its id.
+    Start(FlowArgs),
+    /// Change a running flow set (only the given fields change; its packet count restarts).
+    Set {
+        /// Flow set id.
+        id: u32,
+        #[command(flatten)]
+        flow: FlowArgs,
+    },
+    /// Stop one flow set, or all when no id is given.
+    Stop {
+        /// Flow set id.
+        id: Option<u32>,
+    },
+    /// List flow sets with packets sent.
+    List,
+}
+
+#[derive(Args, Debug, Default)]
+pub struct FlowArgs {
+    /// Number of distinct UDP 5-tuples (default 1).
+    #[arg(long)]
+    pub flows: Option<u32>,
+    /// Source address or inclusive range A-B (default: the generator's address).
+    #[arg(long)]
+    pub src: Option<String>,
+    /// Source port or inclusive range LO-HI (default 10000).
+    #[arg(long)]
+    pub sport: Option<String>,
+    /// Destination address (default: the guest address).
+    #[arg(long)]
+    pub dst: Option<String>,
+    /// Destination port or range (default 5001).
+    #[arg(long)]
+    pub dport: Option<String>,
+    /// Total packets over all flows of the set; 0 = until stopped (default 0).
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Packets per second over the whole set; 0 = as fast as possible (default 1000).
+    #[arg(long)]
+    pub rate: Option<u64>,
+    /// Ethernet frame size in bytes without FCS, 60..=1514 (default 64).
+    #[arg(long)]
+    pub size: Option<usize>,
+}
+
+impl FlowArgs {
+    fn to_json(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        macro_rules! put {
+            ($f:ident) => {
+                if let Some(v) = &self.$f {
+                    m.insert(stringify!($f).into(), json!(v));
+                }
+            };
+        }
+        put!(flows);
+        put!(src);
+        put!(sport);
+        put!(dst);
+        put!(dport);
+        put!(count);
+        put!(rate);
+        put!(size);
+        Value::Object(m)
+    }
+}
+
+/// The bucket geometry option (a newtype: clap treats a bare `Option` as "optional").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buckets(pub Option<(u32, u16)>);
+
+fn parse_buckets_arg(s: &str) -> Result<Buckets, String> {
+    config::parse_buckets(s).map(Buckets)
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if k.is_empty() {
+        return Err(format!("expected KEY=VALUE, got {s:?}"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+/// Runs `vnic ctl`.
+pub fn run_ctl(args: &CtlArgs) -> Result<(), String> {
+    let req = match &args.cmd {
+        CtlCmd::Stats => json!({"cmd": "stats"}),
+        CtlCmd::Table => json!({"cmd": "table"}),
+        CtlCmd::Knobs => json!({"cmd": "knobs"}),
+        CtlCmd::Set { kv } => json!({"cmd": "set", "key": kv.0, "value": kv.1}),
+        CtlCmd::Gen(GenCmd::Start(f)) => json!({"cmd": "gen", "op": "start", "flow": f.to_json()}),
+        CtlCmd::Gen(GenCmd::Set { id, flow }) => {
+            json!({"cmd": "gen", "op": "set", "id": id, "flow": flow.to_json()})
+        }
+        CtlCmd::Gen(GenCmd::Stop { id }) => match id {
+            Some(id) => json!({"cmd": "gen", "op": "stop", "id": id}),
+            None => json!({"cmd": "gen", "op": "stop"}),
+        },
+        CtlCmd::Gen(GenCmd::List) => json!({"cmd": "gen", "op": "list"}),
+        CtlCmd::Raw { json } => {
+            serde_json::from_str(json).map_err(|e| format!("invalid JSON request: {e}"))?
+        }
+    };
+    let reply = crate::ctl::request(&args.ctl, &req)?;
+    if reply["ok"] == json!(true) {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reply).unwrap_or_default()
+        );
+        Ok(())
+    } else {
+        Err(reply["error"]
+            .as_str()
+            .unwrap_or("request failed")
+            .to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("vnic").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn serve_defaults() {
+        let Command::Serve(a) = parse(&["serve", "--socket", "vnic.sock"]).unwrap().command else {
+            panic!()
+        };
+        let c = a.into_config();
+        assert_eq!(c.queues, 4);
+        assert_eq!(c.peer, PeerKind::Gen);
+        assert_eq!(c.ctl, PathBuf::from("vnic.sock.ctl"));
+        assert_eq!(c.buckets, None);
+        assert_eq!(c.program_latency, Duration::ZERO);
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        for (args, opt) in [
+            (&["serve", "--socket", "s", "--queues", "0"][..], "--queues"),
+            (
+                &["serve", "--socket", "s", "--queues", "17"][..],
+                "--queues",
+            ),
+            (
+                &["serve", "--socket", "s", "--buckets", "12"][..],
+                "--buckets",
+            ),
+            (
+                &["serve", "--socket", "s", "--program-latency", "soon"][..],
+                "--program-latency",
+            ),
+            (
+                &["serve", "--socket", "s", "--add-fail-rate", "2"][..],
+                "--add-fail-rate",
+            ),
+            (&["serve", "--socket", "s", "--peer", "tun0"][..], "--peer"),
+            (&["serve", "--socket", "s", "--mac", "zz"][..], "--mac"),
+            (
+                &["serve", "--socket", "s", "--table-capacity", "0"][..],
+                "--table-capacity",
+            ),
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{args:?}");
+            assert!(e.to_string().contains(opt), "{args:?}: {e}");
+        }
+        assert_eq!(
+            parse(&["serve"]).unwrap_err().kind(),
+            ErrorKind::MissingRequiredArgument
+        );
+    }
+
+    #[test]
+    fn ctl_commands() {
+        let c = parse(&["ctl", "set", "mgmt_loss_rate=0.1"]).unwrap();
+        let Command::Ctl(a) = c.command else { panic!() };
+        assert!(
+            matches!(a.cmd, CtlCmd::Set { ref kv } if kv.0 == "mgmt_loss_rate" && kv.1 == "0.1")
+        );
+        assert!(parse(&["ctl", "set", "novalue"]).is_err());
+        let c = parse(&[
+            "ctl", "--ctl", "x.ctl", "gen", "start", "--flows", "10", "--sport", "1-10", "--rate",
+            "0",
+        ])
+        .unwrap();
+        let Command::Ctl(a) = c.command else { panic!() };
+        let CtlCmd::Gen(GenCmd::Start(f)) = a.cmd else {
+            panic!()
+        };
+        assert_eq!(
+            f.to_json(),
+            json!({"flows": 10, "sport": "1-10", "rate": 0})
+        );
+    }
+}

@@ -1,0 +1,283 @@
+//! Daemon configuration and the parsers for option values (used by clap and
+//! by the control socket's `set`).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default generator (peer) address.
+pub const DEFAULT_GEN_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 1);
+/// Default guest address the generator sends to.
+pub const DEFAULT_GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
+/// Default MAC of the generator peer (locally administered).
+pub const DEFAULT_GEN_MAC: [u8; 6] = [0x02, 0x76, 0x6e, 0x69, 0x63, 0x01];
+
+/// The far side of the NIC.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerKind {
+    /// The built-in generator / responder / sink.
+    Gen,
+    /// A multi-queue tap device.
+    Tap(String),
+}
+
+/// Everything `vnic serve` needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub ctl: PathBuf,
+    pub queues: u16,
+    pub max_queue_size: u16,
+    pub peer: PeerKind,
+    pub gen_mac: [u8; 6],
+    pub gen_ip: Ipv4Addr,
+    pub guest_ip: Ipv4Addr,
+    pub table_capacity: u32,
+    pub buckets: Option<(u32, u16)>,
+    pub program_latency: Duration,
+    pub add_fail_rate: f64,
+    pub mgmt_loss_rate: f64,
+    pub seed: u64,
+    pub trace: Option<PathBuf>,
+}
+
+/// Parses `gen` or `tap:IFNAME`.
+pub fn parse_peer(s: &str) -> Result<PeerKind, String> {
+    if s == "gen" {
+        return Ok(PeerKind::Gen);
+    }
+    if let Some(name) = s.strip_prefix("tap:") {
+        if name.is_empty()
+            || name.len() > 15
+            || name.contains('/')
+            || name.contains(char::is_whitespace)
+        {
+            return Err(format!(
+                "invalid tap interface name {name:?} (1..=15 characters, no '/' or spaces)"
+            ));
+        }
+        return Ok(PeerKind::Tap(name.to_string()));
+    }
+    Err(format!(
+        "unknown peer {s:?}: expected `gen` or `tap:IFNAME`"
+    ))
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!(
+            "invalid MAC address {s:?}: expected six hex bytes like 02:76:6e:69:63:01"
+        ));
+    }
+    let mut m = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return Err(format!(
+                "invalid MAC address {s:?}: byte {p:?} is not two hex digits"
+            ));
+        }
+        m[i] = u8::from_str_radix(p, 16)
+            .map_err(|_| format!("invalid MAC address {s:?}: {p:?} is not hex"))?;
+    }
+    if m[0] & 1 != 0 {
+        return Err(format!("invalid MAC address {s:?}: multicast bit set"));
+    }
+    Ok(m)
+}
+
+pub fn fmt_mac(m: &[u8; 6]) -> String {
+    format!(
+        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        m[0], m[1], m[2], m[3], m[4], m[5]
+    )
+}
+
+/// Parses `BxW` (buckets x ways), e.g. `1024x4`; `0` or `none` for no placement model.
+pub fn parse_buckets(s: &str) -> Result<Option<(u32, u16)>, String> {
+    if s == "0" || s == "none" {
+        return Ok(None);
+    }
+    let (b, w) = s.split_once(['x', 'X']).ok_or_else(|| {
+        format!("invalid bucket geometry {s:?}: expected BxW, e.g. 1024x4, or `none`")
+    })?;
+    let b: u32 = b
+        .parse()
+        .map_err(|_| format!("invalid bucket count {b:?} in {s:?}"))?;
+    let w: u16 = w
+        .parse()
+        .map_err(|_| format!("invalid way count {w:?} in {s:?}"))?;
+    if b == 0 || w == 0 {
+        return Err(format!(
+            "invalid bucket geometry {s:?}: buckets and ways must be at least 1"
+        ));
+    }
+    if b > arfs::table::MAX_BUCKETS {
+        return Err(format!(
+            "invalid bucket geometry {s:?}: at most {} buckets",
+            arfs::table::MAX_BUCKETS
+        ));
+    }
+    Ok(Some((b, w)))
+}
+
+/// Parses a duration: `0`, `250us`, `2ms`, `1.5s`, `100ns`; a bare number is microseconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult_ns) = if let Some(n) = s.strip_suffix("ns") {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix("us") {
+        (n, 1e3)
+    } else if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e6)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1e9)
+    } else {
+        (s, 1e3)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 0, 500us, 2ms, 1s"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!(
+            "invalid duration {s:?}: must be a non-negative number"
+        ));
+    }
+    let ns = v * mult_ns;
+    if ns > arfs::table::MAX_LATENCY_NS as f64 {
+        return Err(format!(
+            "duration {s:?} too large (at most {} s)",
+            arfs::table::MAX_LATENCY_NS / 1_000_000_000
+        ));
+    }
+    Ok(Duration::from_nanos(ns as u64))
+}
+
+/// Parses a probability 0.0..=1.0.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid probability {s:?}: expected a number in 0.0..=1.0"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("invalid probability {s:?}: must be in 0.0..=1.0"));
+    }
+    Ok(v)
+}
+
+/// Parses the number of queue pairs, 1..=16.
+pub fn parse_queues(s: &str) -> Result<u16, String> {
+    let v: u16 = s
+        .parse()
+        .map_err(|_| format!("invalid queue pair count {s:?}: expected 1..=16"))?;
+    if !(1..=16).contains(&v) {
+        return Err(format!("invalid queue pair count {v}: expected 1..=16"));
+    }
+    Ok(v)
+}
+
+/// Parses the filter table capacity, 1..=65535.
+pub fn parse_capacity(s: &str) -> Result<u32, String> {
+    let v: u32 = s
+        .parse()
+        .map_err(|_| format!("invalid table capacity {s:?}: expected 1..=65535"))?;
+    if !(1..=arfs::table::MAX_CAPACITY).contains(&v) {
+        return Err(format!("invalid table capacity {v}: expected 1..=65535"));
+    }
+    Ok(v)
+}
+
+/// Parses the largest virtqueue size offered: a power of two 256..=32768.
+pub fn parse_queue_size(s: &str) -> Result<u16, String> {
+    let v: u16 = s.parse().map_err(|_| format!("invalid queue size {s:?}"))?;
+    if !v.is_power_of_two() || !(256..=32768).contains(&v) {
+        return Err(format!(
+            "invalid queue size {v}: a power of two in 256..=32768"
+        ));
+    }
+    Ok(v)
+}
+
+/// Parses an IPv4 address.
+pub fn parse_ipv4(s: &str) -> Result<Ipv4Addr, String> {
+    s.parse().map_err(|_| format!("invalid IPv4 address {s:?}"))
+}
+
+/// Parses an inclusive port range `LO-HI` or a single port.
+pub fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let lo: u16 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid port {a:?} in {s:?}"))?;
+    let hi: u16 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid port {b:?} in {s:?}"))?;
+    if lo > hi {
+        return Err(format!("invalid port range {s:?}: low end above high end"));
+    }
+    Ok((lo, hi))
+}
+
+/// Parses an inclusive address range `A-B` or a single address (both ends of one family).
+pub fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), String> {
+    let s = text;
+    let (first, last) = s.split_once('-').unwrap_or((s, s));
+    let lo: IpAddr = first
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid address {first:?} in {s:?}"))?;
+    let hi: IpAddr = last
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid address {last:?} in {s:?}"))?;
+    let ok = match (lo, hi) {
+        (IpAddr::V4(l4), IpAddr::V4(h4)) => u32::from(l4) <= u32::from(h4),
+        (IpAddr::V6(l6), IpAddr::V6(h6)) => u128::from(l6) <= u128::from(h6),
+        _ => return Err(format!("invalid address range {s:?}: mixed families")),
+    };
+    if !ok {
+        return Err(format!(
+            "invalid address range {s:?}: low end above high end"
+        ));
+    }
+    Ok((lo, hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values() {
+        assert_eq!(parse_peer("gen"), Ok(PeerKind::Gen));
+        assert_eq!(parse_peer("tap:vnic0"), Ok(PeerKind::Tap("vnic0".into())));
+        assert!(parse_peer("tap:").is_err());
+        assert!(parse_peer("tun").unwrap_err().contains("gen"));
+        assert_eq!(parse_mac("02:00:00:00:00:01"), Ok([2, 0, 0, 0, 0, 1]));
+        assert!(parse_mac("01:00:00:00:00:01").is_err());
+        assert!(parse_mac("02:00:00:00:00").is_err());
+        assert_eq!(parse_buckets("1024x4"), Ok(Some((1024, 4))));
+        assert_eq!(parse_buckets("none"), Ok(None));
+        assert!(parse_buckets("0x4").is_err());
+        assert!(parse_buckets("12").is_err());
+        assert_eq!(parse_duration("2ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration("250"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("-1ms").is_err());
+        assert!(parse_duration("fast").is_err());
+        assert_eq!(parse_rate("0.25"), Ok(0.25));
+        assert!(parse_rate("1.5").is_err());
+        assert!(parse_queues("0").is_err());
+        assert!(parse_queues("17").is_err());
+        assert_eq!(parse_queues("16"), Ok(16));
+        assert!(parse_capacity("65536").is_err());
+        assert!(parse_queue_size("1000").is_err());
+        assert_eq!(parse_port_range("10-20"), Ok((10, 20)));
+        assert!(parse_port_range("20-10").is_err());
+        assert!(parse_addr_range("10.0.0.1-::1").is_err());
+    }
+}

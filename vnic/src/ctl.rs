@@ -1,0 +1,203 @@
+//! The control protocol (newline-delimited JSON over a unix stream socket,
+//! documented in `vnic/CTL.md`): request handling for the daemon and a
+//! small client.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::config::PeerKind;
+use crate::gen::{FlowSet, FlowSpec};
+use crate::shared::Shared;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Req {
+    cmd: String,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    value: Option<Value>,
+    #[serde(default)]
+    op: Option<String>,
+    #[serde(default)]
+    id: Option<u32>,
+    #[serde(default)]
+    flow: Option<FlowSpec>,
+}
+
+fn err(msg: impl Into<String>) -> Value {
+    json!({"ok": false, "error": msg.into()})
+}
+
+/// Answers one request line.
+pub fn handle_line(sh: &Shared, line: &str) -> Value {
+    let req: Req = match serde_json::from_str(line) {
+        Ok(r) => r,
+        Err(e) => return err(format!("bad request: {e}")),
+    };
+    match req.cmd.as_str() {
+        "stats" => json!({"ok": true, "stats": stats_json(sh)}),
+        "table" => json!({"ok": true, "table": sh.lock_mgmt().table_json(sh)}),
+        "knobs" => json!({"ok": true, "knobs": sh.lock_mgmt().knobs_json()}),
+        "set" => {
+            let Some(key) = req.key else {
+                return err("set needs \"key\"");
+            };
+            let value = match req.value {
+                Some(Value::String(s)) => s,
+                Some(Value::Number(n)) => n.to_string(),
+                _ => return err("set needs \"value\" (string or number)"),
+            };
+            let mut m = sh.lock_mgmt();
+            match m.set_knob(&key, &value) {
+                Ok(()) => {
+                    log::info!("knob {key} = {value}");
+                    json!({"ok": true, "knobs": m.knobs_json()})
+                }
+                Err(e) => err(format!("{key}: {e}")),
+            }
+        }
+        "gen" => gen_cmd(sh, req.op.as_deref(), req.id, req.flow),
+        other => err(format!(
+            "unknown command {other:?}: expected stats, table, knobs, set or gen"
+        )),
+    }
+}
+
+fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec>) -> Value {
+    if sh.cfg.peer != PeerKind::Gen {
+        return err("gen commands need --peer gen");
+    }
+    let g = &sh.gen;
+    let reply = {
+        let mut sets = g
+            .sets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match op {
+            Some("list") => {
+                return json!({"ok": true, "flows": sets.1.iter().map(|s| s.to_json()).collect::<Vec<_>>()})
+            }
+            Some("start") => {
+                let spec = flow.unwrap_or_default();
+                let nid = sets.0 + 1;
+                match FlowSet::new(nid, spec, sh.cfg.gen_ip, sh.cfg.guest_ip, sh.pairs()) {
+                    Ok(s) => {
+                        sets.0 = nid;
+                        sets.1.push(Arc::new(s));
+                        json!({"ok": true, "id": nid})
+                    }
+                    Err(e) => return err(format!("gen start: {e}")),
+                }
+            }
+            Some("set") => {
+                let Some(id) = id else {
+                    return err("gen set needs \"id\"");
+                };
+                let Some(pos) = sets.1.iter().position(|s| s.id == id) else {
+                    return err(format!("gen set: no flow set {id}"));
+                };
+                let spec = sets.1[pos].spec.merged(&flow.unwrap_or_default());
+                match FlowSet::new(id, spec, sh.cfg.gen_ip, sh.cfg.guest_ip, sh.pairs()) {
+                    Ok(s) => {
+                        sets.1[pos].stopped.store(true, Ordering::Relaxed);
+                        let s = Arc::new(s);
+                        let v = s.to_json();
+                        sets.1[pos] = s;
+                        json!({"ok": true, "flow": v})
+                    }
+                    Err(e) => return err(format!("gen set: {e}")),
+                }
+            }
+            Some("stop") => {
+                let stopped: Vec<u32> = match id {
+                    Some(id) => {
+                        let Some(pos) = sets.1.iter().position(|s| s.id == id) else {
+                            return err(format!("gen stop: no flow set {id}"));
+                        };
+                        let s = sets.1.remove(pos);
+                        s.stopped.store(true, Ordering::Relaxed);
+                        vec![id]
+                    }
+                    None => sets
+                        .1
+                        .drain(..)
+                        .map(|s| {
+                            s.stopped.store(true, Ordering::Relaxed);
+                            s.id
+                        })
+                        .collect(),
+                };
+                json!({"ok": true, "stopped": stopped})
+            }
+            Some(o) => {
+                return err(format!(
+                    "unknown gen op {o:?}: expected start, set, stop or list"
+                ))
+            }
+            None => return err("gen needs \"op\""),
+        }
+    };
+    g.bump();
+    if let Some(c) = sh.current_conn() {
+        for ib in &*c.inbox {
+            ib.wake();
+        }
+    }
+    reply
+}
+
+/// The `stats` object (shape in CTL.md).
+pub fn stats_json(sh: &Shared) -> Value {
+    let conn = sh.current_conn();
+    let (mgmt, table) = {
+        let m = sh.lock_mgmt();
+        (m.stats_json(sh), m.table_stats_json())
+    };
+    let kind = match &sh.cfg.peer {
+        PeerKind::Gen => "gen".to_string(),
+        PeerKind::Tap(n) => format!("tap:{n}"),
+    };
+    json!({
+        "generation": sh.generation(),
+        "uptime_s": sh.start.elapsed().as_secs_f64(),
+        "connected": sh.connected.load(Ordering::Relaxed),
+        "connections": sh.connections.load(Ordering::Relaxed),
+        "queue_pairs": sh.cfg.queues,
+        "enabled_pairs": conn.as_ref().map_or(0, |c| c.enabled_pairs()),
+        "queues": sh.qstats.iter().enumerate().map(|(i, q)| q.to_json(i)).collect::<Vec<_>>(),
+        "mgmt": mgmt,
+        "table": table,
+        "peer": sh.peer_stats.to_json(&kind),
+        "trace": sh.tracer.to_json(),
+    })
+}
+
+/// Sends one request and returns the reply.
+pub fn request(path: &Path, req: &Value) -> Result<Value, String> {
+    let mut s = UnixStream::connect(path)
+        .map_err(|e| format!("--ctl {}: cannot connect: {e}", path.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    line.push('\n');
+    s.write_all(line.as_bytes())
+        .map_err(|e| format!("--ctl {}: {e}", path.display()))?;
+    let mut r = BufReader::new(s);
+    let mut out = String::new();
+    r.read_line(&mut out)
+        .map_err(|e| format!("--ctl {}: {e}", path.display()))?;
+    if out.is_empty() {
+        return Err(format!(
+            "--ctl {}: connection closed without a reply",
+            path.display()
+        ));
+    }
+    serde_json::from_str(&out).map_err(|e| format!("bad reply: {e}"))
+}

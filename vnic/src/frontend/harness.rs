@@ -1,0 +1,267 @@
+//! Running a real `vnic serve` process for tests and the benchmark: a private
+//! temporary directory for its sockets, the child process (killed on drop,
+//! its stderr kept in a log file to show on failure), and polling helpers.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// A directory removed (recursively) on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(tag: &str) -> io::Result<Self> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("vnic-{tag}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path)?;
+        Ok(TempDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A `vnic serve` child process.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    pub ctl: PathBuf,
+    pub log: PathBuf,
+    pub dir: TempDir,
+}
+
+impl Daemon {
+    /// Start `bin serve --socket DIR/vnic.sock --ctl DIR/ctl.sock` plus
+    /// `args`, and wait until both sockets exist.
+    pub fn start<S: AsRef<std::ffi::OsStr>>(bin: &Path, args: &[S]) -> io::Result<Daemon> {
+        let dir = TempDir::new("dev")?;
+        let socket = dir.path().join("vnic.sock");
+        let ctl = dir.path().join("ctl.sock");
+        let log = dir.path().join("vnic.log");
+        let mut argv: Vec<OsString> = vec![
+            "serve".into(),
+            "--socket".into(),
+            socket.clone().into(),
+            "--ctl".into(),
+            ctl.clone().into(),
+        ];
+        argv.extend(args.iter().map(|a| a.as_ref().to_owned()));
+        let logf = fs::File::create(&log)?;
+        let child = Command::new(bin)
+            .args(&argv)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone()?)
+            .stderr(logf)
+            .env(
+                "RUST_LOG",
+                std::env::var("VNIC_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .spawn()?;
+        let mut d = Daemon {
+            child: Some(child),
+            socket,
+            ctl,
+            log,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(d.socket.exists() && d.ctl.exists()) {
+            if let Some(st) = d.try_wait()? {
+                return Err(io::Error::other(format!(
+                    "vnic serve {argv:?} exited early with {st}:\n{}",
+                    d.log_text()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "vnic serve did not create {} and {} within 30 s:\n{}",
+                    d.socket.display(),
+                    d.ctl.display(),
+                    d.log_text()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+
+    /// What the daemon printed so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait(),
+            None => Ok(None),
+        }
+    }
+
+    /// Send SIGTERM and wait for the exit (up to `timeout`).
+    pub fn terminate(&mut self, timeout: Duration) -> io::Result<ExitStatus> {
+        let Some(mut c) = self.child.take() else {
+            return Err(io::Error::other("already reaped"));
+        };
+        // SAFETY: kill(2) on the pid of our own, not yet reaped child.
+        unsafe { libc::kill(c.id().cast_signed(), libc::SIGTERM) };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = c.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return Err(io::Error::other("vnic did not exit after SIGTERM"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "---- vnic daemon log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// Poll `f` until it returns `Some`, or fail after `timeout` with a message
+/// built from `what` and the last value seen by `last`.
+pub fn wait_for<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("timed out after {timeout:?} waiting for {what}"));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// A client of the daemon's control socket (newline-delimited JSON, see
+/// `vnic/CTL.md`).
+#[derive(Debug)]
+pub struct Ctl {
+    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
+    writer: std::os::unix::net::UnixStream,
+}
+
+impl Ctl {
+    pub fn connect(path: &Path) -> io::Result<Ctl> {
+        let s = std::os::unix::net::UnixStream::connect(path)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok(Ctl {
+            reader: std::io::BufReader::new(s.try_clone()?),
+            writer: s,
+        })
+    }
+
+    /// Send one request, return the whole reply; an `"ok": false` reply is
+    /// an error carrying the daemon's message.
+    pub fn request(&mut self, req: &serde_json::Value) -> io::Result<serde_json::Value> {
+        use std::io::{BufRead, Write};
+        let mut line = serde_json::to_string(req).map_err(io::Error::other)?;
+        line.push('\n');
+        self.writer.write_all(line.as_bytes())?;
+        let mut reply = String::new();
+        if self.reader.read_line(&mut reply)? == 0 {
+            return Err(io::Error::other("control socket closed"));
+        }
+        let v: serde_json::Value = serde_json::from_str(&reply)
+            .map_err(|e| io::Error::other(format!("bad control reply {reply:?}: {e}")))?;
+        if v["ok"] != serde_json::Value::Bool(true) {
+            return Err(io::Error::other(format!("{req} failed: {}", v["error"])));
+        }
+        Ok(v)
+    }
+
+    /// `stats`: the `stats` object.
+    pub fn stats(&mut self) -> io::Result<serde_json::Value> {
+        Ok(self.request(&serde_json::json!({"cmd": "stats"}))?["stats"].take())
+    }
+
+    /// `table`: the `table` object.
+    pub fn table(&mut self) -> io::Result<serde_json::Value> {
+        Ok(self.request(&serde_json::json!({"cmd": "table"}))?["table"].take())
+    }
+
+    /// `set KEY=VALUE`.
+    pub fn set(&mut self, key: &str, value: &serde_json::Value) -> io::Result<serde_json::Value> {
+        self.request(&serde_json::json!({"cmd": "set", "key": key, "value": value}))
+    }
+
+    /// `gen start`: returns the flow-set id.
+    pub fn gen_start(&mut self, flow: &serde_json::Value) -> io::Result<u64> {
+        let v = self.request(&serde_json::json!({"cmd": "gen", "op": "start", "flow": flow}))?;
+        v["id"]
+            .as_u64()
+            .ok_or_else(|| io::Error::other(format!("gen start reply without id: {v}")))
+    }
+
+    /// `gen stop` of one set, or of all with `None`.
+    pub fn gen_stop(&mut self, id: Option<u64>) -> io::Result<serde_json::Value> {
+        let req = match id {
+            Some(id) => serde_json::json!({"cmd": "gen", "op": "stop", "id": id}),
+            None => serde_json::json!({"cmd": "gen", "op": "stop"}),
+        };
+        self.request(&req)
+    }
+
+    /// `gen list`: the `flows` array.
+    pub fn gen_list(&mut self) -> io::Result<serde_json::Value> {
+        Ok(self.request(&serde_json::json!({"cmd": "gen", "op": "list"}))?["flows"].take())
+    }
+}
+
+/// A counter out of a JSON object by path (`["queues", 0, "rx_packets"]`
+/// written as `"queues.0.rx_packets"`); panics naming the path when absent.
+pub fn counter(v: &serde_json::Value, path: &str) -> u64 {
+    let mut cur = v;
+    for part in path.split('.') {
+        cur = match part.parse::<usize>() {
+            Ok(i) => &cur[i],
+            Err(_) => &cur[part],
+        };
+    }
+    cur.as_u64()
+        .unwrap_or_else(|| panic!("no counter {path} in {v}"))
+}

@@ -1,0 +1,652 @@
+//! The built-in generator peer: answers ARP and ICMP echo for its address,
+//! sinks everything else the guest sends, and sends UDP flow sets towards
+//! the guest. Frames are built by the worker threads themselves (each flow
+//! set's tuples are partitioned over the workers), so generation scales
+//! with the pairs and needs no extra thread.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::config::{parse_addr_range, parse_port_range};
+
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_IPV6: u16 = 0x86DD;
+/// Largest frame the generator builds.
+pub const MAX_FRAME: usize = 1514;
+
+/// A flow set as given over the control socket (every field optional).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flows: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<usize>,
+}
+
+impl FlowSpec {
+    /// `self` with the fields of `over` that are set.
+    #[must_use]
+    pub fn merged(&self, over: &FlowSpec) -> FlowSpec {
+        FlowSpec {
+            flows: over.flows.or(self.flows),
+            src: over.src.clone().or_else(|| self.src.clone()),
+            sport: over.sport.clone().or_else(|| self.sport.clone()),
+            dst: over.dst.clone().or_else(|| self.dst.clone()),
+            dport: over.dport.clone().or_else(|| self.dport.clone()),
+            count: over.count.or(self.count),
+            rate: over.rate.or(self.rate),
+            size: over.size.or(self.size),
+        }
+    }
+}
+
+/// One UDP 5-tuple (as sent: `src` is the generator side).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuple {
+    pub src: IpAddr,
+    pub sport: u16,
+    pub dst: IpAddr,
+    pub dport: u16,
+}
+
+/// A validated flow set.
+pub struct FlowSet {
+    pub id: u32,
+    pub spec: FlowSpec,
+    pub tuples: Vec<Tuple>,
+    pub count: u64,
+    pub rate: u64,
+    pub size: usize,
+    /// Packets sent, per worker.
+    pub sent: Box<[AtomicU64]>,
+    pub stopped: AtomicBool,
+}
+
+impl FlowSet {
+    /// Validates `spec` (defaults filled in from the daemon's addresses).
+    pub fn new(
+        id: u32,
+        spec: FlowSpec,
+        gen_ip: Ipv4Addr,
+        guest_ip: Ipv4Addr,
+        workers: usize,
+    ) -> Result<Self, String> {
+        let flows = spec.flows.unwrap_or(1);
+        if !(1..=1_000_000).contains(&flows) {
+            return Err(format!("flows must be 1..=1000000, got {flows}"));
+        }
+        let (slo, shi) = parse_addr_range(spec.src.as_deref().unwrap_or(&gen_ip.to_string()))
+            .map_err(|e| format!("src: {e}"))?;
+        let (dlo, dhi) = parse_addr_range(spec.dst.as_deref().unwrap_or(&guest_ip.to_string()))
+            .map_err(|e| format!("dst: {e}"))?;
+        if dlo != dhi {
+            return Err("dst must be a single address".into());
+        }
+        if slo.is_ipv4() != dlo.is_ipv4() {
+            return Err("src and dst must be of the same family".into());
+        }
+        let (splo, sphi) = parse_port_range(spec.sport.as_deref().unwrap_or("10000"))
+            .map_err(|e| format!("sport: {e}"))?;
+        let (dplo, dphi) = parse_port_range(spec.dport.as_deref().unwrap_or("5001"))
+            .map_err(|e| format!("dport: {e}"))?;
+        let size = spec.size.unwrap_or(64);
+        let min = if slo.is_ipv4() { 60 } else { 62 };
+        if !(min..=MAX_FRAME).contains(&size) {
+            return Err(format!(
+                "size must be {min}..={MAX_FRAME} bytes, got {size}"
+            ));
+        }
+        let nsp = u64::from(sphi - splo) + 1;
+        let ndp = u64::from(dphi - dplo) + 1;
+        let nsrc: u128 = match (slo, shi) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => u128::from(u32::from(b) - u32::from(a)) + 1,
+            (IpAddr::V6(a), IpAddr::V6(b)) => u128::from(b) - u128::from(a) + 1,
+            _ => 1,
+        };
+        let distinct = u128::from(nsp) * u128::from(ndp) * nsrc;
+        if u128::from(flows) > distinct {
+            return Err(format!(
+                "flows = {flows} but the address/port ranges only give {distinct} distinct tuples"
+            ));
+        }
+        let tuples = (0..u64::from(flows))
+            .map(|i| {
+                let sport = splo + (i % nsp) as u16;
+                let dport = dplo + ((i / nsp) % ndp) as u16;
+                let k = u128::from(i / nsp / ndp);
+                let src = match slo {
+                    IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) + k as u32)),
+                    IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) + k)),
+                };
+                Tuple {
+                    src,
+                    sport,
+                    dst: dlo,
+                    dport,
+                }
+            })
+            .collect();
+        // Record the resolved spec (defaults filled in) for `gen list` and `gen set`.
+        let spec = FlowSpec {
+            flows: Some(flows),
+            src: Some(spec.src.unwrap_or_else(|| gen_ip.to_string())),
+            sport: Some(spec.sport.unwrap_or_else(|| "10000".into())),
+            dst: Some(spec.dst.unwrap_or_else(|| guest_ip.to_string())),
+            dport: Some(spec.dport.unwrap_or_else(|| "5001".into())),
+            count: Some(spec.count.unwrap_or(0)),
+            rate: Some(spec.rate.unwrap_or(1000)),
+            size: Some(size),
+        };
+        Ok(Self {
+            id,
+            count: spec.count.unwrap_or(0),
+            rate: spec.rate.unwrap_or(1000),
+            size,
+            spec,
+            tuples,
+            sent: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            stopped: AtomicBool::new(false),
+        })
+    }
+
+    /// Packets worker `w` of `n` must send (0 = unlimited).
+    pub fn share(&self, w: usize, n: usize) -> (u64, f64) {
+        let f = self.tuples.len() as u64;
+        let mine: u64 = (0..f).filter(|i| (*i as usize) % n == w).count() as u64;
+        let count = if self.count == 0 {
+            0
+        } else {
+            (0..f)
+                .filter(|i| (*i as usize) % n == w)
+                .map(|i| self.count / f + u64::from(i < self.count % f))
+                .sum::<u64>()
+        };
+        let rate = self.rate as f64 * mine as f64 / f as f64;
+        (count, rate)
+    }
+
+    pub fn sent(&self) -> u64 {
+        self.sent.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn active(&self) -> bool {
+        !self.stopped.load(Ordering::Relaxed) && (self.count == 0 || self.sent() < self.count)
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "spec": {
+                "flows": self.tuples.len(),
+                "src": self.spec.src,
+                "sport": self.spec.sport,
+                "dst": self.spec.dst,
+                "dport": self.spec.dport,
+                "count": self.count,
+                "rate": self.rate,
+                "size": self.size,
+            },
+            "sent": self.sent(),
+            "active": self.active(),
+        })
+    }
+}
+
+/// The generator's flow sets, changed by the control socket; workers copy
+/// their share when `version` moves.
+#[derive(Default)]
+pub struct GenControl {
+    pub sets: Mutex<(u32, Vec<Arc<FlowSet>>)>,
+    pub version: AtomicU64,
+    /// The guest's MAC as learned from its frames (0: unknown, broadcast).
+    pub guest_mac: AtomicU64,
+}
+
+impl GenControl {
+    pub fn snapshot(&self) -> Vec<Arc<FlowSet>> {
+        self.sets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+            .clone()
+    }
+
+    pub fn bump(&self) {
+        self.version.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Writes a UDP frame for `t` into `buf` (at least `size` bytes; the
+/// payload is zero), returning the header length. `buf` past the headers
+/// is zeroed up to `size`.
+pub fn build_udp(
+    buf: &mut [u8],
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    t: &Tuple,
+    size: usize,
+) -> usize {
+    buf[..size].fill(0);
+    buf[0..6].copy_from_slice(&dst_mac);
+    buf[6..12].copy_from_slice(&src_mac);
+    match (t.src, t.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            buf[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+            let ip = &mut buf[14..34];
+            let tot = (size - 14) as u16;
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&tot.to_be_bytes());
+            ip[6] = 0x40; // DF
+            ip[8] = 64;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            let c = checksum(&[ip], 0);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            let udp = &mut buf[34..42];
+            udp[0..2].copy_from_slice(&t.sport.to_be_bytes());
+            udp[2..4].copy_from_slice(&t.dport.to_be_bytes());
+            udp[4..6].copy_from_slice(&(tot - 20).to_be_bytes());
+            // UDP checksum 0: none (allowed over IPv4).
+            42
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            buf[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+            let plen = (size - 54) as u16;
+            let ip = &mut buf[14..54];
+            ip[0] = 0x60;
+            ip[4..6].copy_from_slice(&plen.to_be_bytes());
+            ip[6] = 17;
+            ip[7] = 64;
+            ip[8..24].copy_from_slice(&s.octets());
+            ip[24..40].copy_from_slice(&d.octets());
+            let udp_start = 54;
+            buf[udp_start..udp_start + 2].copy_from_slice(&t.sport.to_be_bytes());
+            buf[udp_start + 2..udp_start + 4].copy_from_slice(&t.dport.to_be_bytes());
+            buf[udp_start + 4..udp_start + 6].copy_from_slice(&plen.to_be_bytes());
+            // Pseudo-header sum + UDP header (payload is zero).
+            let mut pseudo = [0u8; 40];
+            pseudo[0..16].copy_from_slice(&s.octets());
+            pseudo[16..32].copy_from_slice(&d.octets());
+            pseudo[32..36].copy_from_slice(&u32::from(plen).to_be_bytes());
+            pseudo[39] = 17;
+            let mut c = checksum(&[&pseudo, &buf[udp_start..udp_start + 8]], 0);
+            if c == 0 {
+                c = 0xffff;
+            }
+            buf[udp_start + 6..udp_start + 8].copy_from_slice(&c.to_be_bytes());
+            62
+        }
+        _ => 0,
+    }
+}
+
+/// Internet checksum over the concatenation of `parts` (each even-length
+/// except possibly the last), plus `init`.
+pub fn checksum(parts: &[&[u8]], init: u32) -> u16 {
+    let mut sum = u64::from(init);
+    for p in parts {
+        let mut ch = p.chunks_exact(2);
+        for w in &mut ch {
+            sum += u64::from(u16::from_be_bytes([w[0], w[1]]));
+        }
+        if let [b] = ch.remainder() {
+            sum += u64::from(*b) << 8;
+        }
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// What the responder did with a frame from the guest.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Response {
+    /// An ARP reply was written to `out`.
+    Arp,
+    /// An ICMP echo reply was written to `out`.
+    Echo,
+    /// Nothing to answer: sunk.
+    Sink,
+}
+
+/// Answers ARP requests and ICMP echo requests for `my_ip`.
+pub fn respond(frame: &[u8], my_ip: Ipv4Addr, my_mac: [u8; 6], out: &mut Vec<u8>) -> Response {
+    if frame.len() < 14 {
+        return Response::Sink;
+    }
+    let et = u16::from_be_bytes([frame[12], frame[13]]);
+    if et == ETH_P_ARP && frame.len() >= 42 {
+        let a = &frame[14..42];
+        // Ethernet/IPv4 request for my address.
+        if a[0..2] == [0, 1]
+            && a[2..4] == [8, 0]
+            && a[4] == 6
+            && a[5] == 4
+            && a[6..8] == [0, 1]
+            && a[24..28] == my_ip.octets()
+        {
+            out.clear();
+            out.resize(60, 0);
+            out[0..6].copy_from_slice(&a[8..14]);
+            out[6..12].copy_from_slice(&my_mac);
+            out[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+            let r = &mut out[14..42];
+            r[0..6].copy_from_slice(&[0, 1, 8, 0, 6, 4]);
+            r[6..8].copy_from_slice(&[0, 2]);
+            r[8..14].copy_from_slice(&my_mac);
+            r[14..18].copy_from_slice(&my_ip.octets());
+            r[18..24].copy_from_slice(&a[8..14]);
+            r[24..28].copy_from_slice(&a[14..18]);
+            return Response::Arp;
+        }
+        return Response::Sink;
+    }
+    if et == ETH_P_IP && frame.len() >= 34 {
+        let ip = &frame[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
+        if ip[0] >> 4 != 4
+            || ihl < 20
+            || tot < ihl + 8
+            || tot > ip.len()
+            || ip[9] != 1
+            || frag != 0
+            || ip[16..20] != my_ip.octets()
+        {
+            return Response::Sink;
+        }
+        if frame[0..6] != my_mac && frame[0] & 1 == 0 {
+            return Response::Sink;
+        }
+        let icmp = &ip[ihl..tot];
+        if icmp[0] != 8 || icmp[1] != 0 {
+            return Response::Sink;
+        }
+        out.clear();
+        out.extend_from_slice(&frame[..14 + tot]);
+        out[0..6].copy_from_slice(&frame[6..12]);
+        out[6..12].copy_from_slice(&my_mac);
+        let oip = &mut out[14..14 + tot];
+        let (s, d) = (
+            [ip[12], ip[13], ip[14], ip[15]],
+            [ip[16], ip[17], ip[18], ip[19]],
+        );
+        oip[12..16].copy_from_slice(&d);
+        oip[16..20].copy_from_slice(&s);
+        oip[8] = 64;
+        oip[10..12].fill(0);
+        let c = checksum(&[&oip[..ihl]], 0);
+        oip[10..12].copy_from_slice(&c.to_be_bytes());
+        let ic = &mut oip[ihl..];
+        ic[0] = 0;
+        ic[2..4].fill(0);
+        let c = checksum(&[ic], 0);
+        ic[2..4].copy_from_slice(&c.to_be_bytes());
+        if out.len() < 60 {
+            out.resize(60, 0);
+        }
+        return Response::Echo;
+    }
+    Response::Sink
+}
+
+/// A worker's share of one flow set.
+pub struct LocalSet {
+    pub set: Arc<FlowSet>,
+    pub tuples: Vec<Tuple>,
+    /// Prebuilt headers, one per tuple (`hdr_len` bytes each).
+    pub headers: Vec<[u8; 62]>,
+    pub hdr_len: usize,
+    pub remaining: Option<u64>,
+    pub rate: f64,
+    pub credit: f64,
+    pub next: usize,
+}
+
+/// Builds the share of worker `w` of `n`.
+pub fn local_sets(
+    sets: &[Arc<FlowSet>],
+    w: usize,
+    n: usize,
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+) -> Vec<LocalSet> {
+    let mut out = Vec::new();
+    for s in sets {
+        if !s.active() {
+            continue;
+        }
+        let tuples: Vec<Tuple> = s
+            .tuples
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % n == w)
+            .map(|(_, t)| *t)
+            .collect();
+        if tuples.is_empty() {
+            continue;
+        }
+        let (count, rate) = s.share(w, n);
+        let sent = s.sent[w].load(Ordering::Relaxed);
+        let remaining = if s.count == 0 {
+            None
+        } else {
+            Some(count.saturating_sub(sent))
+        };
+        if remaining == Some(0) {
+            continue;
+        }
+        let mut buf = [0u8; MAX_FRAME];
+        let mut hdr_len = 0;
+        let headers = tuples
+            .iter()
+            .map(|t| {
+                hdr_len = build_udp(&mut buf, dst_mac, src_mac, t, s.size);
+                let mut h = [0u8; 62];
+                h[..hdr_len].copy_from_slice(&buf[..hdr_len]);
+                h
+            })
+            .collect();
+        out.push(LocalSet {
+            set: s.clone(),
+            tuples,
+            headers,
+            hdr_len,
+            remaining,
+            rate,
+            credit: 0.0,
+            next: 0,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen_ip() -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 2, 1)
+    }
+    fn guest_ip() -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 2, 15)
+    }
+
+    #[test]
+    fn udp_v4_parses_as_flow() {
+        let s = FlowSet::new(
+            1,
+            FlowSpec {
+                flows: Some(4),
+                sport: Some("100-101".into()),
+                dport: Some("7-8".into()),
+                ..Default::default()
+            },
+            gen_ip(),
+            guest_ip(),
+            2,
+        )
+        .unwrap();
+        assert_eq!(s.tuples.len(), 4);
+        assert_eq!(
+            s.tuples[3],
+            Tuple {
+                src: gen_ip().into(),
+                sport: 101,
+                dst: guest_ip().into(),
+                dport: 8
+            }
+        );
+        let mut buf = [0u8; MAX_FRAME];
+        build_udp(&mut buf, [2; 6], [4; 6], &s.tuples[1], 64);
+        let p = arfs::parse_frame(&buf[..64]).unwrap();
+        let k = p.flow().unwrap();
+        assert_eq!(
+            *k,
+            arfs::FlowKey::v4(arfs::L4Proto::Udp, gen_ip(), 101, guest_ip(), 7)
+        );
+        // IPv4 header checksum verifies.
+        assert_eq!(checksum(&[&buf[14..34]], 0), 0);
+    }
+
+    #[test]
+    fn udp_v6_checksum() {
+        let s = FlowSet::new(
+            1,
+            FlowSpec {
+                src: Some("fd00::1".into()),
+                dst: Some("fd00::2".into()),
+                size: Some(100),
+                ..Default::default()
+            },
+            gen_ip(),
+            guest_ip(),
+            1,
+        )
+        .unwrap();
+        let mut buf = [0u8; MAX_FRAME];
+        build_udp(&mut buf, [2; 6], [4; 6], &s.tuples[0], 100);
+        assert!(arfs::parse_frame(&buf[..100]).unwrap().flow().is_some());
+        let mut pseudo = [0u8; 40];
+        pseudo[0..16].copy_from_slice(&buf[22..38]);
+        pseudo[16..32].copy_from_slice(&buf[38..54]);
+        pseudo[35] = 46;
+        pseudo[39] = 17;
+        assert_eq!(checksum(&[&pseudo, &buf[54..100]], 0), 0);
+    }
+
+    #[test]
+    fn shares_add_up() {
+        let s = FlowSet::new(
+            1,
+            FlowSpec {
+                flows: Some(5),
+                sport: Some("1-5".into()),
+                count: Some(103),
+                rate: Some(1000),
+                ..Default::default()
+            },
+            gen_ip(),
+            guest_ip(),
+            3,
+        )
+        .unwrap();
+        let tot: u64 = (0..3).map(|w| s.share(w, 3).0).sum();
+        assert_eq!(tot, 103);
+        let rate: f64 = (0..3).map(|w| s.share(w, 3).1).sum();
+        assert!((rate - 1000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_specs() {
+        let f = |spec: FlowSpec| {
+            FlowSet::new(1, spec, gen_ip(), guest_ip(), 1)
+                .err()
+                .unwrap()
+        };
+        assert!(f(FlowSpec {
+            flows: Some(10),
+            ..Default::default()
+        })
+        .contains("distinct"));
+        assert!(f(FlowSpec {
+            size: Some(20),
+            ..Default::default()
+        })
+        .contains("size"));
+        assert!(f(FlowSpec {
+            src: Some("fd00::1".into()),
+            ..Default::default()
+        })
+        .contains("family"));
+        assert!(f(FlowSpec {
+            sport: Some("9-1".into()),
+            ..Default::default()
+        })
+        .contains("sport"));
+    }
+
+    #[test]
+    fn arp_and_ping() {
+        let me = gen_ip();
+        let mac = [2, 0, 0, 0, 0, 9];
+        let guest_mac = [2, 0, 0, 0, 0, 1];
+        let mut arp = vec![0u8; 42];
+        arp[0..6].copy_from_slice(&[0xff; 6]);
+        arp[6..12].copy_from_slice(&guest_mac);
+        arp[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+        arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        arp[22..28].copy_from_slice(&guest_mac);
+        arp[28..32].copy_from_slice(&guest_ip().octets());
+        arp[38..42].copy_from_slice(&me.octets());
+        let mut out = Vec::new();
+        assert_eq!(respond(&arp, me, mac, &mut out), Response::Arp);
+        assert_eq!(&out[0..6], &guest_mac);
+        assert_eq!(&out[22..28], &mac);
+        assert_eq!(&out[28..32], &me.octets());
+        // ICMP echo request
+        let mut f = vec![0u8; 14 + 20 + 16];
+        f[0..6].copy_from_slice(&mac);
+        f[6..12].copy_from_slice(&guest_mac);
+        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&36u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 1;
+        f[26..30].copy_from_slice(&guest_ip().octets());
+        f[30..34].copy_from_slice(&me.octets());
+        f[34] = 8;
+        f[38..42].copy_from_slice(&[0, 7, 0, 1]);
+        let c = checksum(&[&f[34..50]], 0);
+        f[36..38].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(respond(&f, me, mac, &mut out), Response::Echo);
+        assert_eq!(out[34], 0);
+        assert_eq!(&out[30..34], &guest_ip().octets());
+        assert_eq!(checksum(&[&out[14..34]], 0), 0);
+        assert_eq!(checksum(&[&out[34..50]], 0), 0);
+        // Not for me: sunk.
+        f[33] = 99;
+        assert_eq!(respond(&f, me, mac, &mut out), Response::Sink);
+    }
+}

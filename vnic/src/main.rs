@@ -1,0 +1,22 @@
+//! `vnic`: the vhost-user virtio-net device daemon and its control client.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use vnic::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let r = match cli.command {
+        Command::Serve(args) => vnic::serve::run(args.into_config()),
+        Command::Ctl(args) => vnic::cli::run_ctl(&args),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vnic: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! The management path: the authoritative filter table, the go-back-N
+//! sequence state of `PROTOCOL.md` ("Reliable delivery"), the ACK cache, the
+//! loss knob, and the distribution of table events to the worker replicas.
+//!
+//! It runs under one mutex ([`crate::shared::Shared::mgmt`]), taken by a
+//! worker that received a management frame and by the management thread
+//! when delayed requests come due. The packet path never takes it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arfs::proto::{self, Caps, Direction, FrameError, MsgType};
+use arfs::{DropCause, FilterTable, Message, Request, TableConfig, TableEvent, TraceRecord};
+use serde_json::{json, Value};
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::shared::{next_generation, Conn, Shared, ID_SPACE};
+
+/// ACKs kept for duplicate requests.
+pub const ACK_CACHE: usize = 256;
+
+/// Management counters (under the mutex).
+#[derive(Default, Clone)]
+pub struct MgmtCounters {
+    pub frames_rx: u64,
+    pub frames_ok: u64,
+    pub bad: [u64; 11],
+    pub acks_sent: u64,
+    pub caps_sent: u64,
+    pub naks_sent: u64,
+    pub dropped_by_loss: u64,
+    pub replies_dropped_by_loss: u64,
+    pub out_of_order: u64,
+    pub duplicates: u64,
+    pub duplicate_reacks: u64,
+    pub generation_changes: u64,
+}
+
+/// Where a reply goes.
+#[derive(Clone, Copy)]
+struct Route {
+    worker: usize,
+    dst: [u8; 6],
+}
+
+pub struct Mgmt {
+    pub table: FilterTable,
+    /// Next expected sequence number; `None` before the first request of a
+    /// generation (the first request then starts the window).
+    expected: Option<u32>,
+    cache: VecDeque<(u32, Vec<u8>)>,
+    pending: HashMap<u32, Route>,
+    pub c: MgmtCounters,
+    hits_base: Box<[u64]>,
+    conn: Option<Arc<Conn>>,
+    timer: TimerFd,
+    armed_for: Option<u64>,
+    pub max_ops: u16,
+}
+
+impl Mgmt {
+    pub fn new(cfg: TableConfig) -> Result<Self, String> {
+        let table = FilterTable::new(cfg).map_err(|e| e.to_string())?;
+        Ok(Self {
+            table,
+            expected: None,
+            cache: VecDeque::with_capacity(ACK_CACHE),
+            pending: HashMap::new(),
+            c: MgmtCounters::default(),
+            hits_base: vec![0; ID_SPACE].into_boxed_slice(),
+            conn: None,
+            timer: TimerFd::new().map_err(|e| format!("timerfd: {e}"))?,
+            armed_for: None,
+            max_ops: proto::MAX_ADD_OPS,
+        })
+    }
+
+    /// The timer that fires when a delayed request comes due.
+    pub fn timer_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.timer.as_raw_fd()
+    }
+
+    pub fn conn(&self) -> Option<&Arc<Conn>> {
+        self.conn.as_ref()
+    }
+
+    /// Hits of filter `id` since it was (re)installed.
+    pub fn hits(&self, id: u16) -> u64 {
+        let h = self.conn.as_ref().map_or(0, |c| c.hits(id));
+        h.saturating_sub(self.hits_base[usize::from(id)])
+    }
+
+    /// A device reset or a new connection: new generation, empty table,
+    /// no session. `conn` becomes the connection replies go to.
+    pub fn reset(&mut self, sh: &Shared, conn: Option<Arc<Conn>>, cause: &str) {
+        let now = sh.now_ns();
+        let prev = sh.generation();
+        let gen = next_generation(prev);
+        sh.generation
+            .store(gen, std::sync::atomic::Ordering::Relaxed);
+        self.c.generation_changes += 1;
+        sh.tracer
+            .emit(TraceRecord::gen_change(now, prev, gen, cause));
+        let mut evs = Vec::new();
+        self.table.clear(&mut |e| evs.push(e));
+        for e in evs {
+            self.publish(sh, now, e);
+        }
+        if let Some(c) = conn {
+            self.conn = Some(c);
+        }
+        self.hits_base.fill(0);
+        if let Some(c) = &self.conn {
+            for i in 0..ID_SPACE {
+                self.hits_base[i] = c.hits(i as u16);
+            }
+        }
+        self.expected = None;
+        self.cache.clear();
+        self.pending.clear();
+        self.rearm();
+        log::info!("generation {prev:#x} -> {gen:#x} ({cause})");
+    }
+
+    /// Forgets the connection (it closed).
+    pub fn detach(&mut self) {
+        self.conn = None;
+    }
+
+    /// Handles one management frame sent by the guest on pair `worker`.
+    /// Replies are queued on the worker's inbox; other workers are woken,
+    /// `worker` itself is expected to drain its inbox afterwards.
+    pub fn handle_frame(&mut self, sh: &Shared, worker: usize, frame: &[u8]) {
+        let now = sh.now_ns();
+        let gen = sh.generation();
+        self.c.frames_rx += 1;
+        let hdr = proto::peek_header(frame);
+        if self.table.mgmt_loss() {
+            self.c.dropped_by_loss += 1;
+            sh.tracer.emit(TraceRecord::mgmt_drop(
+                now,
+                gen,
+                Direction::ToDevice,
+                hdr.map(|h| h.seq),
+                hdr.map(|h| h.msg_type),
+                DropCause::Loss,
+            ));
+            return;
+        }
+        let mut dst = [0u8; 6];
+        dst.copy_from_slice(&frame[6..12]);
+        let route = Route { worker, dst };
+        match proto::decode_frame_limited(frame, self.max_ops) {
+            Err(e) => {
+                self.c.bad[usize::from(e.kind.code()).min(10)] += 1;
+                sh.tracer.emit(TraceRecord::bad_frame(now, gen, &e));
+                log::debug!("pair {worker}: {e}");
+                let Some(h) = e.nak_header().copied() else {
+                    return;
+                };
+                if !self.in_order(sh, now, gen, h.seq, h.msg_type, route) {
+                    return;
+                }
+                let mut out = Vec::new();
+                if matches!(proto::encode_nak(&mut out, dst, gen, &e), Ok(true)) {
+                    self.c.naks_sent += 1;
+                    self.remember(h.seq, &out);
+                    self.send(sh, now, route, out, Some(worker));
+                }
+            }
+            Ok((h, msg)) => {
+                self.c.frames_ok += 1;
+                match msg {
+                    Message::Hello(hello) => {
+                        // HELLO (re)starts the session whatever its seq.
+                        self.expected = Some(h.seq.wrapping_add(1));
+                        self.cache.clear();
+                        let caps = self.caps(sh);
+                        let mut out = Vec::new();
+                        let dst = if hello.mac == [0; 6] || hello.mac[0] & 1 != 0 {
+                            dst
+                        } else {
+                            hello.mac
+                        };
+                        if proto::encode_caps(&mut out, dst, h.seq, gen, &caps).is_ok() {
+                            self.c.caps_sent += 1;
+                            self.remember(h.seq, &out);
+                            self.send(sh, now, Route { worker, dst }, out, Some(worker));
+                        }
+                    }
+                    Message::Add(ops) => {
+                        self.request(sh, now, gen, h.seq, Request::Add(ops), route)
+                    }
+                    Message::Del(ops) => {
+                        self.request(sh, now, gen, h.seq, Request::Del(ops), route)
+                    }
+                    Message::Flush(r) => {
+                        self.request(sh, now, gen, h.seq, Request::Flush(r), route)
+                    }
+                    // decode_frame rejects device->driver types.
+                    Message::Caps(_) | Message::Ack(_) => {}
+                }
+            }
+        }
+    }
+
+    fn request(&mut self, sh: &Shared, now: u64, gen: u32, seq: u32, req: Request, route: Route) {
+        if !self.in_order(sh, now, gen, seq, req.kind().code(), route) {
+            return;
+        }
+        self.pending.insert(seq, route);
+        self.table.submit(now, seq, req);
+        self.advance(sh, now, Some(route.worker));
+    }
+
+    /// Go-back-N window check. Returns true when `seq` is the expected one
+    /// (and advances the window); handles duplicates and out-of-order.
+    fn in_order(
+        &mut self,
+        sh: &Shared,
+        now: u64,
+        gen: u32,
+        seq: u32,
+        ty: u8,
+        route: Route,
+    ) -> bool {
+        let exp = *self.expected.get_or_insert(seq);
+        let d = seq.wrapping_sub(exp).cast_signed();
+        if d == 0 {
+            self.expected = Some(exp.wrapping_add(1));
+            return true;
+        }
+        if d < 0 {
+            self.c.duplicates += 1;
+            sh.tracer.emit(TraceRecord::mgmt_drop(
+                now,
+                gen,
+                Direction::ToDevice,
+                Some(seq),
+                Some(ty),
+                DropCause::Duplicate,
+            ));
+            if let Some((_, f)) = self.cache.iter().rev().find(|(s, _)| *s == seq) {
+                let mut f = f.clone();
+                // Replies go to the sender of the duplicate.
+                f[0..6].copy_from_slice(&route.dst);
+                self.c.duplicate_reacks += 1;
+                self.send(sh, now, route, f, Some(route.worker));
+            }
+        } else {
+            self.c.out_of_order += 1;
+            sh.tracer.emit(TraceRecord::mgmt_drop(
+                now,
+                gen,
+                Direction::ToDevice,
+                Some(seq),
+                Some(ty),
+                DropCause::OutOfOrder,
+            ));
+        }
+        false
+    }
+
+    fn remember(&mut self, seq: u32, frame: &[u8]) {
+        if self.cache.len() == ACK_CACHE {
+            self.cache.pop_front();
+        }
+        self.cache.push_back((seq, frame.to_vec()));
+    }
+
+    /// Applies what is due at `now`, sends the ACKs, re-arms the timer.
+    /// `self_worker` is the worker calling (not woken).
+    pub fn advance(&mut self, sh: &Shared, now: u64, self_worker: Option<usize>) {
+        let enabled = self.conn.as_ref().map_or(0, |c| c.enabled_pairs());
+        let mut evs = Vec::new();
+        self.table.advance(now, enabled, &mut |e| evs.push(e));
+        let gen = sh.generation();
+        for e in evs {
+            if let TableEvent::Completed {
+                seq,
+                kind,
+                statuses,
+                ..
+            } = &e
+            {
+                sh.tracer.emit(TraceRecord::from_event(now, gen, &e));
+                let Some(route) = self.pending.remove(seq) else {
+                    continue;
+                };
+                let mut out = Vec::new();
+                if proto::encode_ack(&mut out, route.dst, *seq, gen, *kind, statuses).is_ok() {
+                    self.c.acks_sent += 1;
+                    self.remember(*seq, &out);
+                    self.send(sh, now, route, out, self_worker);
+                }
+            } else {
+                self.publish(sh, now, e);
+            }
+        }
+        self.rearm();
+    }
+
+    /// Traces a table event and hands it to every worker replica.
+    fn publish(&mut self, sh: &Shared, now: u64, e: TableEvent) {
+        let gen = sh.generation();
+        let mut rec = TraceRecord::from_event(now, gen, &e);
+        match &e {
+            TableEvent::Added { id, .. } => {
+                self.rebase(*id);
+            }
+            TableEvent::Replaced { id, prev_id, .. } => {
+                rec.hits = Some(self.hits(*prev_id));
+                self.rebase(*id);
+            }
+            TableEvent::Deleted { id, .. } | TableEvent::Evicted { id, .. } => {
+                rec.hits = Some(self.hits(*id));
+            }
+            _ => {}
+        }
+        sh.tracer.emit(rec);
+        let replica_relevant = matches!(
+            e,
+            TableEvent::Added { .. }
+                | TableEvent::Replaced { .. }
+                | TableEvent::Deleted { .. }
+                | TableEvent::Evicted { .. }
+        );
+        if replica_relevant {
+            if let Some(c) = &self.conn {
+                let e = Arc::new(e);
+                for ib in &*c.inbox {
+                    ib.updates.push(e.clone());
+                }
+            }
+        }
+    }
+
+    fn rebase(&mut self, id: u16) {
+        let cur = self.conn.as_ref().map_or(0, |c| c.hits(id));
+        self.hits_base[usize::from(id)] = cur;
+    }
+
+    fn send(
+        &mut self,
+        sh: &Shared,
+        now: u64,
+        route: Route,
+        frame: Vec<u8>,
+        self_worker: Option<usize>,
+    ) {
+        if self.table.mgmt_loss() {
+            self.c.replies_dropped_by_loss += 1;
+            let h = proto::peek_header(&frame);
+            sh.tracer.emit(TraceRecord::mgmt_drop(
+                now,
+                sh.generation(),
+                Direction::ToDriver,
+                h.map(|h| h.seq),
+                h.map(|h| h.msg_type),
+                DropCause::Loss,
+            ));
+            return;
+        }
+        if let Some(c) = &self.conn {
+            if let Some(ib) = c.inbox.get(route.worker) {
+                ib.replies.push(frame);
+                if self_worker != Some(route.worker) {
+                    ib.wake();
+                }
+            }
+        }
+    }
+
+    fn caps(&self, sh: &Shared) -> Caps {
+        let cfg = self.table.config();
+        Caps {
+            max_queue_pairs: sh.cfg.queues,
+            enabled_queue_pairs: self.conn.as_ref().map_or(0, |c| c.enabled_pairs()),
+            capacity: cfg.capacity,
+            buckets: cfg.buckets.map_or(0, |b| b.0),
+            ways: cfg.buckets.map_or(0, |b| b.1),
+            max_ops: self.max_ops,
+            latency_us: (cfg.latency_ns / 1000) as u32,
+        }
+    }
+
+    fn rearm(&mut self) {
+        let due = self.table.next_due();
+        if due == self.armed_for {
+            return;
+        }
+        self.armed_for = due;
+        // Relative timer: the management thread calls advance() on expiry.
+        let res = match due {
+            Some(d) => {
+                let now = crate::shared::process_now_ns();
+                let wait = d.saturating_sub(now).max(1_000);
+                self.timer.reset(Duration::from_nanos(wait), None)
+            }
+            None => self.timer.clear(),
+        };
+        if let Err(e) = res {
+            log::warn!("management timer: {e}");
+        }
+    }
+
+    /// Called by the management thread when its timer fired.
+    pub fn on_timer(&mut self, sh: &Shared) {
+        let _ = self.timer.wait();
+        self.armed_for = None;
+        self.advance(sh, sh.now_ns(), None);
+    }
+
+    /// Sets a knob; returns an error message naming the problem.
+    pub fn set_knob(&mut self, key: &str, value: &str) -> Result<(), String> {
+        match key {
+            "add_fail_rate" => {
+                let v = crate::config::parse_rate(value)?;
+                self.table.set_add_fail_rate(v).map_err(|e| e.to_string())
+            }
+            "mgmt_loss_rate" => {
+                let v = crate::config::parse_rate(value)?;
+                self.table.set_mgmt_loss_rate(v).map_err(|e| e.to_string())
+            }
+            "program_latency" => {
+                let v = crate::config::parse_duration(value)?;
+                self.table
+                    .set_latency_ns(v.as_nanos() as u64)
+                    .map_err(|e| e.to_string())
+            }
+            _ => Err(format!(
+                "unknown knob {key:?}: expected add_fail_rate, mgmt_loss_rate or program_latency"
+            )),
+        }
+    }
+
+    pub fn knobs_json(&self) -> Value {
+        let c = self.table.config();
+        json!({
+            "add_fail_rate": c.add_fail_rate,
+            "mgmt_loss_rate": c.mgmt_loss_rate,
+            "program_latency_us": c.latency_ns as f64 / 1000.0,
+            "capacity": c.capacity,
+            "buckets": c.buckets.map_or(0, |b| b.0),
+            "ways": c.buckets.map_or(0, |b| b.1),
+            "max_ops": self.max_ops,
+        })
+    }
+
+    pub fn stats_json(&self, sh: &Shared) -> Value {
+        let c = &self.c;
+        let mut bad = serde_json::Map::new();
+        let mut bad_total = 0;
+        for code in 1..=10u8 {
+            if let Some(k) = FrameError::from_code(code) {
+                bad.insert(k.name().to_string(), json!(c.bad[usize::from(code)]));
+                bad_total += c.bad[usize::from(code)];
+            }
+        }
+        json!({
+            "frames_rx": c.frames_rx,
+            "frames_ok": c.frames_ok,
+            "frames_bad_total": bad_total,
+            "frames_bad": bad,
+            "acks_sent": c.acks_sent,
+            "caps_sent": c.caps_sent,
+            "naks_sent": c.naks_sent,
+            "dropped_by_loss": c.dropped_by_loss,
+            "replies_dropped_by_loss": c.replies_dropped_by_loss,
+            "replies_dropped_no_buffers": sh.replies_dropped_no_buffers.load(std::sync::atomic::Ordering::Relaxed),
+            "out_of_order": c.out_of_order,
+            "duplicates": c.duplicates,
+            "duplicate_reacks": c.duplicate_reacks,
+            "pending_requests": self.table.pending(),
+            "expected_seq": self.expected,
+        })
+    }
+
+    pub fn table_stats_json(&self) -> Value {
+        let mut v = serde_json::to_value(self.table.counters()).unwrap_or(Value::Null);
+        if let Value::Object(m) = &mut v {
+            m.insert("live".into(), json!(self.table.len()));
+            m.insert("capacity".into(), json!(self.table.capacity()));
+            m.insert(
+                "generation_changes".into(),
+                json!(self.c.generation_changes),
+            );
+        }
+        v
+    }
+
+    pub fn table_json(&self, sh: &Shared) -> Value {
+        let filters: Vec<Value> = self
+            .table
+            .entries()
+            .into_iter()
+            .map(|e| json!({"id": e.id, "rxq": e.rxq, "flow": e.flow, "hits": self.hits(e.id), "installed_ns": e.installed_ns, "bucket": e.bucket}))
+            .collect();
+        json!({
+            "generation": sh.generation(),
+            "live": self.table.len(),
+            "capacity": self.table.capacity(),
+            "filters": filters,
+        })
+    }
+
+    /// The message type name for a code (for logs).
+    pub fn type_name(code: u8) -> String {
+        MsgType::from_code(code).map_or_else(|| code.to_string(), |t| t.name().to_string())
+    }
+}

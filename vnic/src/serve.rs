@@ -1,0 +1,400 @@
+//! `vnic serve`: the daemon's main loop. The main thread accepts vhost-user
+//! connections (one fresh `VhostUserDaemon` per connection, the listener is
+//! kept so QEMU can reconnect); the management thread runs an
+//! `event-manager` loop for the control socket, the programming-latency
+//! timer, the enabled-queues poll and SIGINT/SIGTERM.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arfs::{TableConfig, TraceRecord, DEFAULT_KEY};
+use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::timerfd::TimerFd;
+
+use crate::config::{Config, PeerKind};
+use crate::ctl;
+use crate::device::VnicBackend;
+use crate::gen::GenControl;
+use crate::mgmt::Mgmt;
+use crate::shared::{initial_generation, process_now_ns, Conn, Shared};
+use crate::stats::{PeerStats, QueueStats};
+use crate::trace::Tracer;
+
+const D_LISTEN: u32 = 1;
+const D_SIGNAL: u32 = 2;
+const D_MGMT_TIMER: u32 = 3;
+const D_POLL: u32 = 4;
+const D_CONN0: u32 = 100;
+
+/// Builds the shared state: opens the trace file, the tap, validates the table config.
+pub fn build(cfg: Config) -> Result<Arc<Shared>, String> {
+    let _ = process_now_ns();
+    let tracer = match &cfg.trace {
+        Some(p) => Tracer::open(p).map_err(|e| format!("--trace {}: {e}", p.display()))?,
+        None => Tracer::disabled(),
+    };
+    let taps = match &cfg.peer {
+        PeerKind::Gen => Vec::new(),
+        PeerKind::Tap(name) => crate::tap::open_tap(name, usize::from(cfg.queues))
+            .map_err(|e| format!("--peer tap:{name}: {e}"))?,
+    };
+    let tcfg = TableConfig {
+        capacity: cfg.table_capacity,
+        buckets: cfg.buckets,
+        latency_ns: cfg.program_latency.as_nanos() as u64,
+        add_fail_rate: cfg.add_fail_rate,
+        mgmt_loss_rate: cfg.mgmt_loss_rate,
+        seed: cfg.seed,
+        rss_key: DEFAULT_KEY,
+    };
+    let mgmt = Mgmt::new(tcfg).map_err(|e| format!("filter table: {e}"))?;
+    let gen = initial_generation();
+    let sh = Arc::new(Shared {
+        qstats: (0..cfg.queues).map(|_| QueueStats::default()).collect(),
+        peer_stats: PeerStats::default(),
+        replies_dropped_no_buffers: AtomicU64::new(0),
+        generation: AtomicU32::new(gen),
+        connected: AtomicBool::new(false),
+        connections: AtomicU64::new(0),
+        start: Instant::now(),
+        mgmt: Mutex::new(mgmt),
+        gen: GenControl::default(),
+        tracer,
+        taps,
+        conn: Mutex::new(None),
+        cfg,
+    });
+    sh.tracer
+        .emit(TraceRecord::gen_change(sh.now_ns(), 0, gen, "start"));
+    Ok(sh)
+}
+
+/// Runs the daemon until a signal ends the process.
+pub fn run(cfg: Config) -> Result<(), String> {
+    let sh = build(cfg)?;
+    let ctl_path = sh.cfg.ctl.clone();
+    let _ = std::fs::remove_file(&ctl_path);
+    let listener =
+        UnixListener::bind(&ctl_path).map_err(|e| format!("--ctl {}: {e}", ctl_path.display()))?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let (sig_r, sig_w) = UnixStream::pair().map_err(|e| e.to_string())?;
+    sig_r.set_nonblocking(true).map_err(|e| e.to_string())?;
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::low_level::pipe::register(sig, sig_w.try_clone().map_err(|e| e.to_string())?)
+            .map_err(|e| format!("signal handler: {e}"))?;
+    }
+    let mut poll = TimerFd::new().map_err(|e| e.to_string())?;
+    poll.reset(Duration::from_millis(50), Some(Duration::from_millis(50)))
+        .map_err(|e| e.to_string())?;
+    let mgmt_timer = sh.lock_mgmt().timer_fd();
+    let sub = Arc::new(Mutex::new(MgmtLoop {
+        sh: sh.clone(),
+        listener,
+        sig: sig_r,
+        poll,
+        mgmt_timer,
+        conns: HashMap::new(),
+        next: D_CONN0,
+    }));
+    let mut em = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
+        .map_err(|e| format!("event manager: {e:?}"))?;
+    em.add_subscriber(sub);
+    std::thread::Builder::new()
+        .name("vnic-mgmt".into())
+        .spawn(move || loop {
+            if let Err(e) = em.run() {
+                log::error!("management loop: {e:?}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+
+    let sock = sh.cfg.socket.clone();
+    let mut vl =
+        Listener::new(&sock, true).map_err(|e| format!("--socket {}: {e}", sock.display()))?;
+    eprintln!(
+        "vnic: serving {} queue pair(s) on {} (peer {}, control {}, generation {:#x})",
+        sh.cfg.queues,
+        sock.display(),
+        match &sh.cfg.peer {
+            PeerKind::Gen => format!(
+                "gen {} / {}",
+                sh.cfg.gen_ip,
+                crate::config::fmt_mac(&sh.cfg.gen_mac)
+            ),
+            PeerKind::Tap(n) => format!("tap:{n}"),
+        },
+        ctl_path.display(),
+        sh.generation()
+    );
+    loop {
+        if let Err(e) = serve_one(&sh, &mut vl) {
+            log::error!("{e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn serve_one(sh: &Arc<Shared>, vl: &mut Listener) -> Result<(), String> {
+    let conn = Arc::new(Conn::new(sh.pairs()).map_err(|e| format!("connection state: {e}"))?);
+    let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+    let backend = Arc::new(VnicBackend::new(sh, &conn, &mem).map_err(|e| format!("backend: {e}"))?);
+    let mut daemon = VhostUserDaemon::new("vnic".into(), backend.clone(), mem)
+        .map_err(|e| format!("vhost-user daemon: {e}"))?;
+    let handlers = daemon.get_epoll_handlers();
+    backend
+        .register(&handlers)
+        .map_err(|e| format!("register worker fds: {e}"))?;
+    daemon.start(vl).map_err(|e| format!("accept: {e}"))?;
+    let n = sh.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    sh.lock_mgmt().reset(
+        sh,
+        Some(conn.clone()),
+        if n == 1 { "connect" } else { "reconnect" },
+    );
+    *sh.conn
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn);
+    sh.connected.store(true, Ordering::Relaxed);
+    log::info!("frontend connected (connection {n})");
+    let r = daemon.wait();
+    sh.connected.store(false, Ordering::Relaxed);
+    for h in &handlers {
+        h.send_exit_event();
+    }
+    *sh.conn
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    sh.lock_mgmt().detach();
+    match r {
+        Ok(())
+        | Err(vhost_user_backend::Error::HandleRequest(
+            vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+        )) => {
+            log::info!("frontend disconnected");
+        }
+        Err(e) => log::warn!("frontend connection ended: {e}"),
+    }
+    Ok(())
+}
+
+struct CtlConn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+struct MgmtLoop {
+    sh: Arc<Shared>,
+    listener: UnixListener,
+    sig: UnixStream,
+    poll: TimerFd,
+    mgmt_timer: RawFd,
+    conns: HashMap<u32, CtlConn>,
+    next: u32,
+}
+
+impl MgmtLoop {
+    fn accept(&mut self, ops: &mut EventOps) {
+        loop {
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    if s.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    let d = self.next;
+                    self.next = self.next.wrapping_add(1).max(D_CONN0);
+                    if ops
+                        .add(Events::with_data(
+                            &s,
+                            d,
+                            EventSet::IN | EventSet::READ_HANG_UP,
+                        ))
+                        .is_ok()
+                    {
+                        self.conns.insert(
+                            d,
+                            CtlConn {
+                                stream: s,
+                                buf: Vec::new(),
+                            },
+                        );
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    log::warn!("control socket accept: {e}");
+                    break;
+                }
+            }
+        }
+    }
+
+    fn serve_conn(&mut self, d: u32, ops: &mut EventOps) {
+        let Some(c) = self.conns.get_mut(&d) else {
+            return;
+        };
+        let mut closed = false;
+        let mut tmp = [0u8; 4096];
+        loop {
+            match c.stream.read(&mut tmp) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => c.buf.extend_from_slice(&tmp[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+            if c.buf.len() > 1 << 20 {
+                closed = true;
+                break;
+            }
+        }
+        while let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = c.buf.drain(..=pos).collect();
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
+            }
+            let reply = ctl::handle_line(&self.sh, text);
+            let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+            out.push(b'\n');
+            // Replies can be large (table dumps): write them out blocking,
+            // bounded by a timeout so a stuck client cannot wedge the loop.
+            let _ = c.stream.set_nonblocking(false);
+            let _ = c.stream.set_write_timeout(Some(Duration::from_secs(5)));
+            if c.stream.write_all(&out).is_err() {
+                closed = true;
+            }
+            let _ = c.stream.set_nonblocking(true);
+        }
+        if closed {
+            if let Some(c) = self.conns.remove(&d) {
+                let _ = ops.remove(Events::with_data(
+                    &c.stream,
+                    d,
+                    EventSet::IN | EventSet::READ_HANG_UP,
+                ));
+            }
+        }
+    }
+
+    fn on_signal(&mut self) -> ! {
+        let mut b = [0u8; 16];
+        let _ = self.sig.read(&mut b);
+        let sh = &self.sh;
+        let flushed = sh.tracer.flush(Duration::from_secs(5));
+        print_summary(sh, flushed);
+        std::process::exit(0);
+    }
+}
+
+impl MutEventSubscriber for MgmtLoop {
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        match events.data() {
+            D_LISTEN => self.accept(ops),
+            D_SIGNAL => self.on_signal(),
+            D_MGMT_TIMER => {
+                let sh = self.sh.clone();
+                sh.lock_mgmt().on_timer(&sh);
+            }
+            D_POLL => {
+                let _ = self.poll.wait();
+                if let Some(c) = self.sh.current_conn() {
+                    let before = c.enabled_mask.load(Ordering::Relaxed);
+                    c.poll_enabled();
+                    if c.enabled_mask.load(Ordering::Relaxed) != before {
+                        log::info!(
+                            "enabled rx queues now {:#x}",
+                            c.enabled_mask.load(Ordering::Relaxed)
+                        );
+                    }
+                }
+            }
+            d => self.serve_conn(d, ops),
+        }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        let _ = ops.add(Events::with_data(&self.listener, D_LISTEN, EventSet::IN));
+        let _ = ops.add(Events::with_data(&self.sig, D_SIGNAL, EventSet::IN));
+        let _ = ops.add(Events::with_data_raw(
+            self.mgmt_timer,
+            D_MGMT_TIMER,
+            EventSet::IN,
+        ));
+        let _ = ops.add(Events::with_data(&self.poll, D_POLL, EventSet::IN));
+        let _ = self.listener.as_raw_fd();
+    }
+}
+
+/// The exit summary (stderr).
+pub fn print_summary(sh: &Shared, trace_flushed: bool) {
+    let s = ctl::stats_json(sh);
+    let mut e = std::io::stderr().lock();
+    let _ = writeln!(
+        e,
+        "vnic: exiting after {:.1} s, generation {:#x}, {} connection(s)",
+        sh.start.elapsed().as_secs_f64(),
+        sh.generation(),
+        s["connections"]
+    );
+    let _ = writeln!(e, "  pair   rx_pkts    rx_bytes  rx_drops  rx_filter     rx_rss   tx_pkts    tx_bytes  bad_rx  bad_tx");
+    if let Some(qs) = s["queues"].as_array() {
+        for q in qs {
+            let n = |k: &str| q[k].as_u64().unwrap_or(0);
+            let _ = writeln!(
+                e,
+                "  {:>4} {:>9} {:>11} {:>9} {:>10} {:>10} {:>9} {:>11} {:>7} {:>7}",
+                n("index"),
+                n("rx_packets"),
+                n("rx_bytes"),
+                n("rx_drops"),
+                n("rx_filter"),
+                n("rx_rss"),
+                n("tx_packets"),
+                n("tx_bytes"),
+                n("rx_bad_chains"),
+                n("tx_bad_chains")
+            );
+        }
+    }
+    let m = &s["mgmt"];
+    let _ = writeln!(
+        e,
+        "  mgmt: {} frames, {} ok, {} bad, {} acks, {} caps, {} naks, {} lost (knob), {} out of order, {} duplicates",
+        m["frames_rx"], m["frames_ok"], m["frames_bad_total"], m["acks_sent"], m["caps_sent"], m["naks_sent"], m["dropped_by_loss"], m["out_of_order"], m["duplicates"]
+    );
+    let t = &s["table"];
+    let _ = writeln!(
+        e,
+        "  table: {} live of {}, {} adds, {} replaces, {} resets",
+        t["live"], t["capacity"], t["adds"], t["replaces"], t["resets"]
+    );
+    let tr = &s["trace"];
+    let _ = writeln!(
+        e,
+        "  trace: {} written, {} dropped{}",
+        tr["written"],
+        tr["dropped"],
+        if sh.tracer.enabled() && !trace_flushed {
+            " (flush timed out)"
+        } else {
+            ""
+        }
+    );
+}

@@ -1,0 +1,106 @@
+//! Counters. Per-queue counters are written by one worker thread only and read
+//! by the control socket, so plain relaxed atomics suffice (no lock, no shared
+//! cache line between workers: each queue's block is padded to its own line).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{json, Value};
+
+/// Adds `n` to a counter (relaxed: counters are statistics, not synchronisation).
+#[inline]
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+#[inline]
+fn get(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// Counters of one queue pair.
+#[derive(Default)]
+#[repr(align(128))]
+pub struct QueueStats {
+    pub rx_packets: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub rx_drops_no_buffers: AtomicU64,
+    pub rx_drops_ring_full: AtomicU64,
+    pub rx_drops_too_big: AtomicU64,
+    pub rx_drops_disabled: AtomicU64,
+    pub rx_filter: AtomicU64,
+    pub rx_rss: AtomicU64,
+    pub tx_packets: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    pub tx_drops: AtomicU64,
+    pub rx_bad_chains: AtomicU64,
+    pub tx_bad_chains: AtomicU64,
+}
+
+impl QueueStats {
+    pub fn rx_drops(&self) -> u64 {
+        get(&self.rx_drops_no_buffers)
+            + get(&self.rx_drops_ring_full)
+            + get(&self.rx_drops_too_big)
+            + get(&self.rx_drops_disabled)
+    }
+
+    pub fn to_json(&self, index: usize) -> Value {
+        json!({
+            "index": index,
+            "rx_packets": get(&self.rx_packets),
+            "rx_bytes": get(&self.rx_bytes),
+            "rx_drops": self.rx_drops(),
+            "rx_drops_no_buffers": get(&self.rx_drops_no_buffers),
+            "rx_drops_ring_full": get(&self.rx_drops_ring_full),
+            "rx_drops_too_big": get(&self.rx_drops_too_big),
+            "rx_drops_disabled": get(&self.rx_drops_disabled),
+            "rx_filter": get(&self.rx_filter),
+            "rx_rss": get(&self.rx_rss),
+            "tx_packets": get(&self.tx_packets),
+            "tx_bytes": get(&self.tx_bytes),
+            "tx_drops": get(&self.tx_drops),
+            "rx_bad_chains": get(&self.rx_bad_chains),
+            "tx_bad_chains": get(&self.tx_bad_chains),
+        })
+    }
+}
+
+/// Counters of the peer side (written by workers, hence atomics).
+#[derive(Default)]
+pub struct PeerStats {
+    /// Frames from the peer carrying the management EtherType (dropped).
+    pub spoofed_mgmt_dropped: AtomicU64,
+    /// Frames from the peer that could not be parsed (delivered by RSS anyway).
+    pub unparsable: AtomicU64,
+    /// Generator: UDP frames generated.
+    pub gen_sent: AtomicU64,
+    /// Generator: frames from the guest sunk (not answered).
+    pub sink_packets: AtomicU64,
+    pub sink_bytes: AtomicU64,
+    /// Generator: ARP requests answered.
+    pub arp_replies: AtomicU64,
+    /// Generator: ICMP echo requests answered.
+    pub icmp_echo_replies: AtomicU64,
+    /// Tap: frames written to / read from the tap device, and write errors.
+    pub tap_tx: AtomicU64,
+    pub tap_rx: AtomicU64,
+    pub tap_tx_errors: AtomicU64,
+}
+
+impl PeerStats {
+    pub fn to_json(&self, kind: &str) -> Value {
+        json!({
+            "kind": kind,
+            "spoofed_mgmt_dropped": get(&self.spoofed_mgmt_dropped),
+            "unparsable": get(&self.unparsable),
+            "gen_sent": get(&self.gen_sent),
+            "sink_packets": get(&self.sink_packets),
+            "sink_bytes": get(&self.sink_bytes),
+            "arp_replies": get(&self.arp_replies),
+            "icmp_echo_replies": get(&self.icmp_echo_replies),
+            "tap_tx": get(&self.tap_tx),
+            "tap_rx": get(&self.tap_rx),
+            "tap_tx_errors": get(&self.tap_tx_errors),
+        })
+    }
+}
