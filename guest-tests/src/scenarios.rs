@@ -215,6 +215,15 @@ impl Session {
             "expiry" => self.expiry(&mut checks),
             other => Err(format!("unknown scenario {other:?}").into()),
         };
+        if name == "link" {
+            // link's workload is its own: make sure it is gone even when
+            // the scenario stopped half-way (errors here mean it already is).
+            let _ = self
+                .guest
+                .agent
+                .call_value(&Request::UdpStop, Duration::from_secs(30));
+            let _ = self.guest.ctl.gen_stop_all();
+        }
         let figures = match r {
             Ok(f) => f,
             Err(e) => {
