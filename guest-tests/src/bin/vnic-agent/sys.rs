@@ -1,0 +1,512 @@
+//! Kernel interfaces the agent uses directly: interface ioctls, ethtool
+//! features, module syscalls, ICMP, /dev/kmsg, CPU affinity, power-off.
+//! No netlink library, no NSS: everything here is a plain syscall.
+
+use guest_tests::proto::{Iface, Kmsg, PingResult};
+use std::ffi::CString;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+const SIOCGIFFLAGS: libc::c_ulong = 0x8913;
+const SIOCSIFFLAGS: libc::c_ulong = 0x8914;
+const SIOCSIFADDR: libc::c_ulong = 0x8916;
+const SIOCSIFNETMASK: libc::c_ulong = 0x891c;
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+const ETHTOOL_GSTRINGS: u32 = 0x1b;
+const ETHTOOL_GSSET_INFO: u32 = 0x37;
+const ETHTOOL_GFEATURES: u32 = 0x3a;
+const ETHTOOL_SFEATURES: u32 = 0x3b;
+const ETH_SS_FEATURES: u32 = 4;
+const ETH_GSTRING_LEN: usize = 32;
+
+/// `struct ifreq` on x86_64: 16-byte name, 24-byte union (largest member
+/// `struct ifmap`; pointer-aligned).
+#[repr(C, align(8))]
+struct IfReq {
+    name: [u8; 16],
+    data: [u8; 24],
+}
+
+impl IfReq {
+    fn new(ifname: &str) -> io::Result<Self> {
+        let b = ifname.as_bytes();
+        if b.is_empty() || b.len() >= 16 || b.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "bad interface name",
+            ));
+        }
+        let mut r = IfReq {
+            name: [0; 16],
+            data: [0; 24],
+        };
+        r.name[..b.len()].copy_from_slice(b);
+        Ok(r)
+    }
+
+    fn set_sockaddr_in(&mut self, addr: Ipv4Addr) {
+        // struct sockaddr_in: family (host order u16), port (be16), addr (4 bytes), zero[8]
+        self.data = [0; 24];
+        self.data[0..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+        self.data[4..8].copy_from_slice(&addr.octets());
+    }
+}
+
+fn inet_dgram_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call with constant arguments; the returned fd
+    // is checked and then owned by OwnedFd.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ioctl_ifreq(fd: &OwnedFd, req: libc::c_ulong, ifr: &mut IfReq) -> io::Result<()> {
+    // SAFETY: every request used with this helper takes a `struct ifreq *`;
+    // IfReq has the kernel's layout and size (40 bytes), lives for the call,
+    // and the kernel writes at most sizeof(struct ifreq) into it.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), req, std::ptr::from_mut(ifr)) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Set IFF_UP on an interface.
+pub fn link_up(ifname: &str) -> io::Result<()> {
+    let fd = inet_dgram_socket()?;
+    let mut ifr = IfReq::new(ifname)?;
+    ioctl_ifreq(&fd, SIOCGIFFLAGS, &mut ifr)?;
+    let flags = i16::from_ne_bytes([ifr.data[0], ifr.data[1]]) | libc::IFF_UP as i16;
+    ifr.data[0..2].copy_from_slice(&flags.to_ne_bytes());
+    ioctl_ifreq(&fd, SIOCSIFFLAGS, &mut ifr)
+}
+
+/// Set an IPv4 address and netmask (the kernel adds the prefix route).
+pub fn set_ipv4(ifname: &str, addr: Ipv4Addr, prefix: u8) -> io::Result<()> {
+    if prefix > 32 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "prefix > 32"));
+    }
+    let fd = inet_dgram_socket()?;
+    let mut ifr = IfReq::new(ifname)?;
+    ifr.set_sockaddr_in(addr);
+    ioctl_ifreq(&fd, SIOCSIFADDR, &mut ifr)?;
+    let mask = if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - prefix)
+    };
+    ifr.set_sockaddr_in(Ipv4Addr::from(mask));
+    ioctl_ifreq(&fd, SIOCSIFNETMASK, &mut ifr)
+}
+
+/// SIOCETHTOOL with a u32 buffer as `ifr_data`.
+fn ethtool(ifname: &str, buf: &mut [u32]) -> io::Result<()> {
+    let fd = inet_dgram_socket()?;
+    let mut ifr = IfReq::new(ifname)?;
+    let ptr = buf.as_mut_ptr() as usize as u64;
+    ifr.data[0..8].copy_from_slice(&ptr.to_ne_bytes());
+    ioctl_ifreq(&fd, SIOCETHTOOL, &mut ifr)
+}
+
+/// The feature strings of a device (ETH_SS_FEATURES), in bit order.
+fn feature_names(ifname: &str) -> io::Result<Vec<String>> {
+    // struct ethtool_sset_info { u32 cmd; u32 reserved; u64 sset_mask; u32 data[1]; }
+    let mut info = [0u32; 5];
+    info[0] = ETHTOOL_GSSET_INFO;
+    let mask = 1u64 << ETH_SS_FEATURES;
+    info[2] = mask as u32;
+    info[3] = (mask >> 32) as u32;
+    ethtool(ifname, &mut info)?;
+    let n = info[4] as usize;
+    if n == 0 || n > 4096 {
+        return Err(io::Error::other(format!("implausible feature count {n}")));
+    }
+    // struct ethtool_gstrings { u32 cmd; u32 string_set; u32 len; u8 data[]; }
+    let mut buf = vec![0u32; 3 + n * ETH_GSTRING_LEN / 4];
+    buf[0] = ETHTOOL_GSTRINGS;
+    buf[1] = ETH_SS_FEATURES;
+    buf[2] = n as u32;
+    ethtool(ifname, &mut buf)?;
+    let bytes: Vec<u8> = buf[3..].iter().flat_map(|w| w.to_ne_bytes()).collect();
+    Ok(bytes
+        .chunks(ETH_GSTRING_LEN)
+        .map(|c| {
+            let end = c.iter().position(|&b| b == 0).unwrap_or(c.len());
+            String::from_utf8_lossy(&c[..end]).into_owned()
+        })
+        .collect())
+}
+
+/// Active state of feature bit `bit` (ETHTOOL_GFEATURES).
+fn feature_active(ifname: &str, bit: usize, blocks: usize) -> io::Result<bool> {
+    // struct ethtool_gfeatures { u32 cmd; u32 size; {available, requested, active, never_changed}[size] }
+    let mut buf = vec![0u32; 2 + 4 * blocks];
+    buf[0] = ETHTOOL_GFEATURES;
+    buf[1] = blocks as u32;
+    ethtool(ifname, &mut buf)?;
+    let active = buf[2 + 4 * (bit / 32) + 2];
+    Ok(active & (1 << (bit % 32)) != 0)
+}
+
+/// Turn a named feature on or off; returns its active state afterwards.
+pub fn set_feature(ifname: &str, feature: &str, on: bool) -> io::Result<bool> {
+    let names = feature_names(ifname)?;
+    let bit = names.iter().position(|n| n == feature).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("no feature {feature:?}"))
+    })?;
+    let blocks = names.len().div_ceil(32);
+    // struct ethtool_sfeatures { u32 cmd; u32 size; {valid, requested}[size] }
+    let mut buf = vec![0u32; 2 + 2 * blocks];
+    buf[0] = ETHTOOL_SFEATURES;
+    buf[1] = blocks as u32;
+    buf[2 + 2 * (bit / 32)] = 1 << (bit % 32);
+    if on {
+        buf[2 + 2 * (bit / 32) + 1] = 1 << (bit % 32);
+    }
+    // A positive return (ETHTOOL_F_WISH etc.) still succeeds; the active
+    // state read back below is what counts.
+    ethtool(ifname, &mut buf)?;
+    feature_active(ifname, bit, blocks)
+}
+
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+const ETHTOOL_SCHANNELS: u32 = 0x3d;
+
+/// `ethtool -L IFNAME combined N`; returns the combined count read back.
+pub fn set_channels(ifname: &str, combined: u32) -> io::Result<u32> {
+    // struct ethtool_channels { cmd; max_rx; max_tx; max_other; max_combined;
+    //                           rx_count; tx_count; other_count; combined_count; }
+    let mut ch = [0u32; 9];
+    ch[0] = ETHTOOL_GCHANNELS;
+    ethtool(ifname, &mut ch)?;
+    if combined == 0 || combined > ch[4] {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("combined must be 1..={}", ch[4]),
+        ));
+    }
+    ch[0] = ETHTOOL_SCHANNELS;
+    ch[8] = combined;
+    ethtool(ifname, &mut ch)?;
+    let mut rd = [0u32; 9];
+    rd[0] = ETHTOOL_GCHANNELS;
+    ethtool(ifname, &mut rd)?;
+    Ok(rd[8])
+}
+
+/// finit_module(2).
+pub fn module_load(path: &str, params: &str) -> io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    let params = CString::new(params)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in params"))?;
+    // SAFETY: finit_module(fd, const char *params, int flags): fd is open for
+    // the call, params is a NUL-terminated string that outlives it.
+    let rc = unsafe { libc::syscall(libc::SYS_finit_module, f.as_raw_fd(), params.as_ptr(), 0) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// delete_module(2), non-blocking (fails with EWOULDBLOCK/EBUSY when in use).
+pub fn module_unload(name: &str) -> io::Result<()> {
+    let name = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"))?;
+    // SAFETY: delete_module(const char *name, unsigned flags) with a valid
+    // NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::syscall(libc::SYS_delete_module, name.as_ptr(), libc::O_NONBLOCK) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in data.chunks(2) {
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from(c[0]) << 8
+        };
+        sum += u32::from(w);
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// ICMP echo over a raw socket; one request at a time, each waiting up to
+/// `timeout` for its reply.
+pub fn ping(addr: Ipv4Addr, count: u32, timeout: Duration) -> io::Result<PingResult> {
+    // SAFETY: socket(2) with constant arguments; fd checked and owned below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_ICMP,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh valid descriptor, owned from here on.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let ident = (std::process::id() as u16) ^ 0x7641;
+    let mut res = PingResult {
+        sent: 0,
+        received: 0,
+        rtt_us: Vec::new(),
+    };
+    let dst = sockaddr_in(addr, 0);
+    for seq in 0..count {
+        let seq16 = seq as u16;
+        let mut pkt = vec![0u8; 8 + 32];
+        pkt[0] = 8; // echo request
+        pkt[4..6].copy_from_slice(&ident.to_be_bytes());
+        pkt[6..8].copy_from_slice(&seq16.to_be_bytes());
+        for (i, b) in pkt[8..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let ck = checksum(&pkt);
+        pkt[2..4].copy_from_slice(&ck.to_be_bytes());
+        let start = Instant::now();
+        // SAFETY: pkt and dst are valid for the given lengths during the call.
+        let rc = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                pkt.as_ptr().cast(),
+                pkt.len(),
+                0,
+                std::ptr::from_ref(&dst).cast(),
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        res.sent += 1;
+        let deadline = start + timeout;
+        let mut buf = [0u8; 1500];
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().clamp(1, 10_000) as libc::c_int;
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+            if n <= 0 {
+                continue;
+            }
+            // SAFETY: buf is writable for its length.
+            let got = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if got < 0 {
+                continue;
+            }
+            let got = got as usize;
+            if got < 20 {
+                continue;
+            }
+            let ihl = usize::from(buf[0] & 0x0f) * 4;
+            if got < ihl + 8 || buf[12..16] != addr.octets() {
+                continue;
+            }
+            let icmp = &buf[ihl..got];
+            if icmp[0] == 0
+                && icmp[4..6] == ident.to_be_bytes()
+                && icmp[6..8] == seq16.to_be_bytes()
+            {
+                res.received += 1;
+                res.rtt_us.push(start.elapsed().as_micros() as u64);
+                break;
+            }
+        }
+    }
+    Ok(res)
+}
+
+fn sockaddr_in(addr: Ipv4Addr, port: u16) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(addr.octets()),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// Read /dev/kmsg from the start; keep records with seq >= since.
+pub fn kmsg(since: u64) -> io::Result<Kmsg> {
+    let path = CString::new("/dev/kmsg").expect("static string");
+    // SAFETY: open(2) with a valid path; fd checked and owned below.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh valid descriptor, owned from here on.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut out = Kmsg::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // SAFETY: buf is writable for its length; /dev/kmsg returns one record per read.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => break,
+                Some(libc::EPIPE) => {
+                    out.lost = true;
+                    continue;
+                }
+                Some(libc::EINTR) => continue,
+                _ => return Err(e),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        let text = String::from_utf8_lossy(&buf[..n as usize]);
+        if let Some(r) = guest_tests::procfs::parse_kmsg_record(&text) {
+            if r.seq >= since {
+                out.records.push(r);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Pin the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "cpu out of range",
+        ));
+    }
+    // SAFETY: cpu_set_t is plain data, all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET on a valid set with an index checked against CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 = calling thread; set is a valid cpu_set_t of the given size.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The CPU the calling thread runs on.
+pub fn current_cpu() -> i32 {
+    // SAFETY: sched_getcpu has no arguments and no preconditions.
+    unsafe { libc::sched_getcpu() }
+}
+
+/// getsockopt(SO_INCOMING_CPU): the CPU that last processed a packet for
+/// this socket in softirq (-1 before the first).
+pub fn incoming_cpu(fd: &impl AsRawFd) -> io::Result<i32> {
+    let mut v: libc::c_int = -1;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v and len are valid for writing and sized for an int option.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_INCOMING_CPU,
+            (&raw mut v).cast(),
+            &raw mut len,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(v)
+    }
+}
+
+/// sync, then reboot(RB_POWER_OFF). Does not return on success.
+pub fn poweroff() -> ! {
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    // SAFETY: reboot(2) with the power-off command; we are root in the guest.
+    unsafe { libc::reboot(libc::RB_POWER_OFF) };
+    // Not allowed (not root?): there is nothing sensible left to do.
+    std::process::exit(1);
+}
+
+/// Interfaces from /sys/class/net.
+pub fn interfaces() -> Vec<Iface> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
+        return out;
+    };
+    for ent in dir.flatten() {
+        let p = ent.path();
+        let rd = |f: &str| {
+            std::fs::read_to_string(p.join(f))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let count = |prefix: &str| {
+            std::fs::read_dir(p.join("queues")).map_or(0, |d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                    .count()
+            })
+        };
+        let flags = u32::from_str_radix(rd("flags").trim_start_matches("0x"), 16).unwrap_or(0);
+        let driver = std::fs::read_link(p.join("device/driver"))
+            .ok()
+            .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_default();
+        out.push(Iface {
+            name: ent.file_name().to_string_lossy().into_owned(),
+            mac: rd("address"),
+            mtu: rd("mtu").parse().unwrap_or(0),
+            up: flags & libc::IFF_UP as u32 != 0,
+            driver,
+            rx_queues: count("rx-"),
+            tx_queues: count("tx-"),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Kernel release (uname -r).
+pub fn kernel_release() -> String {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: u is a valid utsname for writing.
+    if unsafe { libc::uname(&raw mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: the kernel NUL-terminates release within the array.
+    let c = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) };
+    c.to_string_lossy().into_owned()
+}
+
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}

@@ -1,0 +1,641 @@
+//! Request dispatch and the workloads (connected UDP receivers, a TCP server).
+
+use crate::sys;
+use guest_tests::proto::{
+    DirContents, ExecResult, FlowCounters, Info, Request, TcpConnCounters, TcpStats, UdpSpec,
+    UdpStats, PROTOCOL_VERSION,
+};
+use serde::Serialize;
+use serde_json::Value;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Receiver threads need little stack.
+const STACK: usize = 256 * 1024;
+/// recv() timeout: how quickly receivers notice stop and migrate requests.
+const POLL: Duration = Duration::from_millis(100);
+
+#[derive(Default)]
+pub struct State {
+    udp: Option<UdpRun>,
+    tcp: Option<TcpRun>,
+}
+
+impl State {
+    pub fn stop_all(&mut self) {
+        if let Some(u) = self.udp.take() {
+            u.stop();
+        }
+        if let Some(t) = self.tcp.take() {
+            t.stop();
+        }
+    }
+}
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value, String> {
+    serde_json::to_value(v).map_err(|e| e.to_string())
+}
+
+fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+fn parse_v4(s: &str) -> Result<Ipv4Addr, String> {
+    s.parse()
+        .map_err(|e| format!("bad IPv4 address {s:?}: {e}"))
+}
+
+pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
+    match req {
+        Request::Hello => to_value(&Info {
+            protocol: PROTOCOL_VERSION,
+            kernel: sys::kernel_release(),
+            cpus: sys::online_cpus(),
+            interfaces: sys::interfaces(),
+            uptime_s: std::fs::read_to_string("/proc/uptime")
+                .ok()
+                .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+                .unwrap_or(0.0),
+        }),
+        Request::NetSetup {
+            ifname,
+            addr,
+            prefix,
+        } => {
+            let a = parse_v4(&addr)?;
+            sys::link_up("lo").map_err(err("lo up"))?;
+            sys::set_ipv4(&ifname, a, prefix).map_err(err("set address"))?;
+            sys::link_up(&ifname).map_err(err("link up"))?;
+            Ok(Value::Null)
+        }
+        Request::WriteFile { path, value } => {
+            check_path(&path)?;
+            std::fs::write(&path, value.as_bytes()).map_err(err(&path))?;
+            Ok(Value::Null)
+        }
+        Request::ReadFile { path } => std::fs::read_to_string(&path)
+            .map(Value::String)
+            .map_err(err(&path)),
+        Request::ReadDir { path } => {
+            let mut out = DirContents::new();
+            read_dir(Path::new(&path), "", &mut out, 0).map_err(err(&path))?;
+            to_value(&out)
+        }
+        Request::Rfs {
+            ifname,
+            sock_flow_entries,
+            flow_cnt,
+            rps_cpus,
+        } => rfs(&ifname, sock_flow_entries, flow_cnt, rps_cpus.as_deref()),
+        Request::SetFeature {
+            ifname,
+            feature,
+            on,
+        } => {
+            let active =
+                sys::set_feature(&ifname, &feature, on).map_err(err("ethtool features"))?;
+            if active != on {
+                return Err(format!(
+                    "{feature} is {} after setting it {}",
+                    onoff(active),
+                    onoff(on)
+                ));
+            }
+            Ok(Value::Bool(active))
+        }
+        Request::SetChannels { ifname, combined } => {
+            let got = sys::set_channels(&ifname, combined).map_err(err("ethtool channels"))?;
+            if got != combined {
+                return Err(format!(
+                    "asked for {combined} combined channels, the device has {got}"
+                ));
+            }
+            Ok(Value::from(got))
+        }
+        Request::ModuleLoad { path, params } => {
+            sys::module_load(&path, &params).map_err(err(&format!("finit_module {path}")))?;
+            Ok(Value::Null)
+        }
+        Request::ModuleUnload { name } => {
+            sys::module_unload(&name).map_err(err(&format!("delete_module {name}")))?;
+            Ok(Value::Null)
+        }
+        Request::Ping {
+            addr,
+            count,
+            timeout_ms,
+        } => to_value(
+            &sys::ping(parse_v4(&addr)?, count, Duration::from_millis(timeout_ms))
+                .map_err(err("ping"))?,
+        ),
+        Request::UdpStart(spec) => {
+            if st.udp.is_some() {
+                return Err("a UDP workload is already running (udp_stop first)".into());
+            }
+            let n = spec.flows.len();
+            st.udp = Some(UdpRun::start(&spec)?);
+            Ok(Value::from(n))
+        }
+        Request::UdpMigrate { moves } => {
+            let run = st.udp.as_ref().ok_or("no UDP workload")?;
+            let ncpu = sys::online_cpus();
+            for &(flow, cpu) in &moves {
+                if flow >= run.flows.len() || cpu >= ncpu {
+                    return Err(format!("bad move ({flow}, {cpu})"));
+                }
+            }
+            for (flow, cpu) in moves {
+                run.flows[flow].target.store(cpu, Ordering::Relaxed);
+            }
+            Ok(Value::Null)
+        }
+        Request::UdpStats => to_value(&st.udp.as_ref().ok_or("no UDP workload")?.stats(true)),
+        Request::UdpStop => {
+            let run = st.udp.take().ok_or("no UDP workload")?;
+            to_value(&run.stop())
+        }
+        Request::TcpStart { port, cpus, echo } => {
+            if st.tcp.is_some() {
+                return Err("a TCP server is already running".into());
+            }
+            let ncpu = sys::online_cpus();
+            if cpus.is_empty() || cpus.iter().any(|&c| c >= ncpu) {
+                return Err(format!("bad cpu list {cpus:?} ({ncpu} CPUs)"));
+            }
+            st.tcp = Some(TcpRun::start(port, cpus, echo)?);
+            Ok(Value::Null)
+        }
+        Request::TcpStats => to_value(&st.tcp.as_ref().ok_or("no TCP server")?.stats(true)),
+        Request::TcpStop => {
+            let run = st.tcp.take().ok_or("no TCP server")?;
+            to_value(&run.stop())
+        }
+        Request::Dmesg { since } => to_value(&sys::kmsg(since).map_err(err("/dev/kmsg"))?),
+        Request::Exec { argv, timeout_ms } => {
+            to_value(&exec(&argv, Duration::from_millis(timeout_ms))?)
+        }
+        Request::Sleep { ms } => {
+            std::thread::sleep(Duration::from_millis(ms.min(600_000)));
+            Ok(Value::Null)
+        }
+        Request::Poweroff => {
+            st.stop_all();
+            Ok(Value::Null)
+        }
+    }
+}
+
+fn onoff(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// Writes only go to the kernel's own trees.
+fn check_path(path: &str) -> Result<(), String> {
+    if (path.starts_with("/proc/") || path.starts_with("/sys/")) && !path.contains("..") {
+        Ok(())
+    } else {
+        Err(format!("refusing to write {path:?}: only /proc and /sys"))
+    }
+}
+
+fn read_dir(dir: &Path, prefix: &str, out: &mut DirContents, depth: usize) -> std::io::Result<()> {
+    if depth > 4 {
+        return Ok(());
+    }
+    for ent in std::fs::read_dir(dir)? {
+        let ent = ent?;
+        let name = format!("{prefix}{}", ent.file_name().to_string_lossy());
+        let ft = ent.file_type()?;
+        if ft.is_dir() {
+            read_dir(&ent.path(), &format!("{name}/"), out, depth + 1)?;
+        } else if ft.is_file() {
+            // Some debugfs files are write-only or fail to read: record why.
+            let v = std::fs::read_to_string(ent.path()).unwrap_or_else(|e| format!("<error: {e}>"));
+            out.insert(name, v);
+        }
+    }
+    Ok(())
+}
+
+fn rfs(ifname: &str, entries: u32, flow_cnt: u32, rps_cpus: Option<&str>) -> Result<Value, String> {
+    let mut written = serde_json::Map::new();
+    let mut put = |path: String, v: String| -> Result<(), String> {
+        std::fs::write(&path, v.as_bytes()).map_err(err(&path))?;
+        written.insert(path, Value::String(v));
+        Ok(())
+    };
+    put(
+        "/proc/sys/net/core/rps_sock_flow_entries".into(),
+        entries.to_string(),
+    )?;
+    let qdir = format!("/sys/class/net/{ifname}/queues");
+    let mut rx: Vec<String> = std::fs::read_dir(&qdir)
+        .map_err(err(&qdir))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rx-"))
+        .collect();
+    rx.sort();
+    for q in rx {
+        put(format!("{qdir}/{q}/rps_flow_cnt"), flow_cnt.to_string())?;
+        if let Some(m) = rps_cpus {
+            put(format!("{qdir}/{q}/rps_cpus"), m.to_string())?;
+        }
+    }
+    Ok(Value::Object(written))
+}
+
+fn exec(argv: &[String], timeout: Duration) -> Result<ExecResult, String> {
+    let (prog, args) = argv.split_first().ok_or("empty argv")?;
+    let mut child = std::process::Command::new(prog)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(err(prog))?;
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let to = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let te = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait().map_err(err("wait"))? {
+            Some(s) => break s,
+            None if Instant::now() >= deadline => {
+                timed_out = true;
+                let _ = child.kill();
+                break child.wait().map_err(err("wait"))?;
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    Ok(ExecResult {
+        status: status.code(),
+        stdout: to.join().unwrap_or_default(),
+        stderr: te.join().unwrap_or_default(),
+        timed_out,
+    })
+}
+
+/// Lock-free counters of one receiver.
+struct Counters {
+    packets: AtomicU64,
+    on_cpu: AtomicU64,
+    off_cpu_recv: AtomicU64,
+    errors: AtomicU64,
+    by_cpu: Vec<AtomicU64>,
+    /// CPU the receiver is pinned to now.
+    cpu: AtomicUsize,
+}
+
+impl Counters {
+    fn new(ncpu: usize, cpu: usize) -> Self {
+        Counters {
+            packets: AtomicU64::new(0),
+            on_cpu: AtomicU64::new(0),
+            off_cpu_recv: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            by_cpu: (0..ncpu).map(|_| AtomicU64::new(0)).collect(),
+            cpu: AtomicUsize::new(cpu),
+        }
+    }
+
+    /// Account one received packet, given the socket's SO_INCOMING_CPU.
+    fn count(&self, incoming: i32, pinned: usize) {
+        self.packets.fetch_add(1, Ordering::Relaxed);
+        if let Ok(c) = usize::try_from(incoming) {
+            if let Some(b) = self.by_cpu.get(c) {
+                b.fetch_add(1, Ordering::Relaxed);
+            }
+            if c == pinned {
+                self.on_cpu.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Check the scheduler honoured the pinning (it must).
+        if usize::try_from(sys::current_cpu()).ok() != Some(pinned) {
+            self.off_cpu_recv.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn by_cpu(&self) -> Vec<u64> {
+        self.by_cpu
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+struct UdpFlow {
+    local_port: u16,
+    peer_port: u16,
+    /// Where the receiver should be; it re-pins itself when this changes.
+    target: Arc<AtomicUsize>,
+    counters: Arc<Counters>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct UdpRun {
+    started: Instant,
+    stop: Arc<AtomicBool>,
+    flows: Vec<UdpFlow>,
+}
+
+impl UdpRun {
+    fn start(spec: &UdpSpec) -> Result<Self, String> {
+        let peer = parse_v4(&spec.peer)?;
+        let ncpu = sys::online_cpus();
+        if spec.flows.is_empty() {
+            return Err("no flows".into());
+        }
+        // Open every socket first: a bind failure aborts before any thread runs.
+        let mut socks = Vec::with_capacity(spec.flows.len());
+        for f in &spec.flows {
+            if f.cpu >= ncpu {
+                return Err(format!("cpu {} out of range ({ncpu} CPUs)", f.cpu));
+            }
+            let s = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, f.local_port))
+                .map_err(err(&format!("bind udp {}", f.local_port)))?;
+            // Connected: the kernel records the flow for RFS only on
+            // sockets with a destination (inet_daddr set).
+            if spec.connect {
+                s.connect(SocketAddrV4::new(peer, f.peer_port))
+                    .map_err(err(&format!("connect udp {}", f.peer_port)))?;
+            }
+            s.set_read_timeout(Some(POLL)).map_err(err("SO_RCVTIMEO"))?;
+            socks.push(s);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut flows = Vec::with_capacity(socks.len());
+        for (f, sock) in spec.flows.iter().zip(socks) {
+            let target = Arc::new(AtomicUsize::new(f.cpu));
+            let counters = Arc::new(Counters::new(ncpu, f.cpu));
+            let (t, c, s) = (target.clone(), counters.clone(), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("udp-{}", f.local_port))
+                .stack_size(STACK)
+                .spawn(move || udp_receiver(&sock, &t, &c, &s))
+                .map_err(err("spawn"))?;
+            flows.push(UdpFlow {
+                local_port: f.local_port,
+                peer_port: f.peer_port,
+                target,
+                counters,
+                thread: Some(thread),
+            });
+        }
+        Ok(UdpRun {
+            started: Instant::now(),
+            stop,
+            flows,
+        })
+    }
+
+    fn stats(&self, running: bool) -> UdpStats {
+        UdpStats {
+            running,
+            elapsed_ms: self.started.elapsed().as_millis() as u64,
+            flows: self
+                .flows
+                .iter()
+                .map(|f| {
+                    let c = &f.counters;
+                    FlowCounters {
+                        local_port: f.local_port,
+                        peer_port: f.peer_port,
+                        cpu: c.cpu.load(Ordering::Relaxed),
+                        packets: c.packets.load(Ordering::Relaxed),
+                        on_cpu: c.on_cpu.load(Ordering::Relaxed),
+                        by_cpu: c.by_cpu(),
+                        off_cpu_recv: c.off_cpu_recv.load(Ordering::Relaxed),
+                        errors: c.errors.load(Ordering::Relaxed),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn stop(mut self) -> UdpStats {
+        self.stop.store(true, Ordering::Relaxed);
+        for f in &mut self.flows {
+            if let Some(t) = f.thread.take() {
+                let _ = t.join();
+            }
+        }
+        self.stats(false)
+    }
+}
+
+fn udp_receiver(sock: &UdpSocket, target: &AtomicUsize, c: &Counters, stop: &AtomicBool) {
+    let mut pinned = usize::MAX;
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        let want = target.load(Ordering::Relaxed);
+        if want != pinned {
+            if sys::pin_to_cpu(want).is_err() {
+                c.errors.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(POLL);
+                continue;
+            }
+            pinned = want;
+            c.cpu.store(want, Ordering::Relaxed);
+        }
+        match sock.recv(&mut buf) {
+            Ok(_) => {
+                let inc = sys::incoming_cpu(sock).unwrap_or(-1);
+                c.count(inc, pinned);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            // ICMP port unreachable from an earlier send etc.: count, keep going.
+            Err(_) => {
+                c.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+struct TcpConn {
+    peer: String,
+    local_port: u16,
+    counters: Arc<Counters>,
+    reads: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
+    closed: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct TcpRun {
+    stop: Arc<AtomicBool>,
+    accepted: Arc<AtomicU64>,
+    conns: Arc<Mutex<Vec<TcpConn>>>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl TcpRun {
+    fn start(port: u16, cpus: Vec<usize>, echo: bool) -> Result<Self, String> {
+        let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
+            .map_err(err("bind tcp"))?;
+        l.set_nonblocking(true).map_err(err("nonblocking"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let conns: Arc<Mutex<Vec<TcpConn>>> = Arc::default();
+        let (s, a, cs) = (stop.clone(), accepted.clone(), conns.clone());
+        let ncpu = sys::online_cpus();
+        let acceptor = std::thread::Builder::new()
+            .name("tcp-accept".into())
+            .stack_size(STACK)
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((stream, peer)) => {
+                            let n = a.fetch_add(1, Ordering::Relaxed) as usize;
+                            let cpu = cpus[n % cpus.len()];
+                            if let Some(c) =
+                                spawn_tcp_conn(stream, peer.to_string(), cpu, ncpu, echo, &s)
+                            {
+                                cs.lock()
+                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                    .push(c);
+                            }
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                }
+            })
+            .map_err(err("spawn"))?;
+        Ok(TcpRun {
+            stop,
+            accepted,
+            conns,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    fn stats(&self, running: bool) -> TcpStats {
+        let conns = self
+            .conns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        TcpStats {
+            running,
+            accepted: self.accepted.load(Ordering::Relaxed),
+            conns: conns
+                .iter()
+                .map(|c| TcpConnCounters {
+                    peer: c.peer.clone(),
+                    local_port: c.local_port,
+                    cpu: c.counters.cpu.load(Ordering::Relaxed),
+                    reads: c.reads.load(Ordering::Relaxed),
+                    bytes: c.bytes.load(Ordering::Relaxed),
+                    on_cpu: c.counters.on_cpu.load(Ordering::Relaxed),
+                    by_cpu: c.counters.by_cpu(),
+                    closed: c.closed.load(Ordering::Relaxed),
+                })
+                .collect(),
+        }
+    }
+
+    fn stop(mut self) -> TcpStats {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+        {
+            let mut conns = self
+                .conns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for c in conns.iter_mut() {
+                if let Some(t) = c.thread.take() {
+                    let _ = t.join();
+                }
+            }
+        }
+        self.stats(false)
+    }
+}
+
+fn spawn_tcp_conn(
+    mut stream: TcpStream,
+    peer: String,
+    cpu: usize,
+    ncpu: usize,
+    echo: bool,
+    stop: &Arc<AtomicBool>,
+) -> Option<TcpConn> {
+    let local_port = stream.local_addr().map_or(0, |a| a.port());
+    stream.set_nonblocking(false).ok()?;
+    stream.set_read_timeout(Some(POLL)).ok()?;
+    let counters = Arc::new(Counters::new(ncpu, cpu));
+    let reads = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let closed = Arc::new(AtomicBool::new(false));
+    let (ctr, nreads, nbytes, done, stop) = (
+        counters.clone(),
+        reads.clone(),
+        bytes.clone(),
+        closed.clone(),
+        stop.clone(),
+    );
+    let thread = std::thread::Builder::new()
+        .name(format!("tcp-{peer}"))
+        .stack_size(STACK)
+        .spawn(move || {
+            if sys::pin_to_cpu(cpu).is_err() {
+                ctr.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut buf = vec![0u8; 64 * 1024];
+            while !stop.load(Ordering::Relaxed) {
+                match stream.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        nreads.fetch_add(1, Ordering::Relaxed);
+                        nbytes.fetch_add(n as u64, Ordering::Relaxed);
+                        ctr.count(sys::incoming_cpu(&stream).unwrap_or(-1), cpu);
+                        if echo && stream.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                        ) => {}
+                    Err(_) => break,
+                }
+            }
+            done.store(true, Ordering::Relaxed);
+        })
+        .ok()?;
+    Some(TcpConn {
+        peer,
+        local_port,
+        counters,
+        reads,
+        bytes,
+        closed,
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,323 @@
+//! vnic-guest-suite: boots real kernels under QEMU on a real `vnic serve`
+//! and runs the guest scenarios (link, steer, migrate, expiry), or the demo.
+//!
+//! Prints one line per scenario and kernel, then `N passed, M failed`;
+//! exits non-zero on any failure.
+
+use guest_tests::harness::build::{self, Kernel};
+use guest_tests::harness::{repo_root, timestamp, Artifacts};
+use guest_tests::scenarios::{self, report_line, Outcome, Session, Settings, Tools};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+const HELP: &str = "\
+vnic-guest-suite: the vnic guest test suite (real kernels, real QEMU, real vnic)
+
+USAGE:
+    vnic-guest-suite [OPTIONS]          run the scenarios
+    vnic-guest-suite demo [OPTIONS]     boot a 7.3 guest, steer ~256 flows, print a summary
+
+OPTIONS:
+    --kernel LIST         kernel series to test, comma-separated (default 6.12,7.3;
+                          built into the cache by images/build-kernel when missing)
+    --kernel-image BZIMAGE --kdir TREE
+                          test your own kernel instead (TREE: its built source tree)
+    --scenario NAME       run only these (repeatable or comma-separated):
+                          link, steer, migrate, expiry (default: all, in that order)
+    --flows N             flows in steer/migrate/expiry (default 64; demo 256)
+    --rate PPS            generator packets per second over all flows (default 2000; demo 4000)
+    --measure SECS        measurement window after warm-up (default 5)
+    --flow-cnt N          rps_flow_cnt per rx queue (default 1024)
+    --idle-ms MS          the module's idle timeout (default 2000)
+    --artifacts DIR       where logs, traces and snapshots go
+                          (default target/guest-tests/<UTC time>)
+    -h, --help            this text
+
+ENVIRONMENT:
+    VNIC_BIN     vnic binary (default: built with cargo --release)
+    VNIC_AGENT   static guest agent (default: built into target/agent)
+    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=kvm to use KVM
+";
+
+struct Args {
+    demo: bool,
+    kernels: Vec<String>,
+    custom: Option<(PathBuf, PathBuf)>,
+    scenarios: Vec<String>,
+    settings: Settings,
+    artifacts: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        demo: false,
+        kernels: vec!["6.12".into(), "7.3".into()],
+        custom: None,
+        scenarios: Vec::new(),
+        settings: Settings::default(),
+        artifacts: None,
+    };
+    let mut it = std::env::args().skip(1).peekable();
+    if it.peek().map(String::as_str) == Some("demo") {
+        it.next();
+        a.demo = true;
+        a.kernels = vec!["7.3".into()];
+        a.settings.flows = 256;
+        a.settings.rate = 4000;
+    }
+    let (mut image, mut kdir) = (None, None);
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| {
+            it.next()
+                .ok_or_else(|| format!("{name} needs a value (see --help)"))
+        };
+        match arg.as_str() {
+            "-h" | "--help" => {
+                print!("{HELP}");
+                std::process::exit(0);
+            }
+            "--kernel" => a.kernels = val("--kernel")?.split(',').map(str::to_string).collect(),
+            "--kernel-image" => image = Some(PathBuf::from(val("--kernel-image")?)),
+            "--kdir" => kdir = Some(PathBuf::from(val("--kdir")?)),
+            "--scenario" => a
+                .scenarios
+                .extend(val("--scenario")?.split(',').map(str::to_string)),
+            "--flows" => a.settings.flows = num(&val("--flows")?, "--flows", 1, 4096)? as usize,
+            "--rate" => a.settings.rate = num(&val("--rate")?, "--rate", 1, 1_000_000)? as u32,
+            "--measure" => {
+                a.settings.measure =
+                    Duration::from_secs(num(&val("--measure")?, "--measure", 1, 600)?);
+            }
+            "--flow-cnt" => {
+                a.settings.flow_cnt = num(&val("--flow-cnt")?, "--flow-cnt", 1, 1 << 20)? as u32;
+            }
+            "--idle-ms" => {
+                a.settings.module.idle_timeout_ms =
+                    num(&val("--idle-ms")?, "--idle-ms", 1, 600_000)? as u32;
+            }
+            "--artifacts" => a.artifacts = Some(PathBuf::from(val("--artifacts")?)),
+            other => return Err(format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    match (image, kdir) {
+        (Some(i), Some(k)) => a.custom = Some((i, k)),
+        (None, None) => {}
+        _ => return Err("--kernel-image and --kdir go together".into()),
+    }
+    for s in &a.scenarios {
+        if !scenarios::ALL.contains(&s.as_str()) {
+            return Err(format!(
+                "unknown scenario {s:?}; known: {}",
+                scenarios::ALL.join(", ")
+            ));
+        }
+    }
+    for k in &a.kernels {
+        if !k
+            .split('.')
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        {
+            return Err(format!(
+                "--kernel {k:?}: expected a series like 6.12 or 7.3"
+            ));
+        }
+    }
+    if a.settings.flows > usize::from(u16::MAX - scenarios::BASE_PORT) {
+        return Err("too many flows".into());
+    }
+    Ok(a)
+}
+
+fn num(s: &str, name: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    let v: u64 = s
+        .parse()
+        .map_err(|_| format!("{name}: {s:?} is not a number"))?;
+    if v < lo || v > hi {
+        return Err(format!("{name} must be in {lo}..={hi}"));
+    }
+    Ok(v)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let art_root = args
+        .artifacts
+        .clone()
+        .unwrap_or_else(|| repo_root().join("target/guest-tests").join(timestamp()));
+    if args.demo {
+        return demo(&args, &art_root);
+    }
+    let selected: Vec<String> = if args.scenarios.is_empty() {
+        scenarios::ALL.iter().map(|s| (*s).to_string()).collect()
+    } else {
+        // Canonical order: steer before migrate before expiry.
+        scenarios::ALL
+            .iter()
+            .filter(|s| args.scenarios.iter().any(|x| x == *s))
+            .map(|s| (*s).to_string())
+            .collect()
+    };
+    let start = Instant::now();
+    eprintln!("[guest-tests] artifacts in {}", art_root.display());
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    let mut extra_failures = 0usize;
+    let tools = match tools() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("[guest-tests] cannot build the host tools: {e}");
+            None
+        }
+    };
+    let kernels: Vec<(String, Option<(PathBuf, PathBuf)>)> = match &args.custom {
+        Some((i, k)) => vec![("custom".into(), Some((i.clone(), k.clone())))],
+        None => args.kernels.iter().map(|k| (k.clone(), None)).collect(),
+    };
+    for (label, custom) in kernels {
+        let fail_all = |why: &str, outcomes: &mut Vec<Outcome>| {
+            for s in &selected {
+                let o = Outcome {
+                    scenario: s.clone(),
+                    kernel: label.clone(),
+                    figures: String::new(),
+                    failures: vec![format!("not run: {why}")],
+                    elapsed: Duration::ZERO,
+                };
+                println!("{}", report_line(&o));
+                outcomes.push(o);
+            }
+        };
+        let Some(tools) = &tools else {
+            fail_all("the host tools (vnic, agent) did not build", &mut outcomes);
+            continue;
+        };
+        let kernel = match &custom {
+            Some((i, k)) => build::kernel_custom(i, k),
+            None => build::kernel_series(&label, "default"),
+        };
+        let kernel: Kernel = match kernel {
+            Ok(k) => k,
+            Err(e) => {
+                fail_all(&format!("kernel {label} unavailable: {e}"), &mut outcomes);
+                continue;
+            }
+        };
+        let art = match Artifacts::new(art_root.join(&label)) {
+            Ok(a) => a,
+            Err(e) => {
+                fail_all(&e.0, &mut outcomes);
+                continue;
+            }
+        };
+        eprintln!(
+            "[guest-tests] booting {label} ({})",
+            kernel.bzimage.display()
+        );
+        let mut session = match Session::boot(kernel, tools, args.settings.clone(), art) {
+            Ok(s) => s,
+            Err(e) => {
+                fail_all(&format!("boot failed: {e}"), &mut outcomes);
+                continue;
+            }
+        };
+        eprintln!(
+            "[guest-tests] {label}: guest up in {:.1}s (kernel {})",
+            session.guest.boot_time.as_secs_f64(),
+            session.guest.info.kernel
+        );
+        for s in &selected {
+            let o = session.run(s);
+            println!("{}", report_line(&o));
+            outcomes.push(o);
+        }
+        let problems = session.finish();
+        if problems.is_empty() {
+            println!(
+                "teardown {label:<6} PASS  module unloaded, kernel log clean, guest powered off"
+            );
+        } else {
+            extra_failures += 1;
+            println!("teardown {label:<6} FAIL");
+            for p in problems {
+                println!("    - {p}");
+            }
+        }
+    }
+    let passed = outcomes.iter().filter(|o| o.passed()).count();
+    let failed = outcomes.len() - passed + extra_failures;
+    eprintln!(
+        "[guest-tests] done in {:.0}s; artifacts in {}",
+        start.elapsed().as_secs_f64(),
+        art_root.display()
+    );
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn tools() -> guest_tests::harness::Result<Tools> {
+    Ok(Tools {
+        agent: build::agent()?,
+        vnic_bin: build::vnic_bin()?,
+    })
+}
+
+fn demo(args: &Args, art_root: &std::path::Path) -> ExitCode {
+    let run = || -> guest_tests::harness::Result<()> {
+        let tools = tools()?;
+        let kernel = match &args.custom {
+            Some((i, k)) => build::kernel_custom(i, k)?,
+            None => build::kernel_series(&args.kernels[0], "default")?,
+        };
+        let label = kernel.label.clone();
+        let art = Artifacts::new(art_root.join(&label))?;
+        eprintln!(
+            "[demo] booting {label} with {} vCPUs / {} queue pairs",
+            args.settings.cpus, args.settings.queues
+        );
+        let mut s = Session::boot(kernel, &tools, args.settings.clone(), art)?;
+        eprintln!(
+            "[demo] guest up in {:.1}s, kernel {}",
+            s.guest.boot_time.as_secs_f64(),
+            s.guest.info.kernel
+        );
+        eprintln!(
+            "[demo] steering {} UDP flows from the gen peer ...",
+            args.settings.flows
+        );
+        let o = s.run("steer");
+        let trace = s.guest.vnic.trace.clone();
+        let summary = scenarios::table_summary(&mut s);
+        let problems = s.finish();
+        println!("{}", report_line(&o));
+        match summary {
+            Ok(text) => println!("{text}"),
+            Err(e) => println!("(no summary: {e})"),
+        }
+        println!("trace: {}", trace.display());
+        println!("artifacts: {}", art_root.join(&label).display());
+        if !o.passed() || !problems.is_empty() {
+            for p in problems {
+                println!("    - {p}");
+            }
+            return Err("the demo's steer run did not meet its assertions".into());
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("demo failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Building the pieces a guest boot needs. Kernels and the initramfs come
+//! from the `images/` scripts (which cache them); the agent and the module
+//! are built here for the exact kernel tree.
+
+use super::{repo_root, Context, Result};
+use crate::bail;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// A guest kernel: the boot image and the built tree (KDIR) modules are
+/// compiled against.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    /// Label used in reports: the series (`6.12`, `7.3`) or `custom`.
+    pub label: String,
+    pub bzimage: PathBuf,
+    pub kdir: PathBuf,
+}
+
+/// Run a command, inheriting stderr (progress), returning trimmed stdout.
+fn run_stdout(cmd: &mut Command, what: &str) -> Result<String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .ctx(format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed ({})", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The cached kernel of a series, built by `images/build-kernel` if missing.
+pub fn kernel_series(series: &str, variant: &str) -> Result<Kernel> {
+    let script = repo_root().join("images/build-kernel");
+    if !script.exists() {
+        bail!(
+            "{} not found: the images/ recipes are missing",
+            script.display()
+        );
+    }
+    let out = run_stdout(
+        Command::new(&script).args(["--series", series, "--variant", variant]),
+        &format!("images/build-kernel --series {series}"),
+    )?;
+    let dir = PathBuf::from(out.lines().last().unwrap_or_default());
+    let k = Kernel {
+        label: series.to_string(),
+        bzimage: dir.join("bzImage"),
+        kdir: dir.join("build"),
+    };
+    if !k.bzimage.is_file() || !k.kdir.is_dir() {
+        bail!(
+            "images/build-kernel printed {} but it has no bzImage/build",
+            dir.display()
+        );
+    }
+    Ok(k)
+}
+
+/// A user's own kernel (`--kernel-image BZIMAGE --kdir TREE`).
+pub fn kernel_custom(bzimage: &Path, kdir: &Path) -> Result<Kernel> {
+    if !bzimage.is_file() {
+        bail!("--kernel-image {}: no such file", bzimage.display());
+    }
+    if !kdir.join("include/config/kernel.release").is_file() {
+        bail!(
+            "--kdir {}: not a built kernel tree (no include/config/kernel.release)",
+            kdir.display()
+        );
+    }
+    Ok(Kernel {
+        label: "custom".into(),
+        bzimage: bzimage.to_path_buf(),
+        kdir: kdir.to_path_buf(),
+    })
+}
+
+/// Kernel release of a built tree.
+pub fn kernel_release(kdir: &Path) -> Result<String> {
+    Ok(
+        std::fs::read_to_string(kdir.join("include/config/kernel.release"))
+            .ctx(format!(
+                "reading {}/include/config/kernel.release",
+                kdir.display()
+            ))?
+            .trim()
+            .to_string(),
+    )
+}
+
+/// Build the static guest agent into `target/agent` (a target dir of its
+/// own, so the host build is not invalidated by the different RUSTFLAGS).
+pub fn agent() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("VNIC_AGENT") {
+        return Ok(PathBuf::from(p));
+    }
+    let root = repo_root();
+    let tdir = root.join("target/agent");
+    eprintln!("[guest-tests] building the static guest agent (target/agent)");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .env(
+            "RUSTFLAGS",
+            "-C target-feature=+crt-static -C strip=debuginfo",
+        )
+        .env_remove("CARGO_TARGET_DIR")
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "guest-tests",
+            "--bin",
+            "vnic-agent",
+        ])
+        .args(["--target", "x86_64-unknown-linux-gnu", "--target-dir"])
+        .arg(&tdir)
+        .stdin(Stdio::null())
+        .status()
+        .ctx("running cargo for the agent")?;
+    if !status.success() {
+        bail!("building vnic-agent failed ({status})");
+    }
+    let bin = tdir.join("x86_64-unknown-linux-gnu/release/vnic-agent");
+    if !bin.is_file() {
+        bail!("agent build produced no {}", bin.display());
+    }
+    Ok(bin)
+}
+
+/// The `vnic` binary: `VNIC_BIN`, else the workspace's release build
+/// (built if missing).
+pub fn vnic_bin() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("VNIC_BIN") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("VNIC_BIN={} does not exist", p.display());
+        }
+        return Ok(p);
+    }
+    let root = repo_root();
+    let target =
+        std::env::var("CARGO_TARGET_DIR").map_or_else(|_| root.join("target"), PathBuf::from);
+    eprintln!("[guest-tests] building vnic (release)");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "vnic",
+            "--bin",
+            "vnic",
+        ])
+        .stdin(Stdio::null())
+        .status()
+        .ctx("running cargo for vnic")?;
+    if !status.success() {
+        bail!("building vnic failed ({status})");
+    }
+    let bin = target.join("release/vnic");
+    if !bin.is_file() {
+        bail!("no vnic binary at {}", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Build `vnic_arfs.ko` for one kernel tree. The module sources are copied
+/// into `work` first so builds for different kernels never share objects.
+pub fn module(kdir: &Path, work: &Path) -> Result<PathBuf> {
+    let src = repo_root().join("aRFS/kmod");
+    if !src.join("vnic_arfs.c").is_file() {
+        bail!(
+            "{} has no vnic_arfs.c: the guest module is missing",
+            src.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(work).ctx(format!("creating {}", work.display()))?;
+    for ent in std::fs::read_dir(&src).ctx(format!("reading {}", src.display()))? {
+        let ent = ent?;
+        let name = ent.file_name();
+        let n = name.to_string_lossy();
+        let keep = n.ends_with(".c") || n.ends_with(".h") || n == "Kbuild" || n == "Makefile";
+        if keep && ent.file_type()?.is_file() {
+            std::fs::copy(ent.path(), work.join(&name)).ctx(format!("copying {n}"))?;
+        }
+    }
+    eprintln!(
+        "[guest-tests] building vnic_arfs.ko against {}",
+        kdir.display()
+    );
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(kdir)
+        .arg(format!("M={}", work.display()))
+        .arg("modules")
+        .stdin(Stdio::null())
+        .output()
+        .ctx("running make for the module")?;
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::write(work.join("build.log"), &log);
+    if !out.status.success() {
+        bail!("building vnic_arfs.ko failed ({}):\n{log}", out.status);
+    }
+    let ko = work.join("vnic_arfs.ko");
+    if !ko.is_file() {
+        bail!("make succeeded but produced no {}", ko.display());
+    }
+    Ok(ko)
+}
+
+/// An initramfs with busybox, the agent and (optionally) the module, via
+/// `images/build-initramfs`. Returns its path.
+pub fn initramfs(kdir: &Path, agent: &Path, module: Option<&Path>) -> Result<PathBuf> {
+    let script = repo_root().join("images/build-initramfs");
+    if !script.exists() {
+        bail!(
+            "{} not found: the images/ recipes are missing",
+            script.display()
+        );
+    }
+    let mut cmd = Command::new(&script);
+    cmd.arg("--kernel-dir").arg(kdir).arg("--agent").arg(agent);
+    if let Some(m) = module {
+        cmd.arg("--module").arg(m);
+    }
+    let out = run_stdout(&mut cmd, "images/build-initramfs")?;
+    let p = PathBuf::from(out.lines().last().unwrap_or_default());
+    if !p.is_file() {
+        bail!(
+            "images/build-initramfs printed {:?}, not a file",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// Where the module lands inside the guest (build-initramfs installs
+/// modules under /lib/modules/<release>/extra/).
+pub fn guest_module_path(release: &str) -> String {
+    format!("/lib/modules/{release}/extra/vnic_arfs.ko")
+}

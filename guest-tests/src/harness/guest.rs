@@ -1,0 +1,209 @@
+//! One booted guest: vnic + QEMU + the agent, with artifact collection and
+//! the kernel-log watchdog. Dropping it kills QEMU, then vnic.
+
+use super::agent::Agent;
+use super::build::Kernel;
+use super::ctl::Ctl;
+use super::qemu::{Qemu, QemuOptions};
+use super::vnic::{Vnic, VnicOptions};
+use super::{Artifacts, Context, Result};
+use crate::bail;
+use crate::procfs;
+use crate::proto::{Info, Kmsg, KmsgRecord, Request};
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Everything needed to boot one guest.
+pub struct BootSpec<'a> {
+    pub kernel: &'a Kernel,
+    pub initrd: &'a Path,
+    pub vnic_bin: &'a Path,
+    pub vnic: VnicOptions,
+    pub qemu: QemuOptions,
+    /// How long the guest may take until the agent answers.
+    pub boot_timeout: Duration,
+}
+
+pub struct Guest {
+    // Field order = drop order: the agent connection, QEMU, then vnic.
+    pub agent: Agent,
+    pub qemu: Qemu,
+    pub ctl: Ctl,
+    pub vnic: Vnic,
+    pub info: Info,
+    pub art: Artifacts,
+    pub boot_time: Duration,
+    /// Next /dev/kmsg sequence number not yet fetched.
+    kmsg_next: u64,
+    /// Every kernel log record seen.
+    pub kmsg: Vec<KmsgRecord>,
+}
+
+impl Guest {
+    pub fn boot(spec: &BootSpec<'_>, art: Artifacts) -> Result<Self> {
+        let start = Instant::now();
+        let vnic = Vnic::start(spec.vnic_bin, &art.dir, &spec.vnic)?;
+        let ctl = vnic.connect_ctl()?;
+        let mut qemu = Qemu::start(
+            &spec.kernel.bzimage,
+            spec.initrd,
+            &vnic.socket,
+            &art.dir,
+            &spec.qemu,
+        )?;
+        art.write("qemu-cmdline.txt", &qemu.cmdline.join(" "));
+        let console = qemu.console.clone();
+        let agent_socket = qemu.agent_socket.clone();
+        let mut vnic = vnic;
+        let connected = {
+            let qemu_ref = &mut qemu;
+            let vnic_ref = &mut vnic;
+            let mut alive = || -> Result<()> {
+                if let Some(st) = qemu_ref.exited() {
+                    let con = std::fs::read_to_string(&console).unwrap_or_default();
+                    bail!(
+                        "QEMU exited during boot ({st}); console tail:\n{}",
+                        tail(&con, 30)
+                    );
+                }
+                if !vnic_ref.alive() {
+                    bail!("vnic died during boot; its log:\n{}", vnic_ref.log_tail(30));
+                }
+                Ok(())
+            };
+            Agent::connect(&agent_socket, spec.boot_timeout, &mut alive)
+        };
+        let (agent, info) = match connected {
+            Ok(x) => x,
+            Err(e) => {
+                art.write("console.tail.txt", &tail(&qemu.console_text(), 200));
+                bail!("{e}\nconsole tail:\n{}", tail(&qemu.console_text(), 25));
+            }
+        };
+        let g = Guest {
+            agent,
+            qemu,
+            ctl,
+            vnic,
+            info,
+            art,
+            boot_time: start.elapsed(),
+            kmsg_next: 0,
+            kmsg: Vec::new(),
+        };
+        g.art.write_json("guest-info.json", &g.info);
+        Ok(g)
+    }
+
+    /// Fetch new kernel log records; return the ones that must fail a test
+    /// (WARN, BUG, oops, KASAN, lockdep, ...), with a little context.
+    pub fn kernel_failures(&mut self) -> Result<Vec<String>> {
+        let k: Kmsg = self.agent.req(Request::Dmesg {
+            since: self.kmsg_next,
+        })?;
+        let mut bad = Vec::new();
+        for r in &k.records {
+            if procfs::is_kernel_failure(&r.msg) {
+                bad.push(format!(
+                    "[{:>5}.{:06}] {}",
+                    r.ts_us / 1_000_000,
+                    r.ts_us % 1_000_000,
+                    r.msg
+                ));
+            }
+            self.kmsg_next = self.kmsg_next.max(r.seq + 1);
+        }
+        if k.lost {
+            bad.push(
+                "kernel log records were lost (ring buffer overrun): cannot vouch for a clean log"
+                    .into(),
+            );
+        }
+        self.kmsg.extend(k.records);
+        self.write_dmesg();
+        Ok(bad)
+    }
+
+    fn write_dmesg(&self) {
+        let mut s = String::new();
+        for r in &self.kmsg {
+            let _ = writeln!(
+                s,
+                "[{:>5}.{:06}] <{}> {}",
+                r.ts_us / 1_000_000,
+                r.ts_us % 1_000_000,
+                r.level,
+                r.msg
+            );
+        }
+        self.art.write("dmesg.txt", &s);
+    }
+
+    /// Save a snapshot of device and guest state under `tag`.
+    pub fn collect(&mut self, tag: &str, module_debugfs: Option<&str>) {
+        match self.ctl.stats() {
+            Ok(v) => self.art.write_json(&format!("{tag}-vnic-stats.json"), &v),
+            Err(e) => self.art.write(&format!("{tag}-vnic-stats.err"), &e.0),
+        }
+        match self.ctl.table() {
+            Ok(v) => self.art.write_json(&format!("{tag}-vnic-table.json"), &v),
+            Err(e) => self.art.write(&format!("{tag}-vnic-table.err"), &e.0),
+        }
+        if let Some(dir) = module_debugfs {
+            match self
+                .agent
+                .req::<crate::proto::DirContents>(Request::ReadDir { path: dir.into() })
+            {
+                Ok(v) => self
+                    .art
+                    .write_json(&format!("{tag}-module-debugfs.json"), &v),
+                Err(e) => self.art.write(&format!("{tag}-module-debugfs.err"), &e.0),
+            }
+        }
+        let mut procs = String::new();
+        for f in [
+            "/proc/interrupts",
+            "/proc/softirqs",
+            "/proc/net/softnet_stat",
+        ] {
+            let _ = writeln!(procs, "==> {f}");
+            procs.push_str(
+                &self
+                    .agent
+                    .read_file(f)
+                    .unwrap_or_else(|e| format!("<{e}>\n")),
+            );
+        }
+        self.art.write(&format!("{tag}-guest-proc.txt"), &procs);
+    }
+
+    /// Power the guest off and wait for QEMU to exit; save the transcript.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.art
+            .write("agent-transcript.txt", &self.agent.transcript.join("\n"));
+        let r = self
+            .agent
+            .call_value(&Request::Poweroff, Duration::from_secs(10));
+        let exited = self.qemu.wait_exit(Duration::from_secs(30));
+        self.art
+            .write("console.log.copy", &self.qemu.console_text());
+        r.ctx("poweroff")?;
+        if !exited {
+            bail!("QEMU did not exit within 30 s of the guest's power-off");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.art
+            .write("agent-transcript.txt", &self.agent.transcript.join("\n"));
+    }
+}
+
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

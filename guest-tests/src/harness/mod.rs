@@ -1,0 +1,201 @@
+//! Host-side harness: builds what a guest needs (static agent, module,
+//! initramfs, kernel via `images/`), starts `vnic serve` and QEMU, drives the
+//! agent and the control socket, and collects artifacts. Every process it
+//! starts is killed when its handle drops; every wait has a timeout.
+
+pub mod agent;
+pub mod build;
+pub mod ctl;
+pub mod guest;
+pub mod qemu;
+pub mod vnic;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A harness error: a message with context, meant for a human.
+#[derive(Debug)]
+pub struct Error(pub String);
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error(format!("json: {e}"))
+    }
+}
+
+impl From<String> for Error {
+    fn from(s: String) -> Self {
+        Error(s)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(s: &str) -> Self {
+        Error(s.to_string())
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Return early with a formatted [`Error`].
+#[macro_export]
+macro_rules! bail {
+    ($($t:tt)*) => { return Err($crate::harness::Error(format!($($t)*))) };
+}
+
+/// Fail with a formatted [`Error`] unless the condition holds.
+#[macro_export]
+macro_rules! ensure {
+    ($c:expr, $($t:tt)*) => { if !$c { $crate::bail!($($t)*); } };
+}
+
+/// Add context to an error.
+pub trait Context<T> {
+    fn ctx(self, what: impl fmt::Display) -> Result<T>;
+}
+
+impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
+    fn ctx(self, what: impl fmt::Display) -> Result<T> {
+        self.map_err(|e| Error(format!("{what}: {e}")))
+    }
+}
+
+/// Poll `f` every 50 ms..500 ms until it yields `Some`, or fail after `timeout`.
+pub fn wait_for<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let start = Instant::now();
+    let mut delay = Duration::from_millis(50);
+    loop {
+        if let Some(v) = f()? {
+            return Ok(v);
+        }
+        if start.elapsed() >= timeout {
+            bail!(
+                "timed out after {:.1}s waiting for {what}",
+                timeout.as_secs_f64()
+            );
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// The repository root: `VNIC_REPO`, else the parent of this crate's manifest dir.
+pub fn repo_root() -> PathBuf {
+    if let Ok(p) = std::env::var("VNIC_REPO") {
+        return PathBuf::from(p);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// A directory for one test's artifacts (console log, vnic log and trace,
+/// stats snapshots, module counters, dmesg).
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    pub dir: PathBuf,
+}
+
+impl Artifacts {
+    pub fn new(dir: PathBuf) -> Result<Self> {
+        std::fs::create_dir_all(&dir).ctx(format!("creating {}", dir.display()))?;
+        Ok(Artifacts { dir })
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Write (replace) a text artifact. Failures are reported, not fatal:
+    /// losing an artifact must not change a test's verdict.
+    pub fn write(&self, name: &str, text: &str) {
+        if let Err(e) = std::fs::write(self.path(name), text) {
+            eprintln!("warning: writing artifact {name}: {e}");
+        }
+    }
+
+    pub fn write_json(&self, name: &str, v: &impl serde::Serialize) {
+        match serde_json::to_string_pretty(v) {
+            Ok(s) => self.write(name, &s),
+            Err(e) => eprintln!("warning: encoding artifact {name}: {e}"),
+        }
+    }
+}
+
+/// Seconds since the Unix epoch as `YYYYmmdd-HHMMSS` (UTC), for directory names.
+pub fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = i64::try_from(days).unwrap_or(0) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Kill a child process and reap it (used by every Drop).
+pub(crate) fn kill_child(child: &mut std::process::Child) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamp_shape() {
+        let t = timestamp();
+        assert_eq!(t.len(), 15, "{t}");
+        assert_eq!(&t[8..9], "-");
+        assert!(t.starts_with("20"), "{t}");
+    }
+
+    #[test]
+    fn wait_for_times_out() {
+        let e = wait_for::<()>(Duration::from_millis(120), "nothing", || Ok(None)).unwrap_err();
+        assert!(e.0.contains("waiting for nothing"), "{e}");
+        let mut n = 0;
+        let v = wait_for(Duration::from_secs(5), "three polls", || {
+            n += 1;
+            Ok((n == 3).then_some(7))
+        })
+        .unwrap();
+        assert_eq!((v, n), (7, 3));
+    }
+}

@@ -1,0 +1,260 @@
+//! What the suite knows about the guest module `vnic_arfs.ko`: its name,
+//! parameters and debugfs files (aRFS/kmod/README.md).
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub const NAME: &str = "vnic_arfs";
+pub const DEBUGFS_DIR: &str = "/sys/kernel/debug/vnic_arfs";
+/// Run-time writable parameters live here.
+pub const PARAMS_DIR: &str = "/sys/module/vnic_arfs/parameters";
+
+/// Module parameters the scenarios use.
+#[derive(Debug, Clone)]
+pub struct ModuleParams {
+    /// Period of the work item (send, retransmit check, expiry pass).
+    pub interval_ms: u32,
+    /// Filters examined per expiry pass.
+    pub expire_quota: u32,
+    /// Idle backstop used by the expiry scenario. While flows run it is
+    /// off (0): the module only sees steer calls, and a working filter stops
+    /// them, so a live flow would lose its filter after this long.
+    pub idle_timeout_ms: u32,
+    /// Anything else, verbatim (`name=value ...`).
+    pub extra: String,
+}
+
+impl Default for ModuleParams {
+    fn default() -> Self {
+        ModuleParams {
+            interval_ms: 100,
+            expire_quota: 64,
+            idle_timeout_ms: 2000,
+            extra: String::new(),
+        }
+    }
+}
+
+impl ModuleParams {
+    /// Load-time parameters: idle backstop off.
+    pub fn to_params(&self, ifname: &str) -> String {
+        format!(
+            "ifnames={ifname} interval_ms={} expire_quota={} idle_timeout_ms=0 {}",
+            self.interval_ms, self.expire_quota, self.extra
+        )
+        .trim()
+        .to_string()
+    }
+
+    /// The longest a dead flow's filter may live once the idle backstop is
+    /// on: the idle timeout, plus enough expiry passes to visit every
+    /// filter, plus one pass for the one under way, plus 2 s for the DEL to
+    /// be sent and acknowledged on a slow (TCG) guest.
+    pub fn expiry_bound(&self, filters: usize) -> Duration {
+        let passes = filters.div_ceil(self.expire_quota.max(1) as usize) as u64 + 1;
+        Duration::from_millis(
+            u64::from(self.idle_timeout_ms) + passes * u64::from(self.interval_ms) + 2000,
+        )
+    }
+}
+
+/// The module's debugfs `counters` and `state` (`name value` lines),
+/// flattened to `ifname/name -> value`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ModuleCounters {
+    pub raw: BTreeMap<String, u64>,
+    /// Word-valued state fields (e.g. `state active`).
+    pub words: BTreeMap<String, String>,
+}
+
+impl ModuleCounters {
+    /// `files` is `read_dir` of the debugfs directory: `eth0/counters`,
+    /// `eth0/state`, `eth0/filters`. Only counters and state are parsed.
+    pub fn parse(files: &BTreeMap<String, String>) -> Self {
+        let mut c = ModuleCounters::default();
+        for (path, text) in files {
+            let (dir, file) = path.rsplit_once('/').unwrap_or(("", path.as_str()));
+            if file != "counters" && file != "state" {
+                continue;
+            }
+            let prefix = if dir.is_empty() {
+                String::new()
+            } else {
+                format!("{dir}/")
+            };
+            for line in text.lines() {
+                let mut it = line.split_whitespace();
+                let (Some(k), Some(v), None) = (it.next(), it.next(), it.next()) else {
+                    continue;
+                };
+                match v.parse::<u64>() {
+                    Ok(n) => {
+                        c.raw.insert(format!("{prefix}{k}"), n);
+                    }
+                    Err(_) => {
+                        c.words.insert(format!("{prefix}{k}"), v.to_string());
+                    }
+                }
+            }
+        }
+        c
+    }
+
+    /// Sum over devices of the counter `name`.
+    pub fn get(&self, name: &str) -> u64 {
+        self.raw
+            .iter()
+            .filter(|(k, _)| k.rsplit('/').next() == Some(name))
+            .map(|(_, v)| *v)
+            .sum()
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.raw.keys().any(|k| k.rsplit('/').next() == Some(name))
+    }
+
+    /// The `state` word of one device (`probing`, `active`, ...).
+    pub fn state(&self, ifname: &str) -> Option<&str> {
+        self.words
+            .get(&format!("{ifname}/state"))
+            .map(String::as_str)
+    }
+
+    pub fn summary(&self) -> String {
+        [
+            "steer_calls",
+            "steer_dedup",
+            "adds",
+            "resteers",
+            "add_ok",
+            "deletes_expired",
+            "deletes_idle",
+            "busy",
+            "frames_sent",
+            "acks",
+            "retransmits",
+        ]
+        .iter()
+        .filter(|n| self.has(n))
+        .map(|n| format!("{n}={}", self.get(n)))
+        .collect::<Vec<_>>()
+        .join(",")
+    }
+
+    /// Compare with the device's `stats` (vnic/CTL.md); returns every
+    /// disagreement. Exact equalities that hold when no management frame
+    /// was lost (the suite's scenarios inject no loss).
+    pub fn compare(&self, stats: &Value) -> Vec<String> {
+        let dev = |p: &str| stats.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+        let mut out = Vec::new();
+        let mut eq = |what: &str, m: u64, d: u64| {
+            if m != d {
+                out.push(format!(
+                    "module and device disagree on {what}: module {m}, device {d}"
+                ));
+            }
+        };
+        eq(
+            "ADD ops applied (module add_ok vs device adds+replaces)",
+            self.get("add_ok"),
+            dev("/table/adds") + dev("/table/replaces"),
+        );
+        for r in ["expired", "idle", "flush", "unload"] {
+            eq(
+                &format!("deletes by reason {r}"),
+                self.get(&format!("deletes_{r}")),
+                dev(&format!("/table/deletes/{r}")),
+            );
+        }
+        eq(
+            "DELs of unknown ids",
+            self.get("deletes_unknown_id"),
+            dev("/table/unknown_deletes"),
+        );
+        let m_rej: u64 = [
+            "table_full",
+            "bucket_full",
+            "bad_queue",
+            "bad_key",
+            "injected_failure",
+            "bad_id",
+        ]
+        .iter()
+        .map(|r| self.get(&format!("reject_{r}")))
+        .sum();
+        let d_rej: u64 = stats
+            .pointer("/table/rejects")
+            .and_then(Value::as_object)
+            .map_or(0, |o| o.values().filter_map(Value::as_u64).sum());
+        eq("rejected ADD ops", m_rej, d_rej);
+        eq("live filters", self.get("live"), dev("/table/live"));
+        eq(
+            "ACKs (module acks vs device acks_sent)",
+            self.get("acks"),
+            dev("/mgmt/acks_sent"),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_debugfs() {
+        let mut f = BTreeMap::new();
+        f.insert(
+            "eth0/counters".to_string(),
+            "steer_calls 77\nadds 5\nresteers 2\n".to_string(),
+        );
+        f.insert(
+            "eth0/state".to_string(),
+            "state active\nlive 3\ncapacity 8192\n".to_string(),
+        );
+        f.insert(
+            "eth0/filters".to_string(),
+            "# id rxq ...\n1 2 udp 10.0.2.1:10000 10.0.2.15:20000 5 active\n".to_string(),
+        );
+        let c = ModuleCounters::parse(&f);
+        assert_eq!(c.get("adds"), 5);
+        assert_eq!(c.get("steer_calls"), 77);
+        assert_eq!(c.get("live"), 3);
+        assert_eq!(c.state("eth0"), Some("active"));
+        assert!(!c.has("deletes_idle"));
+        assert_eq!(c.raw.len(), 5, "{:?}", c.raw);
+    }
+
+    #[test]
+    fn compare_finds_disagreements() {
+        let mut f = BTreeMap::new();
+        f.insert(
+            "eth0/counters".to_string(),
+            "add_ok 10\ndeletes_idle 10\nacks 12\nreject_table_full 1\n".to_string(),
+        );
+        f.insert("eth0/state".to_string(), "live 0\n".to_string());
+        let c = ModuleCounters::parse(&f);
+        let stats = serde_json::json!({
+            "table": {"adds": 8, "replaces": 2, "deletes": {"expired": 0, "idle": 10, "flush": 0, "unload": 0},
+                      "unknown_deletes": 0, "rejects": {"table_full": 1}, "live": 0},
+            "mgmt": {"acks_sent": 12}
+        });
+        assert!(c.compare(&stats).is_empty(), "{:?}", c.compare(&stats));
+        let stats2 =
+            serde_json::json!({"table": {"adds": 9, "live": 1}, "mgmt": {"acks_sent": 12}});
+        let d = c.compare(&stats2);
+        assert!(d.iter().any(|m| m.contains("ADD ops")), "{d:?}");
+        assert!(d.iter().any(|m| m.contains("live")), "{d:?}");
+    }
+
+    #[test]
+    fn bound_grows_with_passes() {
+        let p = ModuleParams::default();
+        assert_eq!(p.expiry_bound(1), Duration::from_millis(2000 + 200 + 2000));
+        assert_eq!(
+            p.expiry_bound(129),
+            Duration::from_millis(2000 + 400 + 2000)
+        );
+    }
+}

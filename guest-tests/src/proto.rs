@@ -1,0 +1,246 @@
+//! The agent protocol: newline-delimited JSON over the `vnic.agent`
+//! virtio-serial port.
+//!
+//! The harness sends one [`Envelope`] per line, the agent answers with one
+//! [`Reply`] per line carrying the same `id`. Requests are handled in order;
+//! workloads run in the background and are observed with their `*_stats`
+//! commands, so a request never blocks for longer than its own timeout.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Name of the virtio-serial port the agent listens on.
+pub const PORT_NAME: &str = "vnic.agent";
+
+/// Version of this protocol; `hello` reports it, the harness checks it.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// One request line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope {
+    pub id: u64,
+    #[serde(flatten)]
+    pub req: Request,
+}
+
+/// One reply line. Exactly one of `result` / `error` is set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reply {
+    pub id: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A request. Serialized as `{"cmd": "<snake_case name>", ...fields}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    /// Answers [`Info`].
+    Hello,
+    /// Bring `lo` and `ifname` up, set `addr/prefix` on `ifname`.
+    NetSetup {
+        ifname: String,
+        addr: String,
+        prefix: u8,
+    },
+    /// Write `value` to a file under /proc/sys or /sys.
+    WriteFile { path: String, value: String },
+    /// Read a file (proc, sys, debugfs). Answers a string.
+    ReadFile { path: String },
+    /// Read every regular file under a directory, recursively (debugfs
+    /// counter directories). Answers `{relative path: content}`.
+    ReadDir { path: String },
+    /// RFS set-up: net.core.rps_sock_flow_entries, every rx queue's
+    /// rps_flow_cnt and (optionally) rps_cpus. Answers what was written.
+    Rfs {
+        ifname: String,
+        sock_flow_entries: u32,
+        flow_cnt: u32,
+        #[serde(default)]
+        rps_cpus: Option<String>,
+    },
+    /// Set an ethtool feature by its string name (e.g. `rx-ntuple-filter`)
+    /// with ETHTOOL_SFEATURES. Answers the feature's active state after.
+    SetFeature {
+        ifname: String,
+        feature: String,
+        on: bool,
+    },
+    /// `ethtool -L IFNAME combined N` (ETHTOOL_SCHANNELS). Answers the
+    /// combined count read back.
+    SetChannels { ifname: String, combined: u32 },
+    /// finit_module(path, params).
+    ModuleLoad {
+        path: String,
+        #[serde(default)]
+        params: String,
+    },
+    /// delete_module(name).
+    ModuleUnload { name: String },
+    /// ICMP echo to `addr` (raw socket). Answers [`PingResult`].
+    Ping {
+        addr: String,
+        count: u32,
+        timeout_ms: u64,
+    },
+    /// Start a UDP workload (replaces none: at most one runs). Answers the
+    /// number of flows started.
+    UdpStart(UdpSpec),
+    /// Move receivers: each (flow index, new cpu).
+    UdpMigrate { moves: Vec<(usize, usize)> },
+    /// Cumulative per-flow counters. Answers [`UdpStats`].
+    UdpStats,
+    /// Stop the UDP workload, join its threads. Answers the final [`UdpStats`].
+    UdpStop,
+    /// Start a TCP server: accepted connections get receivers pinned to
+    /// `cpus[i % cpus.len()]` in accept order.
+    TcpStart {
+        port: u16,
+        cpus: Vec<usize>,
+        /// Echo what is read (request/response workloads).
+        #[serde(default)]
+        echo: bool,
+    },
+    /// Per-connection counters of the TCP server. Answers [`TcpStats`].
+    TcpStats,
+    /// Stop the TCP server and its connections. Answers final [`TcpStats`].
+    TcpStop,
+    /// Kernel log records with sequence number >= `since`. Answers [`Kmsg`].
+    Dmesg {
+        #[serde(default)]
+        since: u64,
+    },
+    /// Run a program from the initramfs (busybox applets). Answers [`ExecResult`].
+    Exec { argv: Vec<String>, timeout_ms: u64 },
+    /// Sleep (lets the harness time phases from inside the guest).
+    Sleep { ms: u64 },
+    /// sync + reboot(RB_POWER_OFF). Answered before powering off.
+    Poweroff,
+}
+
+/// What `hello` answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Info {
+    pub protocol: u32,
+    pub kernel: String,
+    pub cpus: usize,
+    pub interfaces: Vec<Iface>,
+    pub uptime_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Iface {
+    pub name: String,
+    pub mac: String,
+    pub mtu: u32,
+    pub up: bool,
+    pub driver: String,
+    pub rx_queues: usize,
+    pub tx_queues: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PingResult {
+    pub sent: u32,
+    pub received: u32,
+    pub rtt_us: Vec<u64>,
+}
+
+/// A UDP workload: K connected sockets, one receiver thread per socket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UdpSpec {
+    /// The peer the sockets connect to (the device's gen peer).
+    pub peer: String,
+    pub flows: Vec<UdpFlowSpec>,
+    /// Connect each socket to peer:peer_port (default). RFS records flows
+    /// only for connected UDP sockets; unconnected ones receive from any
+    /// source (RPS experiments with many source addresses).
+    #[serde(default = "yes")]
+    pub connect: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct UdpFlowSpec {
+    pub local_port: u16,
+    pub peer_port: u16,
+    /// CPU the receiver thread is pinned to.
+    pub cpu: usize,
+}
+
+/// Cumulative counters of one flow's receiver.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct FlowCounters {
+    pub local_port: u16,
+    pub peer_port: u16,
+    /// CPU the receiver is currently pinned to.
+    pub cpu: usize,
+    /// Packets received.
+    pub packets: u64,
+    /// Packets after which SO_INCOMING_CPU equalled the receiver's CPU.
+    pub on_cpu: u64,
+    /// Packets per SO_INCOMING_CPU value (index = CPU).
+    pub by_cpu: Vec<u64>,
+    /// recv() calls made while the thread was not on its CPU (must stay 0).
+    pub off_cpu_recv: u64,
+    /// Receive errors other than timeouts.
+    pub errors: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct UdpStats {
+    pub running: bool,
+    pub elapsed_ms: u64,
+    pub flows: Vec<FlowCounters>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TcpConnCounters {
+    pub peer: String,
+    pub local_port: u16,
+    pub cpu: usize,
+    pub reads: u64,
+    pub bytes: u64,
+    pub on_cpu: u64,
+    pub by_cpu: Vec<u64>,
+    pub closed: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TcpStats {
+    pub running: bool,
+    pub accepted: u64,
+    pub conns: Vec<TcpConnCounters>,
+}
+
+/// One /dev/kmsg record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KmsgRecord {
+    pub seq: u64,
+    pub level: u8,
+    pub ts_us: u64,
+    pub msg: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Kmsg {
+    pub records: Vec<KmsgRecord>,
+    /// Records lost to ring-buffer overwrite since `since` (EPIPE on read).
+    pub lost: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub status: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub timed_out: bool,
+}
+
+/// Files read by `read_dir`.
+pub type DirContents = BTreeMap<String, String>;
