@@ -160,6 +160,21 @@ pub enum Request {
     Flush(DelReason),
 }
 
+impl TryFrom<crate::proto::Message> for Request {
+    type Error = crate::proto::Message;
+
+    /// ADD, DEL and FLUSH become requests; any other message is given back.
+    fn try_from(m: crate::proto::Message) -> Result<Self, Self::Error> {
+        use crate::proto::Message;
+        match m {
+            Message::Add(ops) => Ok(Self::Add(ops)),
+            Message::Del(ops) => Ok(Self::Del(ops)),
+            Message::Flush(r) => Ok(Self::Flush(r)),
+            other => Err(other),
+        }
+    }
+}
+
 impl Request {
     /// The message type it came in.
     pub const fn kind(&self) -> MsgType {
@@ -928,6 +943,23 @@ impl FilterTable {
     /// The placement bucket of a flow, with a placement model.
     pub fn bucket_for(&self, key: &FlowKey) -> Option<u32> {
         self.bucket_of(key).map(|b| b as u32)
+    }
+
+    /// The CAPS body describing this table, for a device with
+    /// `max_queue_pairs` queue pairs of which `enabled_queue_pairs` are
+    /// enabled (`max_ops` is [`DEFAULT_MAX_OPS`](crate::proto::DEFAULT_MAX_OPS),
+    /// latency rounded up to whole microseconds).
+    pub fn caps(&self, max_queue_pairs: u16, enabled_queue_pairs: u16) -> crate::proto::Caps {
+        let (buckets, ways) = self.cfg.buckets.unwrap_or((0, 0));
+        crate::proto::Caps {
+            max_queue_pairs,
+            enabled_queue_pairs,
+            capacity: self.cfg.capacity,
+            buckets,
+            ways,
+            max_ops: crate::proto::DEFAULT_MAX_OPS,
+            latency_us: self.cfg.latency_ns.div_ceil(1000) as u32,
+        }
     }
 
     /// The counters.

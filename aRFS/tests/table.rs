@@ -438,6 +438,49 @@ fn flush_and_clear() {
 }
 
 #[test]
+fn caps_and_requests_from_messages() {
+    use arfs::proto::Message;
+    let t = table(TableConfig {
+        capacity: 500,
+        buckets: Some((64, 4)),
+        latency_ns: 1_500,
+        ..TableConfig::default()
+    });
+    let c = t.caps(8, 4);
+    assert_eq!(
+        (
+            c.max_queue_pairs,
+            c.enabled_queue_pairs,
+            c.capacity,
+            c.buckets,
+            c.ways,
+            c.max_ops,
+            c.latency_us
+        ),
+        (8, 4, 500, 64, 4, 33, 2)
+    );
+    let t = table(TableConfig::default());
+    assert_eq!(
+        (
+            t.caps(1, 1).buckets,
+            t.caps(1, 1).ways,
+            t.caps(1, 1).latency_us
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(
+        Request::try_from(Message::Flush(DelReason::Idle)),
+        Ok(Request::Flush(DelReason::Idle))
+    );
+    let del = vec![del(1, DelReason::Expired)];
+    assert_eq!(
+        Request::try_from(Message::Del(del.clone())),
+        Ok(Request::Del(del))
+    );
+    assert!(Request::try_from(Message::Caps(c)).is_err());
+}
+
+#[test]
 fn hits_and_entries_dump() {
     let mut t = table(TableConfig::default());
     run(
