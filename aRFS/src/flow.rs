@@ -333,6 +333,46 @@ impl fmt::Display for FlowKey {
     }
 }
 
+/// Error from parsing a [`FlowKey`] from text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowKeyParseError(String);
+
+impl fmt::Display for FlowKeyParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "bad flow {:?}: expected `tcp|udp SRC:PORT -> DST:PORT` (IPv6 as [ADDR]:PORT)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for FlowKeyParseError {}
+
+impl core::str::FromStr for FlowKey {
+    type Err = FlowKeyParseError;
+
+    /// Parses the `Display` form: `udp 10.0.0.2:5000 -> 10.0.0.1:6000`,
+    /// `tcp [2001:db8::1]:80 -> [2001:db8::2]:1234`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = || FlowKeyParseError(text.to_string());
+        let mut it = text.split_whitespace();
+        let (Some(proto), Some(src), Some("->"), Some(dst), None) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(err());
+        };
+        let proto = match proto.to_ascii_lowercase().as_str() {
+            "tcp" => L4Proto::Tcp,
+            "udp" => L4Proto::Udp,
+            _ => return Err(err()),
+        };
+        let src: std::net::SocketAddr = src.parse().map_err(|_| err())?;
+        let dst: std::net::SocketAddr = dst.parse().map_err(|_| err())?;
+        FlowKey::new(proto, src.ip(), src.port(), dst.ip(), dst.port()).ok_or_else(err)
+    }
+}
+
 impl fmt::Debug for FlowKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "FlowKey({self})")
@@ -791,6 +831,27 @@ mod tests {
         a[7] = 1;
         assert!(FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 1, [0; 16], 2).is_none());
         assert!(FlowKey::from_raw(IpFamily::Ipv6, L4Proto::Tcp, a, 1, [0; 16], 2).is_some());
+    }
+
+    #[test]
+    fn from_str_round_trips_display() {
+        for text in [
+            "udp 10.0.0.2:5000 -> 10.0.0.1:6000",
+            "tcp [fe80::1]:80 -> [fe80::2]:1234",
+        ] {
+            let k: FlowKey = text.parse().unwrap();
+            assert_eq!(k.to_string(), text);
+        }
+        for bad in [
+            "",
+            "udp 10.0.0.2:5000 10.0.0.1:6000",
+            "icmp 10.0.0.2:5000 -> 10.0.0.1:6000",
+            "udp 10.0.0.2 -> 10.0.0.1:6000",
+            "udp 10.0.0.2:5000 -> [::1]:6000",
+            "udp 10.0.0.2:5000 -> 10.0.0.1:6000 extra",
+        ] {
+            assert!(bad.parse::<FlowKey>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

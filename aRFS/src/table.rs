@@ -23,6 +23,8 @@ pub const MAX_FILTER_ID: u16 = 0xFFFE;
 pub const MAX_CAPACITY: u32 = 0xFFFF;
 /// Largest bucket count.
 pub const MAX_BUCKETS: u32 = 1 << 20;
+/// Most requests [`FilterTable::try_submit`] lets wait for their due time.
+pub const MAX_PENDING_REQUESTS: usize = 4096;
 /// Largest programming latency (CAPS carries microseconds in a u32).
 pub const MAX_LATENCY_NS: u64 = u32::MAX as u64 * 1000;
 
@@ -158,6 +160,21 @@ pub enum Request {
     Del(Vec<DelOp>),
     /// FLUSH with its reason.
     Flush(DelReason),
+}
+
+impl TryFrom<crate::proto::Message> for Request {
+    type Error = crate::proto::Message;
+
+    /// ADD, DEL and FLUSH become requests; any other message is given back.
+    fn try_from(m: crate::proto::Message) -> Result<Self, Self::Error> {
+        use crate::proto::Message;
+        match m {
+            Message::Add(ops) => Ok(Self::Add(ops)),
+            Message::Del(ops) => Ok(Self::Del(ops)),
+            Message::Flush(r) => Ok(Self::Flush(r)),
+            other => Err(other),
+        }
+    }
 }
 
 impl Request {
@@ -544,6 +561,18 @@ impl FilterTable {
         due
     }
 
+    /// Like [`Self::submit`], but refuses the request (returning it) when
+    /// [`MAX_PENDING_REQUESTS`] are already waiting: a guest that streams
+    /// requests faster than the programming latency drains them cannot grow
+    /// the queue without bound. The caller drops the frame (the driver
+    /// retransmits it) and counts it.
+    pub fn try_submit(&mut self, now_ns: u64, seq: u32, req: Request) -> Result<u64, Request> {
+        if self.pending.len() >= MAX_PENDING_REQUESTS {
+            return Err(req);
+        }
+        Ok(self.submit(now_ns, seq, req))
+    }
+
     /// Due time of the oldest pending request.
     pub fn next_due(&self) -> Option<u64> {
         self.pending.front().map(|p| p.due_ns)
@@ -928,6 +957,23 @@ impl FilterTable {
     /// The placement bucket of a flow, with a placement model.
     pub fn bucket_for(&self, key: &FlowKey) -> Option<u32> {
         self.bucket_of(key).map(|b| b as u32)
+    }
+
+    /// The CAPS body describing this table, for a device with
+    /// `max_queue_pairs` queue pairs of which `enabled_queue_pairs` are
+    /// enabled (`max_ops` is [`DEFAULT_MAX_OPS`](crate::proto::DEFAULT_MAX_OPS),
+    /// latency rounded up to whole microseconds).
+    pub fn caps(&self, max_queue_pairs: u16, enabled_queue_pairs: u16) -> crate::proto::Caps {
+        let (buckets, ways) = self.cfg.buckets.unwrap_or((0, 0));
+        crate::proto::Caps {
+            max_queue_pairs,
+            enabled_queue_pairs,
+            capacity: self.cfg.capacity,
+            buckets,
+            ways,
+            max_ops: crate::proto::DEFAULT_MAX_OPS,
+            latency_us: self.cfg.latency_ns.div_ceil(1000) as u32,
+        }
     }
 
     /// The counters.

@@ -374,6 +374,26 @@ fn requests_never_overtake_when_latency_drops() {
 }
 
 #[test]
+fn pending_queue_is_bounded_for_try_submit() {
+    use arfs::table::MAX_PENDING_REQUESTS;
+    let mut t = table(TableConfig {
+        latency_ns: 1_000_000,
+        ..TableConfig::default()
+    });
+    for seq in 0..MAX_PENDING_REQUESTS as u32 {
+        assert!(t
+            .try_submit(0, seq, Request::Flush(DelReason::Flush))
+            .is_ok());
+    }
+    let req = Request::Del(vec![del(1, DelReason::Idle)]);
+    assert_eq!(t.try_submit(0, 9999, req.clone()), Err(req));
+    assert_eq!(t.pending(), MAX_PENDING_REQUESTS);
+    let n = t.advance(1_000_000, 4, &mut |_| {});
+    assert_eq!((n, t.pending()), (MAX_PENDING_REQUESTS, 0));
+    assert!(t.try_submit(0, 1, Request::Flush(DelReason::Flush)).is_ok());
+}
+
+#[test]
 fn flush_and_clear() {
     let mut t = table(TableConfig::default());
     run(
@@ -435,6 +455,49 @@ fn flush_and_clear() {
     assert_eq!(t.counters().resets, 1);
     // After a clear a request is due at now + latency again.
     assert_eq!(t.submit(10, 5, Request::Flush(DelReason::Flush)), 510);
+}
+
+#[test]
+fn caps_and_requests_from_messages() {
+    use arfs::proto::Message;
+    let t = table(TableConfig {
+        capacity: 500,
+        buckets: Some((64, 4)),
+        latency_ns: 1_500,
+        ..TableConfig::default()
+    });
+    let c = t.caps(8, 4);
+    assert_eq!(
+        (
+            c.max_queue_pairs,
+            c.enabled_queue_pairs,
+            c.capacity,
+            c.buckets,
+            c.ways,
+            c.max_ops,
+            c.latency_us
+        ),
+        (8, 4, 500, 64, 4, 33, 2)
+    );
+    let t = table(TableConfig::default());
+    assert_eq!(
+        (
+            t.caps(1, 1).buckets,
+            t.caps(1, 1).ways,
+            t.caps(1, 1).latency_us
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(
+        Request::try_from(Message::Flush(DelReason::Idle)),
+        Ok(Request::Flush(DelReason::Idle))
+    );
+    let del = vec![del(1, DelReason::Expired)];
+    assert_eq!(
+        Request::try_from(Message::Del(del.clone())),
+        Ok(Request::Del(del))
+    );
+    assert!(Request::try_from(Message::Caps(c)).is_err());
 }
 
 #[test]
