@@ -162,7 +162,7 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
             "--peer",
             "gen",
             "--table-capacity",
-            "65536",
+            "65535",
         ],
     )
     .map_err(|e| e.to_string())?;
@@ -215,35 +215,41 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
                 }
             }));
         }
-        let gen_id = if case.dir == Dir::Rx {
-            Some(
-                c.gen_start(&json!({
-                    "flows": GEN_FLOWS,
-                    "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
-                    "dport": GEN_DPORT,
-                    "rate": 0,
-                    "size": case.size,
-                }))
-                .map_err(|e| e.to_string())?,
-            )
-        } else {
-            None
-        };
-        std::thread::sleep(warm);
-        let f0: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
-        let s0 = c.stats().map_err(|e| e.to_string())?;
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(secs));
-        let f1: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
-        let el = t0.elapsed().as_secs_f64();
-        let s1 = c.stats().map_err(|e| e.to_string())?;
-        if let Some(id) = gen_id {
-            c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
-        }
+        // Whatever happens below, the pump threads must stop or the scope
+        // never ends.
+        let measured = (|| -> Result<_, String> {
+            let gen_id = if case.dir == Dir::Rx {
+                Some(
+                    c.gen_start(&json!({
+                        "flows": GEN_FLOWS,
+                        "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
+                        "dport": GEN_DPORT.to_string(),
+                        "rate": 0,
+                        "size": case.size,
+                    }))
+                    .map_err(|e| e.to_string())?,
+                )
+            } else {
+                None
+            };
+            std::thread::sleep(warm);
+            let f0: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
+            let s0 = c.stats().map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            let f1: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
+            let el = t0.elapsed().as_secs_f64();
+            let s1 = c.stats().map_err(|e| e.to_string())?;
+            if let Some(id) = gen_id {
+                c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
+            }
+            Ok((f0, f1, el, s0, s1))
+        })();
         stop.store(true, Ordering::Relaxed);
         for h in handles {
             h.join().map_err(|_| "pump thread panicked".to_string())??;
         }
+        let (f0, f1, el, s0, s1) = measured?;
         let sum = |v: &serde_json::Value, f: &str| -> u64 {
             (0..case.pairs as usize)
                 .map(|q| counter(v, &format!("queues.{q}.{f}")))
