@@ -82,6 +82,12 @@ pub fn build(cfg: Config) -> Result<Arc<Shared>, String> {
 /// Runs the daemon until a signal ends the process.
 pub fn run(cfg: Config) -> Result<(), String> {
     let sh = build(cfg)?;
+    let sock = sh.cfg.socket.clone();
+    // The public socket is ours; the vhost-user handler listens on a private
+    // one and every connection is relayed (see relay.rs for why).
+    let _ = std::fs::remove_file(&sock);
+    let public =
+        UnixListener::bind(&sock).map_err(|e| format!("--socket {}: {e}", sock.display()))?;
     let ctl_path = sh.cfg.ctl.clone();
     let _ = std::fs::remove_file(&ctl_path);
     let listener =
@@ -120,12 +126,6 @@ pub fn run(cfg: Config) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
 
-    let sock = sh.cfg.socket.clone();
-    // The public socket is ours; the vhost-user handler listens on a private
-    // one and every connection is relayed (see relay.rs for why).
-    let _ = std::fs::remove_file(&sock);
-    let public =
-        UnixListener::bind(&sock).map_err(|e| format!("--socket {}: {e}", sock.display()))?;
     let private_dir = private_dir().map_err(|e| format!("private socket directory: {e}"))?;
     let _ = PRIVATE_DIR.set(private_dir.clone());
     let private = private_dir.join("vhost-user.sock");
