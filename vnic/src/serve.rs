@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -126,11 +126,6 @@ pub fn run(cfg: Config) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
 
-    let private_dir = private_dir().map_err(|e| format!("private socket directory: {e}"))?;
-    let _ = PRIVATE_DIR.set(private_dir.clone());
-    let private = private_dir.join("vhost-user.sock");
-    let mut vl = Listener::new(&private, true)
-        .map_err(|e| format!("private socket {}: {e}", private.display()))?;
     eprintln!(
         "vnic: serving {} queue pair(s) on {} (peer {}, control {}, generation {:#x})",
         sh.cfg.queues,
@@ -147,14 +142,16 @@ pub fn run(cfg: Config) -> Result<(), String> {
         sh.generation()
     );
     loop {
-        if let Err(e) = serve_one(&sh, &public, &mut vl, &private) {
+        if let Err(e) = serve_one(&sh, &public) {
             log::error!("{e}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
 
-static PRIVATE_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+/// The private socket directory of the connection being set up (removed
+/// as soon as the handler has accepted, or on exit).
+static PRIVATE_DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
 
 /// A fresh 0700 directory for the private vhost-user socket.
 fn private_dir() -> std::io::Result<PathBuf> {
@@ -168,12 +165,35 @@ fn private_dir() -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-fn serve_one(
-    sh: &Arc<Shared>,
-    public: &UnixListener,
-    vl: &mut Listener,
-    private: &Path,
-) -> Result<(), String> {
+/// Hands `frontend` to `daemon` through a relay: the handler accepts on a
+/// private socket that exists only while the connection is being set up.
+fn attach(
+    daemon: &mut VhostUserDaemon<Arc<VnicBackend>>,
+    frontend: UnixStream,
+) -> Result<[std::thread::JoinHandle<()>; 2], String> {
+    let dir = private_dir().map_err(|e| format!("private socket directory: {e}"))?;
+    *PRIVATE_DIR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(dir.clone());
+    let path = dir.join("vhost-user.sock");
+    let r = (|| {
+        let mut vl = Listener::new(&path, true)
+            .map_err(|e| format!("private socket {}: {e}", path.display()))?;
+        let inner =
+            UnixStream::connect(&path).map_err(|e| format!("connect {}: {e}", path.display()))?;
+        daemon
+            .start(&mut vl)
+            .map_err(|e| format!("accept (private): {e}"))?;
+        crate::relay::start(frontend, inner).map_err(|e| format!("relay: {e}"))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    *PRIVATE_DIR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    r
+}
+
+fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), String> {
     let conn = Arc::new(Conn::new(sh.pairs()).map_err(|e| format!("connection state: {e}"))?);
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let backend = Arc::new(VnicBackend::new(sh, &conn, &mem).map_err(|e| format!("backend: {e}"))?);
@@ -197,12 +217,7 @@ fn serve_one(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn);
     let (frontend, _) = public.accept().map_err(|e| format!("accept: {e}"))?;
-    let inner =
-        UnixStream::connect(private).map_err(|e| format!("connect {}: {e}", private.display()))?;
-    daemon
-        .start(vl)
-        .map_err(|e| format!("accept (private): {e}"))?;
-    let relay = crate::relay::start(frontend, inner).map_err(|e| format!("relay: {e}"))?;
+    let relay = attach(&mut daemon, frontend)?;
     sh.connections.fetch_add(1, Ordering::Relaxed);
     sh.connected.store(true, Ordering::Relaxed);
     log::info!("frontend connected (connection {n})");
@@ -341,7 +356,11 @@ impl MgmtLoop {
         let _ = self.sig.read(&mut b);
         let sh = &self.sh;
         let flushed = sh.tracer.flush(Duration::from_secs(5));
-        if let Some(d) = PRIVATE_DIR.get() {
+        if let Some(d) = PRIVATE_DIR
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
             let _ = std::fs::remove_dir_all(d);
         }
         let _ = std::fs::remove_file(&sh.cfg.socket);
