@@ -1346,7 +1346,6 @@ static void vnic_work_probe(struct vnic_ctx *ctx)
 		spin_unlock_bh(&ctx->lock);
 		return;
 	}
-	ctx->kicked = false;
 	rto = vnic_rto(ctx);
 	if (!vnic_link_ok(ctx->dev)) {
 		ctx->probe_start = 0;	/* NETDEV_UP / CHANGE kick us again */
@@ -1473,7 +1472,6 @@ static void vnic_work_active(struct vnic_ctx *ctx)
 
 	now = jiffies;
 	spin_lock_bh(&ctx->lock);
-	ctx->kicked = false;
 	rto = vnic_rto(ctx);
 
 	if (!(READ_ONCE(dev->features) & NETIF_F_NTUPLE) && ctx->nr_live) {
@@ -1546,8 +1544,15 @@ static void vnic_work_active(struct vnic_ctx *ctx)
 static void vnic_work(struct work_struct *work)
 {
 	struct vnic_ctx *ctx = container_of(to_delayed_work(work), struct vnic_ctx, work);
+	int state;
 
-	switch (READ_ONCE(ctx->state)) {
+	/* from here on a kick must queue the work again */
+	spin_lock_bh(&ctx->lock);
+	ctx->kicked = false;
+	state = ctx->state;
+	spin_unlock_bh(&ctx->lock);
+
+	switch (state) {
 	case VS_PROBING:
 		vnic_work_probe(ctx);
 		break;
@@ -1681,10 +1686,10 @@ static int vnic_filters_show(struct seq_file *m, void *v)
 
 		if (f->state == VF_DELETING)
 			st = "deleting";
-		else if (f->add_inflight || f->pending)
-			st = f->on_dev ? "active-updating" : "adding";
+		else if (f->on_dev)
+			st = f->add_inflight || f->pending ? "active-updating" : "active";
 		else
-			st = f->on_dev ? "active" : "queued";
+			st = f->add_inflight ? "adding" : "queued";
 		vnic_show_filter(m, f, st);
 	}
 	spin_unlock_bh(&ctx->lock);
