@@ -31,7 +31,7 @@ use crate::config::PeerKind;
 use crate::gen::{local_sets, respond, LocalSet, Response, MAX_FRAME};
 use crate::rxbuf::{deliver, gather_tx, RxOutcome, TxChain, NET_HDR_LEN};
 use crate::shared::{Conn, Mem, Shared, Vring};
-use crate::stats::add;
+use crate::stats::{add, add_owned};
 
 pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 15;
 pub const VIRTIO_NET_F_MQ: u64 = 22;
@@ -210,6 +210,8 @@ struct Ctx {
     mrg: bool,
     added: bool,
     nobufs: bool,
+    /// Another worker's inbox ring was full during this batch.
+    nobufs_remote: bool,
 }
 
 impl Ctx {
@@ -235,18 +237,18 @@ impl Ctx {
         let mut bad = 0;
         let out = deliver(rx.get_queue_mut(), mem, pkt, self.mrg, &mut bad);
         if bad > 0 {
-            add(&q.rx_bad_chains, bad);
+            add_owned(&q.rx_bad_chains, bad);
             self.added = true;
             log::debug!("pair {}: {bad} unusable rx chain(s) consumed", self.id);
         }
         match out {
             RxOutcome::Delivered { .. } => {
                 self.added = true;
-                add(&q.rx_packets, 1);
-                add(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
+                add_owned(&q.rx_packets, 1);
+                add_owned(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
                 match filter {
-                    Some(true) => add(&q.rx_filter, 1),
-                    Some(false) => add(&q.rx_rss, 1),
+                    Some(true) => add_owned(&q.rx_filter, 1),
+                    Some(false) => add_owned(&q.rx_rss, 1),
                     None => {}
                 }
                 true
@@ -254,12 +256,12 @@ impl Ctx {
             RxOutcome::NoBuffers => {
                 self.nobufs = true;
                 if filter.is_some() {
-                    add(&q.rx_drops_no_buffers, 1);
+                    add_owned(&q.rx_drops_no_buffers, 1);
                 }
                 false
             }
             RxOutcome::TooBig => {
-                add(&q.rx_drops_too_big, 1);
+                add_owned(&q.rx_drops_too_big, 1);
                 false
             }
         }
@@ -315,6 +317,7 @@ impl Ctx {
         b[0] = u8::from(filter);
         if let Err(b) = ib.frames.push(b) {
             add(&self.sh.qstats[q].rx_drops_ring_full, 1);
+            self.nobufs_remote = true;
             let _ = ib.pool.push(b);
         }
         self.kick |= 1 << q;
@@ -374,6 +377,8 @@ pub struct Worker {
 impl Worker {
     fn new(id: usize, sh: Arc<Shared>, conn: Arc<Conn>, mem: Mem) -> io::Result<Self> {
         let capacity = sh.cfg.table_capacity as usize;
+        let timer = TimerFd::new()?;
+        crate::shared::set_nonblocking(timer.as_raw_fd())?;
         Ok(Self {
             ctx: Ctx {
                 id,
@@ -384,11 +389,12 @@ impl Worker {
                 mrg: true,
                 added: false,
                 nobufs: false,
+                nobufs_remote: false,
                 sh,
                 conn,
             },
             mem,
-            timer: TimerFd::new()?,
+            timer,
             timer_armed: false,
             registered: false,
             txbuf: vec![0; 4096],
@@ -431,6 +437,7 @@ impl Worker {
             }
         }
         self.ctx.sync();
+        log::trace!("pair {}: event {ev}", self.ctx.id);
         match ev {
             EV_RX => {
                 self.rx_work(vrings, true);
@@ -478,6 +485,11 @@ impl Worker {
             sh.cfg.gen_mac,
         );
         self.unlimited = self.sets.iter().any(|s| s.rate == 0.0);
+        log::debug!(
+            "pair {}: generator version {v}: {} local flow set(s)",
+            self.ctx.id,
+            self.sets.len()
+        );
         let want = !self.sets.is_empty();
         if want != self.timer_armed {
             let r = if want {
@@ -564,6 +576,7 @@ impl Worker {
         self.last_tick = now;
         let mut total = 0u64;
         let mut changed = false;
+        self.ctx.nobufs_remote = false;
         for s in &mut self.sets {
             let mut n = if s.rate > 0.0 {
                 s.credit = (s.credit + s.rate * dt).min((s.rate * 0.02).max(32.0));
@@ -578,13 +591,21 @@ impl Worker {
                 n = 0;
             }
             let size = s.set.size;
-            for _ in 0..n {
+            let unlimited = s.rate == 0.0;
+            let want = n;
+            n = 0;
+            while n < want {
                 let i = s.next;
                 s.next = if i + 1 == s.headers.len() { 0 } else { i + 1 };
                 self.genbuf[NET_HDR_LEN..NET_HDR_LEN + s.hdr_len]
                     .copy_from_slice(&s.headers[i][..s.hdr_len]);
                 self.ctx
                     .route(rx, mem, &mut self.genbuf[..NET_HDR_LEN + size]);
+                n += 1;
+                // Unlimited sets stop at the first full destination.
+                if unlimited && (self.ctx.nobufs || self.ctx.nobufs_remote) {
+                    break;
+                }
             }
             if s.rate > 0.0 {
                 s.credit -= n as f64;
@@ -603,9 +624,10 @@ impl Worker {
             self.sets.retain(|s| s.remaining != Some(0));
             self.unlimited = self.sets.iter().any(|s| s.rate == 0.0);
         }
-        // Unlimited mode: come back at once unless our own queue is out of
-        // buffers (then the guest's rx kick or the 1 ms timer resumes).
-        if self.unlimited && !self.ctx.nobufs {
+        // Unlimited mode: come back at once unless a destination queue is
+        // out of room (then the guest's rx kick or the 1 ms timer resumes):
+        // as fast as the rx rings take the frames, not faster.
+        if self.unlimited && !self.ctx.nobufs && !self.ctx.nobufs_remote {
             self.ctx.conn.inbox[self.ctx.id].wake();
         }
     }
@@ -643,13 +665,13 @@ impl Worker {
                 let q = &self.ctx.sh.qstats[self.ctx.id];
                 match r {
                     TxChain::Bad => {
-                        add(&q.tx_bad_chains, 1);
+                        add_owned(&q.tx_bad_chains, 1);
                         log::debug!("pair {}: unusable tx chain consumed", self.ctx.id);
                     }
                     TxChain::Ok { len } if len < NET_HDR_LEN + 14 => add(&q.tx_drops, 1),
                     TxChain::Ok { len } => {
-                        add(&q.tx_packets, 1);
-                        add(&q.tx_bytes, (len - NET_HDR_LEN) as u64);
+                        add_owned(&q.tx_packets, 1);
+                        add_owned(&q.tx_bytes, (len - NET_HDR_LEN) as u64);
                         if self.guest_frame(&mut rx, &mem, len) {
                             mgmt_seen = true;
                         }

@@ -62,6 +62,12 @@ pub struct Mgmt {
 impl Mgmt {
     pub fn new(cfg: TableConfig) -> Result<Self, String> {
         let table = FilterTable::new(cfg).map_err(|e| e.to_string())?;
+        let timer = TimerFd::new().map_err(|e| format!("timerfd: {e}"))?;
+        {
+            use std::os::fd::AsRawFd;
+            crate::shared::set_nonblocking(timer.as_raw_fd())
+                .map_err(|e| format!("timerfd: {e}"))?;
+        }
         Ok(Self {
             table,
             expected: None,
@@ -70,7 +76,7 @@ impl Mgmt {
             c: MgmtCounters::default(),
             hits_base: vec![0; ID_SPACE].into_boxed_slice(),
             conn: None,
-            timer: TimerFd::new().map_err(|e| format!("timerfd: {e}"))?,
+            timer,
             armed_for: None,
             max_ops: proto::MAX_ADD_OPS,
         })
@@ -124,10 +130,10 @@ impl Mgmt {
         log::info!("generation {prev:#x} -> {gen:#x} ({cause})");
     }
 
-    /// Forgets the connection (it closed).
-    pub fn detach(&mut self) {
-        self.conn = None;
-    }
+    /// The connection closed. Its state is kept until the next reset
+    /// (so the evictions of that reset still report their hits); replies
+    /// queued meanwhile go nowhere.
+    pub fn detach(&mut self) {}
 
     /// Handles one management frame sent by the guest on pair `worker`.
     /// Replies are queued on the worker's inbox; other workers are woken,
@@ -191,13 +197,13 @@ impl Mgmt {
                         }
                     }
                     Message::Add(ops) => {
-                        self.request(sh, now, gen, h.seq, Request::Add(ops), route)
+                        self.request(sh, now, gen, h.seq, Request::Add(ops), route);
                     }
                     Message::Del(ops) => {
-                        self.request(sh, now, gen, h.seq, Request::Del(ops), route)
+                        self.request(sh, now, gen, h.seq, Request::Del(ops), route);
                     }
                     Message::Flush(r) => {
-                        self.request(sh, now, gen, h.seq, Request::Flush(r), route)
+                        self.request(sh, now, gen, h.seq, Request::Flush(r), route);
                     }
                     // decode_frame rejects device->driver types.
                     Message::Caps(_) | Message::Ack(_) => {}

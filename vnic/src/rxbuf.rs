@@ -5,7 +5,7 @@
 //! allowed to stop the queue.
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, Permissions};
 
 /// Size of `struct virtio_net_hdr_v1` (VERSION_1 always uses it, with or
 /// without MRG_RXBUF).
@@ -46,6 +46,7 @@ pub fn deliver<M: GuestMemory>(
     pkt[NUM_BUFFERS_OFF] = 1;
     let total = pkt.len();
     let max_bufs = if mrg { MAX_BUFS_PER_FRAME } else { 1 };
+    let qsize = usize::from(queue.size());
 
     // (head, bytes written) of the chains taken for this frame, in order.
     let mut used: [(u16, u32); MAX_BUFS_PER_FRAME] = [(0, 0); MAX_BUFS_PER_FRAME];
@@ -67,19 +68,21 @@ pub fn deliver<M: GuestMemory>(
         let start = off;
         let mut ok = true;
         let mut ndesc = 0usize;
+        let mut last_next = false;
+        // Walk the whole chain even once the frame is written: a chain that
+        // is broken further on (loop, next out of range, bad indirect table,
+        // descriptor outside memory) is rejected as a whole.
         for desc in chain {
             ndesc += 1;
-            if !desc.is_write_only() {
+            last_next = desc.has_next();
+            let len = desc.len() as usize;
+            if !desc.is_write_only() || !mem.check_range(desc.addr(), len, Permissions::Write) {
                 ok = false;
                 break;
             }
-            let len = desc.len() as usize;
-            if len == 0 {
-                continue;
-            }
             let n = len.min(total - off);
             if n == 0 {
-                break;
+                continue;
             }
             if mem.write_slice(&pkt[off..off + n], desc.addr()).is_err() {
                 ok = false;
@@ -92,9 +95,12 @@ pub fn deliver<M: GuestMemory>(
                 }
             }
             off += n;
-            if off == total {
-                break;
-            }
+        }
+        // The iterator ends silently on a broken link: a last descriptor that
+        // still says NEXT means the chain was cut short.
+        // Longer than the ring (possible through an indirect table): invalid.
+        if last_next || ndesc > qsize {
+            ok = false;
         }
         // The first chain must at least hold the whole header.
         if ok && (ndesc == 0 || off == start || (nused == 0 && off < NET_HDR_LEN.min(total))) {
@@ -146,7 +152,8 @@ pub enum TxChain {
     /// `len` bytes (header included) gathered into the buffer.
     Ok { len: usize },
     /// Unusable chain (write-only descriptor, address outside guest memory,
-    /// longer than [`MAX_TX_LEN`], empty).
+    /// longer than [`MAX_TX_LEN`], shorter than the header, or cut short by
+    /// a broken link).
     Bad,
 }
 
@@ -154,13 +161,16 @@ pub enum TxChain {
 /// needed up to [`MAX_TX_LEN`]), and completes it with length 0. Returns
 /// `None` when the ring is empty.
 pub fn gather_tx<M: GuestMemory>(queue: &mut Queue, mem: &M, buf: &mut Vec<u8>) -> Option<TxChain> {
+    let qsize = usize::from(queue.size());
     let chain = queue.pop_descriptor_chain(mem)?;
     let head = chain.head_index();
     let mut off = 0usize;
     let mut ok = true;
     let mut ndesc = 0usize;
+    let mut last_next = false;
     for desc in chain {
         ndesc += 1;
+        last_next = desc.has_next();
         if desc.is_write_only() {
             ok = false;
             break;
@@ -183,7 +193,9 @@ pub fn gather_tx<M: GuestMemory>(queue: &mut Queue, mem: &M, buf: &mut Vec<u8>) 
         off += len;
     }
     let _ = queue.add_used(mem, head, 0);
-    if !ok || ndesc == 0 {
+    // Broken link (loop, next out of range, bad indirect table), nothing in
+    // it, or not even a virtio-net header: unusable.
+    if !ok || ndesc == 0 || ndesc > qsize || last_next || off < NET_HDR_LEN {
         return Some(TxChain::Bad);
     }
     Some(TxChain::Ok { len: off })
@@ -353,6 +365,50 @@ mod tests {
         assert_eq!(used(&m, &mq, 1), (1, 0));
         assert_eq!(used(&m, &mq, 2), (2, 0));
         assert_eq!(used(&m, &mq, 3), (3, 112));
+    }
+
+    #[test]
+    fn rx_chain_with_a_loop_is_rejected_even_if_the_frame_fits() {
+        let m = mem();
+        let mq = MockSplitQueue::new(&m, 16);
+        let w = VRING_DESC_F_WRITE as u16;
+        let n = VRING_DESC_F_NEXT as u16;
+        let descs = [
+            // chain 0: 0 -> 1 -> 0 ... (loop)
+            RawDescriptor::from(SplitDescriptor::new(BUF, 2048, w | n, 1)),
+            RawDescriptor::from(SplitDescriptor::new(BUF + 0x1000, 2048, w | n, 0)),
+        ];
+        mq.add_desc_chains(&descs, 0).unwrap();
+        // chain 2: next out of range; chain 3: good.
+        mq.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                BUF + 0x2000,
+                2048,
+                w | n,
+                999,
+            ))],
+            2,
+        )
+        .unwrap();
+        mq.add_desc_chains(
+            &[RawDescriptor::from(SplitDescriptor::new(
+                BUF + 0x3000,
+                2048,
+                w,
+                0,
+            ))],
+            3,
+        )
+        .unwrap();
+        let mut q: Queue = mq.create_queue().unwrap();
+        let mut pkt = vec![7u8; NET_HDR_LEN + 100];
+        let mut bad = 0;
+        assert_eq!(
+            deliver(&mut q, &m, &mut pkt, true, &mut bad),
+            RxOutcome::Delivered { buffers: 1 }
+        );
+        assert_eq!(bad, 2);
+        assert_eq!(used(&m, &mq, 2), (3, 112));
     }
 
     #[test]

@@ -93,6 +93,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             .map_err(|e| format!("signal handler: {e}"))?;
     }
     let mut poll = TimerFd::new().map_err(|e| e.to_string())?;
+    crate::shared::set_nonblocking(poll.as_raw_fd()).map_err(|e| e.to_string())?;
     poll.reset(Duration::from_millis(50), Some(Duration::from_millis(50)))
         .map_err(|e| e.to_string())?;
     let mgmt_timer = sh.lock_mgmt().timer_fd();
@@ -154,8 +155,11 @@ fn serve_one(sh: &Arc<Shared>, vl: &mut Listener) -> Result<(), String> {
     backend
         .register(&handlers)
         .map_err(|e| format!("register worker fds: {e}"))?;
-    daemon.start(vl).map_err(|e| format!("accept: {e}"))?;
-    let n = sh.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    // Install the connection state and move to a new generation (empty
+    // table, no session) before accepting: from its first message on, the
+    // frontend meets a fresh device, with no window where frames could reach
+    // the previous connection's state.
+    let n = sh.connections.load(Ordering::Relaxed) + 1;
     sh.lock_mgmt().reset(
         sh,
         Some(conn.clone()),
@@ -164,6 +168,8 @@ fn serve_one(sh: &Arc<Shared>, vl: &mut Listener) -> Result<(), String> {
     *sh.conn
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn);
+    daemon.start(vl).map_err(|e| format!("accept: {e}"))?;
+    sh.connections.fetch_add(1, Ordering::Relaxed);
     sh.connected.store(true, Ordering::Relaxed);
     log::info!("frontend connected (connection {n})");
     let r = daemon.wait();

@@ -194,6 +194,21 @@ impl Shared {
     }
 }
 
+/// Puts `fd` in non-blocking mode (timerfds: a read after the timer was
+/// re-armed or cleared between epoll and read must not block the thread).
+pub fn set_nonblocking(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: F_GETFL on a descriptor the caller owns; no memory is passed.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if fl < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: F_SETFL with an int flag argument on the same descriptor.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 /// Monotonic nanoseconds since the process first asked (at daemon start).

@@ -12,6 +12,13 @@ pub fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// Adds `n` to a counter that only the calling thread writes (readers
+/// still see a consistent value): a plain load and store, no locked RMW.
+#[inline]
+pub fn add_owned(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
 #[inline]
 fn get(c: &AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)

@@ -1,0 +1,377 @@
+//! vnic-bench: packet rate of the real `vnic serve` daemon, driven through
+//! its vhost-user socket by the Rust test frontend (`vnic::frontend`).
+//!
+//! RX: the built-in generator peer sends UDP flows as fast as it can; one
+//! frontend thread per queue pair keeps that pair's rx ring stocked and
+//! counts frames. TX: one frontend thread per pair keeps its tx ring full of
+//! prebuilt UDP frames towards the generator, which sinks them. Each case
+//! runs against a fresh daemon, with 0 or 65535 filters installed through
+//! management ADD frames (32 ops each), for 64 B and 1500 B frames and 1 and
+//! 2 queue pairs.
+//!
+//! `cargo run --release -p vnic --bin vnic-bench [-- --quick]`
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arfs::proto::AddOp;
+use arfs::{FlowKey, L4Proto, OpStatus};
+use serde_json::json;
+use vnic::frontend::guest::{Guest, GUEST_MAC};
+use vnic::frontend::harness::{counter, Ctl, Daemon};
+use vnic::frontend::pump::{rx_loop, tx_loop, PumpStats};
+use vnic::frontend::{build_frame, FrameSpec, Options};
+
+const USAGE: &str = "\
+vnic-bench: RX/TX packet rate of vnic serve through its vhost-user socket
+
+USAGE: vnic-bench [--quick] [--seconds S] [--vnic PATH] [--only rx|tx]
+
+  --quick       1 s per case, 64 B frames only (8 cases)
+  --seconds S   measured seconds per case (default 3; warm-up is 1 s extra)
+  --vnic PATH   the vnic binary (default: next to this one, built with
+                `cargo build` first when run through cargo)
+  --only rx|tx  run one direction only
+";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    Rx,
+    Tx,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    dir: Dir,
+    size: usize,
+    pairs: u16,
+    filters: u32,
+}
+
+#[derive(Debug)]
+struct Outcome {
+    case: Case,
+    frames: u64,
+    secs: f64,
+    device_frames: u64,
+    device_drops: u64,
+    waits: u64,
+}
+
+/// Generator flows in the RX cases (tuple i on worker i % pairs).
+const GEN_FLOWS: u16 = 64;
+const GEN_SPORT: u16 = 10000;
+const GEN_DPORT: u16 = 5001;
+const FILTERS_FULL: u32 = 65535;
+
+fn gen_flow(i: u16) -> FlowKey {
+    FlowKey::new(
+        L4Proto::Udp,
+        "10.0.2.1".parse().unwrap(),
+        GEN_SPORT + i,
+        "10.0.2.15".parse().unwrap(),
+        GEN_DPORT,
+    )
+    .unwrap()
+}
+
+/// Filter `id`: the first GEN_FLOWS are the generator's flows spread over
+/// the pairs; the rest are synthetic flows from other hosts.
+fn filter_op(id: u16, pairs: u16) -> AddOp {
+    if id < GEN_FLOWS {
+        return AddOp::new(id, id % pairs, &gen_flow(id));
+    }
+    let n = u32::from(id);
+    let src = std::net::Ipv4Addr::new(172, 16, (n >> 8) as u8, n as u8);
+    let k = FlowKey::new(
+        L4Proto::Udp,
+        src.into(),
+        1024 + (id % 50000),
+        "10.0.2.15".parse().unwrap(),
+        80,
+    )
+    .unwrap();
+    AddOp::new(id, id % pairs, &k)
+}
+
+/// Install `n` filters with ADD frames of 32 ops, keeping a window of 32
+/// frames unacknowledged.
+fn install_filters(g: &mut Guest, n: u32, pairs: u16) -> Result<(), String> {
+    let ids: Vec<u16> = (0..n).map(|i| i as u16).collect();
+    let chunks: Vec<&[u16]> = ids.chunks(32).collect();
+    let mut pending = std::collections::VecDeque::new();
+    let timeout = Duration::from_mins(1);
+    for (i, ch) in chunks.iter().enumerate() {
+        let ops = ch.iter().map(|&id| filter_op(id, pairs)).collect();
+        pending.push_back(g.send_mgmt(&arfs::proto::Message::Add(ops)));
+        if pending.len() >= 32 || i + 1 == chunks.len() {
+            while let Some(seq) = pending.pop_front() {
+                let r = g.wait_reply(seq, timeout)?;
+                let a = r.ack();
+                if a.frame_status != 0 || a.statuses.iter().any(|&s| s != OpStatus::Ok as u8) {
+                    return Err(format!("ADD seq {seq} rejected: {a:?}"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return Ok(p);
+    }
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = me.parent().ok_or("no parent dir")?.to_path_buf();
+    if let Ok(cargo) = std::env::var("CARGO") {
+        // Under `cargo run` only this binary is built: build the daemon too.
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "vnic", "--bin", "vnic"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        eprintln!("building the vnic daemon binary...");
+        let st = cmd
+            .status()
+            .map_err(|e| format!("running cargo build: {e}"))?;
+        if !st.success() {
+            return Err("cargo build -p vnic --bin vnic failed".into());
+        }
+    }
+    let p = dir.join("vnic");
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{} not found: build it (cargo build --release -p vnic) or pass --vnic",
+            p.display()
+        ))
+    }
+}
+
+fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, String> {
+    let pairs_s = case.pairs.to_string();
+    let d = Daemon::start(
+        bin,
+        &[
+            "--queues",
+            &pairs_s,
+            "--peer",
+            "gen",
+            "--table-capacity",
+            "65536",
+        ],
+    )
+    .map_err(|e| e.to_string())?;
+    let mut c = Ctl::connect(&d.ctl).map_err(|e| e.to_string())?;
+    let opts = Options {
+        pairs: case.pairs,
+        queue_size: 1024,
+        ..Options::default()
+    };
+    let mut g = Guest::connect(&d.socket, opts, case.pairs).map_err(|e| e.to_string())?;
+    g.hello(Duration::from_secs(30))?;
+    if case.filters > 0 {
+        let t0 = Instant::now();
+        install_filters(&mut g, case.filters, case.pairs)?;
+        let live = counter(&c.table().map_err(|e| e.to_string())?, "live");
+        if live != u64::from(case.filters) {
+            return Err(format!("{live} filters live, wanted {}", case.filters));
+        }
+        eprintln!(
+            "  installed {} filters in {:.2?}",
+            case.filters,
+            t0.elapsed()
+        );
+    }
+    let qps = std::mem::take(&mut g.qps);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats: Vec<Arc<PumpStats>> = (0..case.pairs).map(|_| Arc::default()).collect();
+    let frame = build_frame(&FrameSpec {
+        src_mac: GUEST_MAC,
+        dst_mac: [0x02, 0, 0, 0, 0, 1],
+        src: "10.0.2.15".parse().unwrap(),
+        dst: "10.0.2.1".parse().unwrap(),
+        proto: 17,
+        sport: 7000,
+        dport: 9,
+        len: case.size,
+    });
+    let warm = Duration::from_secs(1);
+    let out = std::thread::scope(|s| -> Result<Outcome, String> {
+        let mut handles = Vec::new();
+        for (mut qp, st) in qps.into_iter().zip(stats.iter()) {
+            let stop = stop.clone();
+            let st = st.clone();
+            let frame = frame.clone();
+            handles.push(s.spawn(move || match case.dir {
+                Dir::Rx => rx_loop(&mut qp.rx, &stop, &st).map_err(|e| e.to_string()),
+                Dir::Tx => {
+                    qp.tx.prebuild(&frame);
+                    tx_loop(&mut qp.tx, frame.len(), &stop, &st).map_err(|e| e.to_string())
+                }
+            }));
+        }
+        let gen_id = if case.dir == Dir::Rx {
+            Some(
+                c.gen_start(&json!({
+                    "flows": GEN_FLOWS,
+                    "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
+                    "dport": GEN_DPORT,
+                    "rate": 0,
+                    "size": case.size,
+                }))
+                .map_err(|e| e.to_string())?,
+            )
+        } else {
+            None
+        };
+        std::thread::sleep(warm);
+        let f0: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
+        let s0 = c.stats().map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let f1: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
+        let el = t0.elapsed().as_secs_f64();
+        let s1 = c.stats().map_err(|e| e.to_string())?;
+        if let Some(id) = gen_id {
+            c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
+        }
+        stop.store(true, Ordering::Relaxed);
+        for h in handles {
+            h.join().map_err(|_| "pump thread panicked".to_string())??;
+        }
+        let sum = |v: &serde_json::Value, f: &str| -> u64 {
+            (0..case.pairs as usize)
+                .map(|q| counter(v, &format!("queues.{q}.{f}")))
+                .sum()
+        };
+        let (dev, drops) = match case.dir {
+            Dir::Rx => (
+                sum(&s1, "rx_packets") - sum(&s0, "rx_packets"),
+                sum(&s1, "rx_drops") - sum(&s0, "rx_drops"),
+            ),
+            Dir::Tx => (
+                sum(&s1, "tx_packets") - sum(&s0, "tx_packets"),
+                sum(&s1, "tx_drops") - sum(&s0, "tx_drops"),
+            ),
+        };
+        Ok(Outcome {
+            case,
+            frames: f1 - f0,
+            secs: el,
+            device_frames: dev,
+            device_drops: drops,
+            waits: stats.iter().map(|s| s.waits.load(Ordering::Relaxed)).sum(),
+        })
+    })?;
+    drop(g);
+    Ok(out)
+}
+
+fn main() {
+    let mut quick = false;
+    let mut secs = 3.0f64;
+    let mut vnic = None;
+    let mut only = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--seconds" => {
+                secs = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|v: &f64| *v > 0.0)
+                    .unwrap_or_else(|| fail("--seconds needs a positive number"));
+            }
+            "--vnic" => {
+                vnic = Some(PathBuf::from(
+                    args.next().unwrap_or_else(|| fail("--vnic needs a path")),
+                ));
+            }
+            "--only" => {
+                only = match args.next().as_deref() {
+                    Some("rx") => Some(Dir::Rx),
+                    Some("tx") => Some(Dir::Tx),
+                    _ => fail("--only takes rx or tx"),
+                }
+            }
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return;
+            }
+            x => fail(&format!("unknown argument {x:?}")),
+        }
+    }
+    if quick {
+        secs = secs.min(1.0);
+    }
+    let bin = vnic_binary(vnic).unwrap_or_else(|e| fail(&e));
+    let mut cases = Vec::new();
+    for dir in [Dir::Rx, Dir::Tx] {
+        if only.is_some_and(|o| o != dir) {
+            continue;
+        }
+        let sizes: &[usize] = if quick { &[64] } else { &[64, 1500] };
+        for &size in sizes {
+            for pairs in [1u16, 2] {
+                for filters in [0, FILTERS_FULL] {
+                    cases.push(Case {
+                        dir,
+                        size,
+                        pairs,
+                        filters,
+                    });
+                }
+            }
+        }
+    }
+    let mut results = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        eprintln!("[{}/{}] {case:?}", i + 1, cases.len());
+        match run_case(&bin, *case, secs) {
+            Ok(o) => {
+                eprintln!(
+                    "  {:.3} Mpps ({} frames in {:.2} s)",
+                    o.frames as f64 / o.secs / 1e6,
+                    o.frames,
+                    o.secs
+                );
+                results.push(o);
+            }
+            Err(e) => {
+                eprintln!("  FAILED: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    println!();
+    println!("| dir | frame | pairs | filters | Mpps total | Mpps / worker | Gbit/s | device count | device drops | driver sleeps |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for o in &results {
+        let mpps = o.frames as f64 / o.secs / 1e6;
+        let gbps = mpps * 1e6 * (o.case.size as f64) * 8.0 / 1e9;
+        println!(
+            "| {} | {} B | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} Mpps | {} | {} |",
+            if o.case.dir == Dir::Rx { "RX" } else { "TX" },
+            o.case.size,
+            o.case.pairs,
+            o.case.filters,
+            mpps,
+            mpps / f64::from(o.case.pairs),
+            gbps,
+            o.device_frames as f64 / o.secs / 1e6,
+            o.device_drops,
+            o.waits
+        );
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("vnic-bench: {msg}\n\n{USAGE}");
+    std::process::exit(2);
+}

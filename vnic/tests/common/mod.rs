@@ -1,0 +1,126 @@
+//! Shared helpers for the device tests: start a real `vnic serve`, connect
+//! the Rust vhost-user frontend, talk to the control socket, and predict
+//! steering with the `arfs` crate.
+
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::Path;
+use std::time::Duration;
+
+use arfs::{FlowKey, L4Proto, Rss};
+use serde_json::Value;
+use vnic::frontend::guest::Guest;
+use vnic::frontend::harness::{Ctl, Daemon};
+use vnic::frontend::{parse_flow, Options, RxFrame};
+
+pub use vnic::frontend::harness::counter;
+
+/// Generous: the machine is 2 shared cores and may be loaded.
+pub const T: Duration = Duration::from_mins(1);
+
+/// The generator's default addresses (see vnic/CTL.md).
+pub const GEN_IP: &str = "10.0.2.1";
+pub const GUEST_IP: &str = "10.0.2.15";
+
+pub fn daemon(args: &[&str]) -> Daemon {
+    Daemon::start(Path::new(env!("CARGO_BIN_EXE_vnic")), args)
+        .unwrap_or_else(|e| panic!("starting vnic serve {args:?}: {e}"))
+}
+
+pub fn ctl(d: &Daemon) -> Ctl {
+    Ctl::connect(&d.ctl).unwrap_or_else(|e| panic!("connecting to {}: {e}", d.ctl.display()))
+}
+
+pub fn opts(pairs: u16, queue_size: u16) -> Options {
+    Options {
+        pairs,
+        queue_size,
+        ..Options::default()
+    }
+}
+
+/// Connect a guest with `pairs` pairs laid out, `enable` of them enabled,
+/// rx buffers posted on all.
+pub fn guest(d: &Daemon, pairs: u16, enable: u16) -> Guest {
+    Guest::connect(&d.socket, opts(pairs, 1024), enable)
+        .unwrap_or_else(|e| panic!("frontend connect: {e}\n{}", d.log_text()))
+}
+
+/// Poll `stats` until `pred` holds; return the stats that satisfied it.
+pub fn wait_stats(c: &mut Ctl, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let mut last = Value::Null;
+    vnic::frontend::harness::wait_for(T, what, || {
+        last = c.stats().expect("ctl stats");
+        pred(&last).then(|| last.clone())
+    })
+    .unwrap_or_else(|e| panic!("{e}; last stats: {last:#}"))
+}
+
+/// The flow key of a received data frame (via the driver's own parser,
+/// independent of the daemon's).
+pub fn flow_of(f: &RxFrame) -> FlowKey {
+    let p = parse_flow(&f.data).unwrap_or_else(|| panic!("unparsable frame {:02x?}", f.data));
+    let proto = match p.proto {
+        6 => L4Proto::Tcp,
+        17 => L4Proto::Udp,
+        x => panic!("unexpected IP protocol {x}"),
+    };
+    FlowKey::new(proto, p.src, p.sport, p.dst, p.dport).expect("same family")
+}
+
+/// A UDP flow as the generator sends it (remote -> guest).
+pub fn gen_flow(sport: u16, dport: u16) -> FlowKey {
+    FlowKey::new(
+        L4Proto::Udp,
+        GEN_IP.parse().unwrap(),
+        sport,
+        GUEST_IP.parse().unwrap(),
+        dport,
+    )
+    .unwrap()
+}
+
+/// The rx queue RSS picks for `k` with `enabled` pairs.
+pub fn rss_queue(k: &FlowKey, enabled: u16) -> u16 {
+    Rss::new(enabled).queue_for_key(k)
+}
+
+/// Start a generator flow set and wait until it has sent everything.
+pub fn gen_burst(c: &mut Ctl, spec: &Value) -> u64 {
+    let id = c.gen_start(spec).expect("gen start");
+    wait_gen_done(c, id);
+    id
+}
+
+/// Wait until flow set `id` is inactive (sent its `count`).
+pub fn wait_gen_done(c: &mut Ctl, id: u64) {
+    let mut last = Value::Null;
+    let r = vnic::frontend::harness::wait_for(T, &format!("gen flow set {id} to finish"), || {
+        let flows = c.gen_list().expect("gen list");
+        let set = flows
+            .as_array()
+            .and_then(|a| a.iter().find(|f| f["id"].as_u64() == Some(id)))
+            .cloned()
+            .unwrap_or_else(|| panic!("flow set {id} not listed: {flows}"));
+        let done = set["active"] == Value::Bool(false);
+        last = set;
+        done.then_some(())
+    });
+    if let Err(e) = r {
+        panic!("{e}: last listing {last}; stats {}", c.stats().unwrap());
+    }
+}
+
+/// Sum of a per-queue counter over all queues.
+pub fn sum_queues(stats: &Value, field: &str) -> u64 {
+    stats["queues"]
+        .as_array()
+        .expect("queues array")
+        .iter()
+        .map(|q| {
+            q[field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no {field} in {q}"))
+        })
+        .sum()
+}

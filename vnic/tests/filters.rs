@@ -1,0 +1,206 @@
+//! The filter table through the management channel: ADD steers a flow to
+//! the filter's rx queue, DEL hands it back to RSS, and the table-full /
+//! bucket-full / bad-queue / unknown-id rejects come back in ACK statuses.
+
+// Test code: d = daemon, g = guest, c = control client, s = stats, t = table.
+#![allow(clippy::many_single_char_names)]
+
+mod common;
+
+use arfs::proto::{AddOp, DelOp};
+use arfs::{DelReason, FlowKey, OpStatus, Toeplitz};
+use common::*;
+use serde_json::json;
+
+fn st(v: &[OpStatus]) -> Vec<u8> {
+    v.iter().map(|s| *s as u8).collect()
+}
+
+/// Send `count` generator frames of flow sport/dport=5001 and return the
+/// queues they arrived on.
+fn burst_queues(
+    g: &mut vnic::frontend::guest::Guest,
+    c: &mut vnic::frontend::harness::Ctl,
+    sport: u16,
+    count: u64,
+) -> Vec<u16> {
+    gen_burst(
+        c,
+        &json!({"flows": 1, "sport": sport.to_string(), "count": count, "rate": 10000}),
+    );
+    g.wait_until(T, "burst frames", |g| g.stashed() as u64 >= count)
+        .unwrap();
+    let got = g.take_all();
+    assert_eq!(got.len() as u64, count);
+    for r in &got {
+        assert_eq!(flow_of(&r.frame), gen_flow(sport, 5001));
+    }
+    got.into_iter().map(|r| r.rxq).collect()
+}
+
+#[test]
+fn add_steers_to_filter_queue_and_del_returns_to_rss() {
+    let d = daemon(&["--queues", "4"]);
+    let mut g = guest(&d, 4, 4);
+    let mut c = ctl(&d);
+    let caps = g.hello(T).expect("HELLO");
+    assert_eq!((caps.max_queue_pairs, caps.enabled_queue_pairs), (4, 4));
+    assert!(caps.max_ops >= 32, "CAPS max_ops {}", caps.max_ops);
+
+    let flow = gen_flow(10000, 5001);
+    let q_rss = rss_queue(&flow, 4);
+    let target = (q_rss + 1) % 4;
+
+    // Before: RSS.
+    assert!(burst_queues(&mut g, &mut c, 10000, 10)
+        .iter()
+        .all(|&q| q == q_rss));
+
+    let ack = g.add(vec![AddOp::new(7, target, &flow)], T).expect("ADD");
+    assert_eq!(ack.frame_status, 0);
+    assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
+    let before = c.stats().unwrap();
+    let qs = burst_queues(&mut g, &mut c, 10000, 20);
+    assert!(
+        qs.iter().all(|&q| q == target),
+        "steered frames on {qs:?}, filter says {target}"
+    );
+    let after = c.stats().unwrap();
+    let key = format!("queues.{target}.rx_filter");
+    assert_eq!(
+        counter(&after, &key) - counter(&before, &key),
+        20,
+        "rx_filter on the target queue"
+    );
+    let t = c.table().unwrap();
+    assert_eq!(t["live"], json!(1));
+    assert_eq!(t["filters"][0]["id"], json!(7));
+    assert_eq!(t["filters"][0]["rxq"], json!(target));
+    assert_eq!(t["filters"][0]["hits"], json!(20));
+    assert_eq!(t["filters"][0]["flow"]["sport"], json!(10000));
+
+    // Another flow is not affected by the filter.
+    let other = burst_queues(&mut g, &mut c, 10001, 5);
+    assert!(other
+        .iter()
+        .all(|&q| q == rss_queue(&gen_flow(10001, 5001), 4)));
+
+    let ack = g
+        .del(
+            vec![DelOp {
+                id: 7,
+                reason: DelReason::Expired,
+            }],
+            T,
+        )
+        .expect("DEL");
+    assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
+    assert_eq!(c.table().unwrap()["live"], json!(0));
+    assert!(
+        burst_queues(&mut g, &mut c, 10000, 10)
+            .iter()
+            .all(|&q| q == q_rss),
+        "back on RSS after DEL"
+    );
+
+    let ack = g
+        .del(
+            vec![DelOp {
+                id: 7,
+                reason: DelReason::Expired,
+            }],
+            T,
+        )
+        .expect("DEL again");
+    assert_eq!(ack.statuses, st(&[OpStatus::UnknownId]));
+
+    // rxq beyond the enabled pairs, and the reserved id.
+    let ack = g
+        .add(
+            vec![AddOp::new(8, 4, &flow), AddOp::new(0xFFFF, 0, &flow)],
+            T,
+        )
+        .unwrap();
+    assert_eq!(ack.statuses, st(&[OpStatus::BadQueue, OpStatus::BadId]));
+    assert_eq!(c.table().unwrap()["live"], json!(0));
+    assert!(g.faults.is_empty(), "{:?}", g.faults);
+    assert!(g.bad_replies.is_empty(), "{:?}", g.bad_replies);
+}
+
+#[test]
+fn table_full_rejects_in_ack() {
+    let d = daemon(&["--queues", "2", "--table-capacity", "4"]);
+    let mut g = guest(&d, 2, 2);
+    let mut c = ctl(&d);
+    let caps = g.hello(T).unwrap();
+    assert_eq!(caps.capacity, 4);
+    let ops: Vec<AddOp> = (0..6)
+        .map(|i| AddOp::new(i, i % 2, &gen_flow(11000 + i, 5001)))
+        .collect();
+    let ack = g.add(ops, T).unwrap();
+    assert_eq!(
+        ack.statuses,
+        st(&[
+            OpStatus::Ok,
+            OpStatus::Ok,
+            OpStatus::Ok,
+            OpStatus::Ok,
+            OpStatus::TableFull,
+            OpStatus::TableFull
+        ])
+    );
+    assert_eq!(c.table().unwrap()["live"], json!(4));
+    // Replacing a live id still works at capacity; freeing one makes room.
+    let ack = g
+        .add(vec![AddOp::new(0, 1, &gen_flow(11000, 5001))], T)
+        .unwrap();
+    assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
+    g.del(
+        vec![DelOp {
+            id: 1,
+            reason: DelReason::Idle,
+        }],
+        T,
+    )
+    .unwrap();
+    let ack = g
+        .add(vec![AddOp::new(9, 0, &gen_flow(11009, 5001))], T)
+        .unwrap();
+    assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
+    assert_eq!(c.table().unwrap()["live"], json!(4));
+}
+
+/// Three flows that hash into one bucket of a 4x2 placement model: the
+/// third is rejected with bucket_full though the table has room; a flow
+/// of another bucket still goes in.
+#[test]
+fn bucket_full_rejects_in_ack() {
+    let d = daemon(&["--queues", "2", "--buckets", "4x2"]);
+    let mut g = guest(&d, 2, 2);
+    let mut c = ctl(&d);
+    let caps = g.hello(T).unwrap();
+    assert_eq!((caps.buckets, caps.ways), (4, 2));
+    let tp = Toeplitz::default();
+    let bucket = |k: &FlowKey| tp.hash_flow(k) % 4;
+    let flows: Vec<FlowKey> = (12000..13000).map(|p| gen_flow(p, 5001)).collect();
+    let b0 = bucket(&flows[0]);
+    let same: Vec<&FlowKey> = flows.iter().filter(|k| bucket(k) == b0).take(3).collect();
+    let other = flows.iter().find(|k| bucket(k) != b0).unwrap();
+    let ops = vec![
+        AddOp::new(1, 0, same[0]),
+        AddOp::new(2, 1, same[1]),
+        AddOp::new(3, 0, same[2]),
+        AddOp::new(4, 1, other),
+    ];
+    let ack = g.add(ops, T).unwrap();
+    assert_eq!(
+        ack.statuses,
+        st(&[
+            OpStatus::Ok,
+            OpStatus::Ok,
+            OpStatus::BucketFull,
+            OpStatus::Ok
+        ])
+    );
+    assert_eq!(c.table().unwrap()["live"], json!(3));
+}

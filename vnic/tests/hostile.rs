@@ -1,0 +1,205 @@
+//! A hostile guest: every kind of broken descriptor chain the driver can
+//! build, on TX and on RX. Each one must be counted by the device
+//! (`tx_bad_chains` / `rx_bad_chains` of that queue, exactly +1), its head
+//! given back in the used ring, the same queue must carry a good frame
+//! right after it, and the other pair must not notice anything.
+
+// Test code: d = daemon, g = guest, c = control client, q = queue, s = stats.
+#![allow(clippy::many_single_char_names)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use vnic::frontend::guest::{Guest, GUEST_MAC};
+use vnic::frontend::{build_frame, FrameSpec, Hostile};
+
+fn good_tx_frame(sport: u16) -> Vec<u8> {
+    build_frame(&FrameSpec {
+        src_mac: GUEST_MAC,
+        dst_mac: [0xff; 6],
+        src: GUEST_IP.parse().unwrap(),
+        dst: GEN_IP.parse().unwrap(),
+        proto: 17,
+        sport,
+        dport: 9,
+        len: 128,
+    })
+}
+
+fn q(s: &Value, i: usize, f: &str) -> u64 {
+    counter(s, &format!("queues.{i}.{f}"))
+}
+
+#[test]
+fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
+    let d = daemon(&["--queues", "2"]);
+    let mut g = guest(&d, 2, 2);
+    let mut c = ctl(&d);
+    let good = good_tx_frame(40000);
+    let mut failures = Vec::new();
+    for (i, kind) in Hostile::ALL.into_iter().enumerate() {
+        let before = c.stats().unwrap();
+        let tx = &mut g.qps[0].tx;
+        tx.ring
+            .push_hostile(kind, false)
+            .expect("build hostile chain");
+        tx.ring.notify();
+        g.send(0, &good);
+        let want_bad = q(&before, 0, "tx_bad_chains") + 1;
+        let want_pkts = q(&before, 0, "tx_packets") + 1;
+        // Both heads (hostile and good) come back ...
+        if let Err(e) = g.wait_until(Duration::from_secs(20), "tx heads returned", |g| {
+            g.qps[0].tx.ring.in_flight() == 0
+        }) {
+            failures.push(format!(
+                "#{i} {kind:?}: device kept {} tx descriptors: {e}",
+                g.qps[0].tx.ring.in_flight()
+            ));
+            break; // the ring state is unknown now
+        }
+        // ... the good frame reached the peer and the bad chain was counted.
+        let s = vnic::frontend::harness::wait_for(Duration::from_secs(10), "counters", || {
+            let s = c.stats().unwrap();
+            (q(&s, 0, "tx_packets") >= want_pkts && q(&s, 0, "tx_bad_chains") >= want_bad)
+                .then_some(s)
+        })
+        .unwrap_or_else(|_| c.stats().unwrap());
+        if q(&s, 0, "tx_bad_chains") != want_bad {
+            failures.push(format!(
+                "#{i} {kind:?}: tx_bad_chains {} want exactly {want_bad}",
+                q(&s, 0, "tx_bad_chains")
+            ));
+        }
+        if q(&s, 0, "tx_packets") != want_pkts {
+            failures.push(format!(
+                "#{i} {kind:?}: tx_packets {} want exactly {want_pkts} (only the good frame)",
+                q(&s, 0, "tx_packets")
+            ));
+        }
+    }
+    // The other pair never saw any of it and still works.
+    let before = c.stats().unwrap();
+    g.send(1, &good_tx_frame(40001));
+    let s = wait_stats(&mut c, "tx on pair 1", |s| {
+        q(s, 1, "tx_packets") == q(&before, 1, "tx_packets") + 1
+    });
+    assert_eq!(q(&s, 1, "tx_bad_chains"), 0, "pair 1 unaffected");
+    assert!(
+        g.faults.is_empty(),
+        "device faults seen by the driver: {:?}",
+        g.faults
+    );
+    assert!(
+        failures.is_empty(),
+        "hostile TX chains:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn hostile_rx_chains_are_counted_and_queue_keeps_working() {
+    let d = daemon(&["--queues", "2"]);
+    // Pair 0's rx ring starts empty so each hostile chain is the only buffer.
+    let mut g = Guest::connect_with(&d.socket, opts(2, 256), 2, false).expect("connect");
+    g.no_refill[1] = false;
+    g.qps[1].rx.fill();
+    let mut c = ctl(&d);
+    let sport0 = (10000..=u16::MAX)
+        .find(|&p| rss_queue(&gen_flow(p, 5001), 2) == 0)
+        .unwrap();
+    let sport1 = (10000..=u16::MAX)
+        .find(|&p| rss_queue(&gen_flow(p, 5001), 2) == 1)
+        .unwrap();
+    let mut failures = Vec::new();
+    for (i, kind) in Hostile::ALL.into_iter().enumerate() {
+        let before = c.stats().unwrap();
+        let rx = &mut g.qps[0].rx;
+        rx.ring
+            .push_hostile(kind, true)
+            .expect("build hostile chain");
+        rx.ring.notify();
+        // One frame for queue 0 meets the hostile chain.
+        gen_burst(
+            &mut c,
+            &json!({"flows": 1, "sport": sport0.to_string(), "count": 1, "rate": 1000}),
+        );
+        let want_bad = q(&before, 0, "rx_bad_chains") + 1;
+        // The device gives the broken chain back (len 0) ...
+        if let Err(e) = g.wait_until(Duration::from_secs(20), "hostile rx head returned", |g| {
+            g.qps[0].rx.ring.in_flight() == 0
+        }) {
+            failures.push(format!(
+                "#{i} {kind:?}: device kept {} rx descriptors: {e}",
+                g.qps[0].rx.ring.in_flight()
+            ));
+            break;
+        }
+        // ... without writing a frame into it, and counts it.
+        if !g.stash[0].is_empty() {
+            failures.push(format!(
+                "#{i} {kind:?}: a frame was delivered into the broken chain"
+            ));
+            g.stash[0].clear();
+        }
+        let s = vnic::frontend::harness::wait_for(Duration::from_secs(10), "rx_bad_chains", || {
+            let s = c.stats().unwrap();
+            (q(&s, 0, "rx_bad_chains") >= want_bad).then_some(s)
+        })
+        .unwrap_or_else(|_| c.stats().unwrap());
+        if q(&s, 0, "rx_bad_chains") != want_bad {
+            failures.push(format!(
+                "#{i} {kind:?}: rx_bad_chains {} want exactly {want_bad}",
+                q(&s, 0, "rx_bad_chains")
+            ));
+        }
+        // The next good buffer receives the next frame intact.
+        g.qps[0].rx.post(1);
+        g.qps[0].rx.ring.notify();
+        gen_burst(
+            &mut c,
+            &json!({"flows": 1, "sport": sport0.to_string(), "count": 1, "rate": 1000}),
+        );
+        if let Err(e) = g.wait_until(
+            Duration::from_secs(20),
+            "good frame after hostile chain",
+            |g| g.stash[0].len() == 1,
+        ) {
+            failures.push(format!("#{i} {kind:?}: {e}"));
+            break;
+        }
+        let f = g.stash[0].pop_front().unwrap();
+        assert_eq!(
+            flow_of(&f),
+            gen_flow(sport0, 5001),
+            "{kind:?}: frame intact"
+        );
+        assert_eq!(
+            f.data.len(),
+            64,
+            "{kind:?}: default 64-byte generator frame"
+        );
+    }
+    // Pair 1 was never affected.
+    gen_burst(
+        &mut c,
+        &json!({"flows": 1, "sport": sport1.to_string(), "count": 20, "rate": 10000}),
+    );
+    g.wait_until(T, "pair 1 frames", |g| g.stash[1].len() >= 20)
+        .unwrap();
+    let s = c.stats().unwrap();
+    assert_eq!(q(&s, 1, "rx_bad_chains"), 0);
+    assert_eq!(q(&s, 1, "rx_drops"), 0);
+    assert!(
+        g.faults.is_empty(),
+        "device faults seen by the driver: {:?}",
+        g.faults
+    );
+    assert!(
+        failures.is_empty(),
+        "hostile RX chains:\n{}",
+        failures.join("\n")
+    );
+}
