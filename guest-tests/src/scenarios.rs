@@ -804,6 +804,11 @@ impl Session {
                 rejects.first()
             )
         });
+        // Live flows keep their filters (rps_may_expire_flow says "active").
+        let dels = trace.iter().filter(|r| r.event == EventKind::Del).count();
+        c.check(dels == 0, || {
+            format!("{dels} filters of live flows were deleted during steer")
+        });
         self.guest.collect("steer", Some(module::DEBUGFS_DIR));
         Ok(format!(
             "flows={} steered={} adds={} replaces={replaces} rejects={} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% pkts/flow~{}",
@@ -887,6 +892,10 @@ impl Session {
             }
         }
         c.check(rejects == 0, || format!("{rejects} rejects in the trace"));
+        let dels = count(EventKind::Del);
+        c.check(dels == 0, || {
+            format!("{dels} filters of live flows were deleted during migrate")
+        });
         Ok(format!(
             "moved={} re-steered={} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}%",
             self.flows.len(),
