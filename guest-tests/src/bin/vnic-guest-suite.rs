@@ -28,7 +28,7 @@ OPTIONS:
     --flows N             flows in steer/migrate/expiry (default 64; demo 256)
     --rate PPS            generator packets per second over all flows (default 2000; demo 4000)
     --measure SECS        measurement window after warm-up (default 5)
-    --flow-cnt N          rps_flow_cnt per rx queue (default 262144: low slot-collision odds)
+    --flow-cnt N          rps_flow_cnt per rx queue (default 262144, demo 1048576: low slot-collision odds)
     --sock-flow-entries N net.core.rps_sock_flow_entries (default 1048576; demo 4194304)
     --idle-ms MS          the module's idle timeout (default 2000)
     --artifacts DIR       where logs, traces and snapshots go
@@ -67,6 +67,7 @@ fn parse_args() -> Result<Args, String> {
         a.settings.flows = 256;
         a.settings.rate = 4000;
         a.settings.sock_flow_entries = 1 << 22;
+        a.settings.flow_cnt = 1 << 20;
     }
     let (mut image, mut kdir) = (None, None);
     while let Some(arg) = it.next() {
