@@ -130,9 +130,9 @@ pub struct Window {
     pub on_cpu: Vec<u64>,
     /// Device filter hits in the window per flow (None: no filter).
     pub hits: Vec<Option<u64>>,
-    /// Packets the generator sent per flow in the window (its flows are
-    /// served round-robin, so the set's total divided by the flows).
-    pub sent_per_flow: f64,
+    /// Packets the generator sent each flow in the window (one flow set
+    /// per flow, so this is exact up to packets in flight).
+    pub sent: Vec<u64>,
     pub off_cpu_recv: u64,
 }
 
@@ -160,6 +160,8 @@ pub struct Session {
     /// The running steering workload (flows and their current CPUs).
     flows: Vec<Flow>,
     gen_running: bool,
+    /// Generator set of each workload flow.
+    gen_sets: Vec<u64>,
     /// Trace lines consumed so far (scenarios look at what came after).
     trace_mark: usize,
 }
@@ -206,6 +208,7 @@ impl Session {
             module_loaded: false,
             flows: Vec::new(),
             gen_running: false,
+            gen_sets: Vec::new(),
             trace_mark: 0,
         };
         let bad = s.guest.kernel_failures()?;
@@ -432,11 +435,27 @@ impl Session {
         })
     }
 
-    /// Packets sent so far by every generator flow set.
-    fn gen_sent(&mut self) -> Result<u64> {
+    /// Packets sent so far to each flow of the workload (one generator
+    /// flow set per flow, see `setup_steering`).
+    fn gen_sent_by_flow(&mut self) -> Result<Vec<u64>> {
         let l = self.guest.ctl.gen_list()?;
-        Ok(l.as_array()
-            .map_or(0, |a| a.iter().filter_map(|s| s["sent"].as_u64()).sum()))
+        let by_id: BTreeMap<u64, u64> = l
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| Some((s["id"].as_u64()?, s["sent"].as_u64()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.gen_sets
+            .iter()
+            .map(|id| {
+                by_id
+                    .get(id)
+                    .copied()
+                    .ok_or_else(|| format!("generator set {id} is gone").into())
+            })
+            .collect()
     }
 
     fn udp_stats(&mut self) -> Result<UdpStats> {
@@ -542,17 +561,21 @@ impl Session {
         // have a socket backlog, so they are only compared with themselves).
         let a0 = self.udp_stats()?;
         let d0 = self.device_filters()?;
-        let s0 = self.gen_sent()?;
+        let s0 = self.gen_sent_by_flow()?;
         std::thread::sleep(self.settings.measure);
         let a1 = self.udp_stats()?;
         let d1 = self.device_filters()?;
-        let s1 = self.gen_sent()?;
+        let s1 = self.gen_sent_by_flow()?;
         ensure!(
             a0.flows.len() == self.flows.len() && a1.flows.len() == self.flows.len(),
             "agent flow count changed"
         );
         let mut w = Window {
-            sent_per_flow: s1.saturating_sub(s0) as f64 / self.flows.len() as f64,
+            sent: s1
+                .iter()
+                .zip(&s0)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
             ..Window::default()
         };
         for (i, f) in self.flows.iter().enumerate() {
@@ -611,16 +634,16 @@ impl Session {
                 // The device side: the flow's packets must have been
                 // delivered by its filter, not by RSS + software RFS.
                 if let Some(h) = w.hits[i] {
-                    let hw = if w.sent_per_flow <= 0.0 {
+                    let hw = if w.sent[i] == 0 {
                         0.0
                     } else {
-                        (h as f64 / w.sent_per_flow).min(1.0)
+                        (h as f64 / w.sent[i] as f64).min(1.0)
                     };
                     min_hw = min_hw.min(hw);
                     c.check(hw >= self.settings.min_on_cpu, || {
                         format!(
-                            "flow :{}: only {h} of ~{:.0} packets sent were steered by its filter to q{}",
-                            f.local_port, w.sent_per_flow, f.cpu
+                            "flow :{}: only {h} of {} packets sent were steered by its filter to q{}",
+                            f.local_port, w.sent[i], f.cpu
                         )
                     });
                 } else {
@@ -793,9 +816,25 @@ impl Session {
         self.udp_start(&flows)?;
         self.flows = flows;
         self.trace_since_mark()?; // everything before the workload
-        let spec = self.gen_spec(self.flows.len(), 0);
-        self.guest.ctl.gen_start(&spec)?;
-        self.gen_running = true;
+                                  // One generator set per flow: exact per-flow send counts, and the
+                                  // same total rate as one set of n flows.
+        let per_flow = (self.settings.rate / self.flows.len() as u32).max(1);
+        self.gen_sets.clear();
+        for f in &self.flows {
+            let spec = json!({
+                "flows": 1,
+                "src": GEN_IP.to_string(),
+                "sport": GEN_PORT.to_string(),
+                "dst": GUEST_IP.to_string(),
+                "dport": f.local_port.to_string(),
+                "count": 0,
+                "rate": per_flow,
+                "size": 128,
+            });
+            let id = self.guest.ctl.gen_start(&spec)?;
+            self.gen_sets.push(id);
+            self.gen_running = true;
+        }
         let t = self.wait_steered(&BTreeSet::new())?;
         std::thread::sleep(Duration::from_secs(1));
         Ok(t)
