@@ -254,9 +254,23 @@ impl Session {
                     checks.failures.push(format!("kernel: {b}"));
                 }
             }
-            Err(e) => checks
-                .failures
-                .push(format!("cannot read the guest kernel log: {e}")),
+            Err(e) => {
+                checks
+                    .failures
+                    .push(format!("cannot read the guest kernel log: {e}"));
+                // The guest may be gone (panic): the console still tells.
+                for line in self.guest.qemu.console_text().lines() {
+                    if crate::procfs::is_kernel_failure(line) {
+                        checks.failures.push(format!("console: {line}"));
+                    }
+                }
+                if let Some(st) = self.guest.qemu.exited() {
+                    checks.failures.push(format!(
+                        "QEMU exited ({st}); console tail:\n{}",
+                        crate::harness::guest::tail(&self.guest.qemu.console_text(), 15)
+                    ));
+                }
+            }
         }
         self.guest.collect(
             &format!("after-{name}"),
