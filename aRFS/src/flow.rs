@@ -117,8 +117,9 @@ impl fmt::Display for L4Proto {
 ///
 /// Serialized (serde) as the structured object used by the trace:
 /// `{"family":"ipv4","proto":"udp","src":"10.0.0.2","dst":"10.0.0.1","sport":5000,"dport":6000}`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(into = "FlowRepr", try_from = "FlowRepr")]
+#[repr(C, align(8))]
 pub struct FlowKey {
     family: IpFamily,
     proto: L4Proto,
@@ -126,6 +127,27 @@ pub struct FlowKey {
     dst_port: u16,
     src: [u8; 16],
     dst: [u8; 16],
+}
+
+impl PartialEq for FlowKey {
+    /// Branch-light: addresses compared as two 128-bit words.
+    #[inline]
+    fn eq(&self, o: &Self) -> bool {
+        let addr = (u128::from_ne_bytes(self.src) ^ u128::from_ne_bytes(o.src))
+            | (u128::from_ne_bytes(self.dst) ^ u128::from_ne_bytes(o.dst));
+        let rest = (self.src_port ^ o.src_port)
+            | (self.dst_port ^ o.dst_port)
+            | (u16::from(self.family.wire()) ^ u16::from(o.family.wire()))
+            | (u16::from(self.proto.ip_proto()) ^ u16::from(o.proto.ip_proto()));
+        addr == 0 && rest == 0
+    }
+}
+
+impl core::hash::Hash for FlowKey {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        // Every field, as `eq` compares every field.
+        state.write_u64(self.mix64());
+    }
 }
 
 fn v4_bytes(a: Ipv4Addr) -> [u8; 16] {
@@ -263,35 +285,22 @@ impl FlowKey {
         }
     }
 
-    /// A 64-bit mix of every field, for hash tables (not cryptographic).
+    /// A 64-bit mix of every field, for hash tables (not cryptographic: a
+    /// folded 64x64->128 multiply, as in foldhash/wyhash).
     #[inline]
     pub(crate) fn mix64(&self) -> u64 {
-        const K: u64 = 0x9E37_79B9_7F4A_7C15;
-        #[inline]
-        fn w(b: &[u8; 16], i: usize) -> u64 {
-            u64::from_le_bytes([
-                b[i],
-                b[i + 1],
-                b[i + 2],
-                b[i + 3],
-                b[i + 4],
-                b[i + 5],
-                b[i + 6],
-                b[i + 7],
-            ])
-        }
-        let head = (u64::from(self.src_port) << 32)
-            | (u64::from(self.dst_port) << 16)
+        const K1: u64 = 0x243F_6A88_85A3_08D3;
+        const K2: u64 = 0x1319_8A2E_0370_7344;
+        let src = u128::from_le_bytes(self.src);
+        let dst = u128::from_le_bytes(self.dst);
+        let head = (u64::from(self.src_port) << 48)
+            | (u64::from(self.dst_port) << 32)
             | (u64::from(self.family.wire()) << 8)
             | u64::from(self.proto.ip_proto());
-        let mut h = head.wrapping_mul(K);
-        h = (h ^ w(&self.src, 0)).wrapping_mul(K);
-        h = (h ^ w(&self.dst, 0)).wrapping_mul(K);
-        if self.family == IpFamily::Ipv6 {
-            h = (h ^ w(&self.src, 8)).wrapping_mul(K);
-            h = (h ^ w(&self.dst, 8)).wrapping_mul(K);
-        }
-        h ^ (h >> 29)
+        let lo = (src as u64) ^ ((src >> 64) as u64).rotate_left(23) ^ K1;
+        let hi = (dst as u64) ^ ((dst >> 64) as u64).rotate_left(41) ^ head ^ K2;
+        let r = u128::from(lo).wrapping_mul(u128::from(hi));
+        (r as u64) ^ ((r >> 64) as u64)
     }
 }
 
@@ -321,6 +330,46 @@ impl fmt::Display for FlowKey {
         fmt_endpoint(f, self.family, &self.src, self.src_port)?;
         f.write_str(" -> ")?;
         fmt_endpoint(f, self.family, &self.dst, self.dst_port)
+    }
+}
+
+/// Error from parsing a [`FlowKey`] from text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowKeyParseError(String);
+
+impl fmt::Display for FlowKeyParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "bad flow {:?}: expected `tcp|udp SRC:PORT -> DST:PORT` (IPv6 as [ADDR]:PORT)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for FlowKeyParseError {}
+
+impl core::str::FromStr for FlowKey {
+    type Err = FlowKeyParseError;
+
+    /// Parses the `Display` form: `udp 10.0.0.2:5000 -> 10.0.0.1:6000`,
+    /// `tcp [2001:db8::1]:80 -> [2001:db8::2]:1234`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = || FlowKeyParseError(text.to_string());
+        let mut it = text.split_whitespace();
+        let (Some(proto), Some(src), Some("->"), Some(dst), None) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(err());
+        };
+        let proto = match proto.to_ascii_lowercase().as_str() {
+            "tcp" => L4Proto::Tcp,
+            "udp" => L4Proto::Udp,
+            _ => return Err(err()),
+        };
+        let src: std::net::SocketAddr = src.parse().map_err(|_| err())?;
+        let dst: std::net::SocketAddr = dst.parse().map_err(|_| err())?;
+        FlowKey::new(proto, src.ip(), src.port(), dst.ip(), dst.port()).ok_or_else(err)
     }
 }
 
@@ -782,6 +831,27 @@ mod tests {
         a[7] = 1;
         assert!(FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 1, [0; 16], 2).is_none());
         assert!(FlowKey::from_raw(IpFamily::Ipv6, L4Proto::Tcp, a, 1, [0; 16], 2).is_some());
+    }
+
+    #[test]
+    fn from_str_round_trips_display() {
+        for text in [
+            "udp 10.0.0.2:5000 -> 10.0.0.1:6000",
+            "tcp [fe80::1]:80 -> [fe80::2]:1234",
+        ] {
+            let k: FlowKey = text.parse().unwrap();
+            assert_eq!(k.to_string(), text);
+        }
+        for bad in [
+            "",
+            "udp 10.0.0.2:5000 10.0.0.1:6000",
+            "icmp 10.0.0.2:5000 -> 10.0.0.1:6000",
+            "udp 10.0.0.2 -> 10.0.0.1:6000",
+            "udp 10.0.0.2:5000 -> [::1]:6000",
+            "udp 10.0.0.2:5000 -> 10.0.0.1:6000 extra",
+        ] {
+            assert!(bad.parse::<FlowKey>().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -171,7 +171,33 @@ impl<I: FilterId> FlowIndex<I> {
     /// Looks a flow up: `(filter id, rx queue)`. O(1), no allocation.
     #[inline]
     pub fn lookup(&self, key: &FlowKey) -> Option<(I, u16)> {
-        let tag = tag_of(key);
+        self.lookup_tagged(key, tag_of(key))
+    }
+
+    /// Looks up a burst of flows: `out[i] = lookup(&keys[i])` for
+    /// `i < min(keys.len(), out.len())`. It first loads the home slot of
+    /// every key of a group of 16, so their cache misses overlap, then
+    /// probes: for tables larger than the caches this is several times
+    /// faster per key than one-by-one lookups. No allocation.
+    pub fn lookup_batch(&self, keys: &[FlowKey], out: &mut [Option<(I, u16)>]) {
+        const GROUP: usize = 16;
+        for (kc, oc) in keys.chunks(GROUP).zip(out.chunks_mut(GROUP)) {
+            let mut tags = [0u32; GROUP];
+            let mut touch = 0u32;
+            for (t, k) in tags.iter_mut().zip(kc) {
+                *t = tag_of(k);
+                touch ^= self.slots[*t as usize & self.mask].tag;
+            }
+            // Keep the warming loads: their only purpose is to start the misses.
+            core::hint::black_box(touch);
+            for ((o, k), &t) in oc.iter_mut().zip(kc).zip(&tags) {
+                *o = self.lookup_tagged(k, t);
+            }
+        }
+    }
+
+    #[inline]
+    fn lookup_tagged(&self, key: &FlowKey, tag: u32) -> Option<(I, u16)> {
         let mut i = tag as usize & self.mask;
         loop {
             let s = &self.slots[i];
@@ -355,6 +381,27 @@ mod tests {
         assert_eq!(ix.len(), 50);
         assert_eq!(ix.remove_by_id(0), None);
         assert_eq!(ix.insert(k(0), 0xFFFF, 0), Err(IndexError::BadId));
+    }
+
+    #[test]
+    fn batch_lookup_equals_single_lookups() {
+        let mut ix = FlowIndex::new(1000);
+        for i in 0..1000u16 {
+            ix.insert(k(u32::from(i) * 2), i, i % 3).unwrap();
+        }
+        // hits and misses interleaved, lengths not a multiple of the group size
+        let keys: Vec<FlowKey> = (0..1037u32).map(k).collect();
+        let mut out = vec![Some((0xAAAA, 0xAAAA)); keys.len()];
+        ix.lookup_batch(&keys, &mut out);
+        for (key, got) in keys.iter().zip(&out) {
+            assert_eq!(*got, ix.lookup(key));
+        }
+        assert_eq!(out.iter().filter(|o| o.is_some()).count(), 519);
+        // a shorter output slice bounds the work
+        let mut short = [None; 5];
+        ix.lookup_batch(&keys, &mut short);
+        assert_eq!(short[0], Some((0, 0)));
+        assert_eq!(short[1], None);
     }
 
     #[test]

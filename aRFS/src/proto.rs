@@ -47,6 +47,9 @@ pub const ACK_FIXED_LEN: usize = 4;
 pub const MAX_ADD_OPS: u16 = (MAX_BODY_LEN / ADD_OP_LEN) as u16;
 /// Most DEL ops in one frame at MTU 1500: (1500 - 16) / 4 = 371.
 pub const MAX_DEL_OPS: u16 = (MAX_BODY_LEN / DEL_OP_LEN) as u16;
+/// The `max_ops` a device advertises by default: the ADD limit, applied to
+/// ADD and DEL alike.
+pub const DEFAULT_MAX_OPS: u16 = MAX_ADD_OPS;
 /// Most statuses in one ACK: as many as the largest request has ops.
 pub const MAX_ACK_STATUSES: u16 = MAX_DEL_OPS;
 /// Source MAC of every device frame.
@@ -630,9 +633,10 @@ pub fn peek_header(frame: &[u8]) -> Option<Header> {
 }
 
 /// Device-side decode: accepts HELLO, ADD, DEL, FLUSH; CAPS and ACK are
-/// `wrong_direction`. ADD and DEL may carry up to what fits the MTU.
+/// `wrong_direction`. ADD and DEL may carry up to [`DEFAULT_MAX_OPS`] ops
+/// (use [`decode_frame_limited`] when the device advertises another `max_ops`).
 pub fn decode_frame(frame: &[u8]) -> Result<(Header, Message), DecodeError> {
-    decode(frame, Direction::ToDevice, u16::MAX)
+    decode(frame, Direction::ToDevice, DEFAULT_MAX_OPS)
 }
 
 /// Device-side decode with the `max_ops` the device advertised in CAPS

@@ -119,8 +119,8 @@ impl Toeplitz {
         &self.key
     }
 
-    /// Hashes arbitrary input (at most [`MAX_INPUT`] bytes are used; longer
-    /// input is hashed bit by bit with the key, which covers up to 36 bytes).
+    /// Hashes arbitrary input in Toeplitz byte order. Only the first
+    /// [`MAX_INPUT`] (36) bytes are used: a 40-byte key covers no more.
     #[inline]
     pub fn hash(&self, input: &[u8]) -> u32 {
         let mut h = 0u32;

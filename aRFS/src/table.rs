@@ -160,6 +160,21 @@ pub enum Request {
     Flush(DelReason),
 }
 
+impl TryFrom<crate::proto::Message> for Request {
+    type Error = crate::proto::Message;
+
+    /// ADD, DEL and FLUSH become requests; any other message is given back.
+    fn try_from(m: crate::proto::Message) -> Result<Self, Self::Error> {
+        use crate::proto::Message;
+        match m {
+            Message::Add(ops) => Ok(Self::Add(ops)),
+            Message::Del(ops) => Ok(Self::Del(ops)),
+            Message::Flush(r) => Ok(Self::Flush(r)),
+            other => Err(other),
+        }
+    }
+}
+
 impl Request {
     /// The message type it came in.
     pub const fn kind(&self) -> MsgType {
@@ -676,9 +691,6 @@ impl FilterTable {
         if op.rxq >= enabled {
             return self.reject(seq, op, Some(key), OpStatus::BadQueue, on_event);
         }
-        if self.fail_rng.chance(self.cfg.add_fail_rate) {
-            return self.reject(seq, op, Some(key), OpStatus::InjectedFailure, on_event);
-        }
         let cur = self.index.get(op.id);
         let other = self.index.lookup(&key).filter(|&(oid, _)| oid != op.id);
         if cur.is_none() && other.is_none() && self.index.len() >= self.cfg.capacity as usize {
@@ -698,6 +710,10 @@ impl FilterTable {
             if fill >= ways {
                 return self.reject(seq, op, Some(key), OpStatus::BucketFull, on_event);
             }
+        }
+        // One draw per ADD op that would otherwise succeed.
+        if self.fail_rng.chance(self.cfg.add_fail_rate) {
+            return self.reject(seq, op, Some(key), OpStatus::InjectedFailure, on_event);
         }
         let keep_hits = matches!(cur, Some((f, _)) if f == key);
         let prev_meta = self.meta[usize::from(op.id)];
@@ -927,6 +943,23 @@ impl FilterTable {
     /// The placement bucket of a flow, with a placement model.
     pub fn bucket_for(&self, key: &FlowKey) -> Option<u32> {
         self.bucket_of(key).map(|b| b as u32)
+    }
+
+    /// The CAPS body describing this table, for a device with
+    /// `max_queue_pairs` queue pairs of which `enabled_queue_pairs` are
+    /// enabled (`max_ops` is [`DEFAULT_MAX_OPS`](crate::proto::DEFAULT_MAX_OPS),
+    /// latency rounded up to whole microseconds).
+    pub fn caps(&self, max_queue_pairs: u16, enabled_queue_pairs: u16) -> crate::proto::Caps {
+        let (buckets, ways) = self.cfg.buckets.unwrap_or((0, 0));
+        crate::proto::Caps {
+            max_queue_pairs,
+            enabled_queue_pairs,
+            capacity: self.cfg.capacity,
+            buckets,
+            ways,
+            max_ops: crate::proto::DEFAULT_MAX_OPS,
+            latency_us: self.cfg.latency_ns.div_ceil(1000) as u32,
+        }
     }
 
     /// The counters.

@@ -272,14 +272,14 @@ impl Ctx {
     fn steer(&mut self, frame: &[u8]) -> Option<(usize, bool)> {
         let Ok(p) = arfs::parse_frame(frame) else {
             if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
-                add(&self.sh.peer_stats.spoofed_mgmt_dropped, 1);
+                self.spoofed(frame);
                 return None;
             }
             add(&self.sh.peer_stats.unparsable, 1);
             return Some((0, false));
         };
         if p.ethertype == ETHERTYPE_MGMT {
-            add(&self.sh.peer_stats.spoofed_mgmt_dropped, 1);
+            self.spoofed(frame);
             return None;
         }
         if let L3::Flow(k) = &p.l3 {
@@ -293,6 +293,23 @@ impl Ctx {
             return Some((usize::from(self.rss.queue_for_key(k)), false));
         }
         Some((usize::from(self.rss.queue_for(&p)), false))
+    }
+
+    /// A frame with the management EtherType arrived from the peer: dropped,
+    /// counted and traced (the trace drops, and counts, what it cannot take).
+    fn spoofed(&self, frame: &[u8]) {
+        add(&self.sh.peer_stats.spoofed_mgmt_dropped, 1);
+        if self.sh.tracer.enabled() {
+            let h = arfs::proto::peek_header(frame);
+            self.sh.tracer.emit(arfs::TraceRecord::mgmt_drop(
+                self.sh.now_ns(),
+                self.sh.generation(),
+                arfs::proto::Direction::ToDriver,
+                h.map(|h| h.seq),
+                h.map(|h| h.msg_type),
+                arfs::DropCause::Spoofed,
+            ));
+        }
     }
 
     /// Steers and delivers (or forwards) a frame from the peer.

@@ -9,6 +9,7 @@ pub mod device;
 pub mod frontend;
 pub mod gen;
 pub mod mgmt;
+pub mod relay;
 pub mod rxbuf;
 pub mod serve;
 pub mod shared;

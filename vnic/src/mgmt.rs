@@ -517,3 +517,177 @@ impl Mgmt {
         MsgType::from_code(code).map_or_else(|| code.to_string(), |t| t.name().to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::time::Duration;
+
+    use arfs::proto::{decode_frame_driver, encode, FrameMeta, Hello, BROADCAST_MAC};
+    use arfs::{AddOp, FlowKey, L4Proto, Message, OpStatus};
+
+    use super::*;
+    use crate::config::{Config, PeerKind, DEFAULT_GEN_IP, DEFAULT_GEN_MAC, DEFAULT_GUEST_IP};
+
+    const GUEST: [u8; 6] = [2, 0, 0, 0, 0, 0x15];
+
+    fn setup(latency: Duration) -> (Arc<Shared>, Arc<Conn>) {
+        let cfg = Config {
+            socket: "unused.sock".into(),
+            ctl: "unused.ctl".into(),
+            queues: 2,
+            max_queue_size: 1024,
+            peer: PeerKind::Gen,
+            gen_mac: DEFAULT_GEN_MAC,
+            gen_ip: DEFAULT_GEN_IP,
+            guest_ip: DEFAULT_GUEST_IP,
+            table_capacity: 64,
+            buckets: None,
+            program_latency: latency,
+            add_fail_rate: 0.0,
+            mgmt_loss_rate: 0.0,
+            seed: 1,
+            trace: None,
+        };
+        let sh = crate::serve::build(cfg).unwrap();
+        let conn = Arc::new(Conn::new(2).unwrap());
+        // Both pairs enabled.
+        conn.enabled_mask
+            .store(0b11, std::sync::atomic::Ordering::Relaxed);
+        sh.lock_mgmt().reset(&sh, Some(conn.clone()), "test");
+        (sh, conn)
+    }
+
+    fn frame(seq: u32, msg: &Message) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode(
+            &mut out,
+            &FrameMeta {
+                dst: BROADCAST_MAC,
+                src: GUEST,
+                seq,
+                generation: 0,
+            },
+            msg,
+        )
+        .unwrap();
+        out
+    }
+
+    fn add(id: u16, sport: u16) -> Message {
+        let k = FlowKey::v4(
+            L4Proto::Udp,
+            Ipv4Addr::new(10, 0, 2, 1),
+            sport,
+            Ipv4Addr::new(10, 0, 2, 15),
+            5001,
+        );
+        Message::Add(vec![AddOp::new(id, 1, &k)])
+    }
+
+    fn replies(conn: &Conn, worker: usize) -> Vec<(u32, Message)> {
+        let mut out = Vec::new();
+        while let Some(f) = conn.inbox[worker].replies.pop() {
+            assert_eq!(&f[0..6], &GUEST);
+            let (hdr, msg) = decode_frame_driver(&f).unwrap();
+            out.push((hdr.seq, msg));
+        }
+        out
+    }
+
+    #[test]
+    fn go_back_n_sequence() {
+        let (sh, c) = setup(Duration::ZERO);
+        let gen = sh.generation();
+        let hello = Message::Hello(Hello {
+            driver_version: 1,
+            mac: GUEST,
+        });
+        sh.lock_mgmt().handle_frame(&sh, 1, &frame(10, &hello));
+        let r = replies(&c, 1);
+        assert!(
+            matches!(r.as_slice(), [(10, Message::Caps(caps))] if caps.max_queue_pairs == 2 && caps.enabled_queue_pairs == 2)
+        );
+        // In order: applied and acknowledged, the replica update is queued.
+        sh.lock_mgmt().handle_frame(&sh, 1, &frame(11, &add(7, 1)));
+        let r = replies(&c, 1);
+        assert!(
+            matches!(r.as_slice(), [(11, Message::Ack(a))] if a.statuses == vec![OpStatus::Ok.code()])
+        );
+        assert_eq!(sh.lock_mgmt().table.len(), 1);
+        assert!(c.inbox[0].updates.pop().is_some());
+        // Duplicate: same ACK again, nothing applied.
+        sh.lock_mgmt().handle_frame(&sh, 1, &frame(11, &add(8, 2)));
+        let r = replies(&c, 1);
+        assert!(matches!(r.as_slice(), [(11, Message::Ack(_))]));
+        assert_eq!(sh.lock_mgmt().table.len(), 1);
+        // Ahead of the window: dropped silently.
+        sh.lock_mgmt().handle_frame(&sh, 1, &frame(13, &add(9, 3)));
+        assert!(replies(&c, 1).is_empty());
+        let m = sh.lock_mgmt();
+        assert_eq!(
+            (m.c.duplicates, m.c.duplicate_reacks, m.c.out_of_order),
+            (1, 1, 1)
+        );
+        assert_eq!(m.table.len(), 1);
+        assert_eq!(sh.generation(), gen);
+    }
+
+    #[test]
+    fn malformed_frames_are_naked_or_ignored() {
+        let (sh, c) = setup(Duration::ZERO);
+        let mut f = frame(5, &add(1, 1));
+        // body_len mismatch -> NAK with the frame status, nothing applied.
+        f[14 + 14] = 0;
+        f[14 + 15] = 40;
+        sh.lock_mgmt().handle_frame(&sh, 0, &f);
+        let r = replies(&c, 0);
+        assert!(
+            matches!(r.as_slice(), [(5, Message::Ack(a))] if a.frame_status == FrameError::BadLength.code() && a.statuses.is_empty())
+        );
+        // Bad magic: silent.
+        let mut f = frame(6, &add(1, 1));
+        f[14] = 0;
+        sh.lock_mgmt().handle_frame(&sh, 0, &f);
+        assert!(replies(&c, 0).is_empty());
+        let m = sh.lock_mgmt();
+        assert_eq!(m.c.bad[usize::from(FrameError::BadLength.code())], 1);
+        assert_eq!(m.c.bad[usize::from(FrameError::BadMagic.code())], 1);
+        assert_eq!(m.table.len(), 0);
+    }
+
+    #[test]
+    fn latency_delays_effect_and_ack() {
+        let (sh, c) = setup(Duration::from_hours(1));
+        sh.lock_mgmt().handle_frame(&sh, 0, &frame(1, &add(7, 1)));
+        assert!(replies(&c, 0).is_empty(), "ACK before the ops took effect");
+        assert_eq!(sh.lock_mgmt().table.len(), 0);
+        assert!(c.inbox[0].updates.pop().is_none());
+        // Time passes (the management timer calls advance).
+        let later = sh.now_ns() + 3_700_000_000_000;
+        sh.lock_mgmt().advance(&sh, later, None);
+        let r = replies(&c, 0);
+        assert!(matches!(r.as_slice(), [(1, Message::Ack(_))]));
+        assert_eq!(sh.lock_mgmt().table.len(), 1);
+        assert!(c.inbox[1].updates.pop().is_some());
+    }
+
+    #[test]
+    fn reset_bumps_generation_and_empties_the_table() {
+        let (sh, c) = setup(Duration::ZERO);
+        sh.lock_mgmt().handle_frame(&sh, 0, &frame(1, &add(7, 1)));
+        let _ = replies(&c, 0);
+        while c.inbox[0].updates.pop().is_some() {}
+        let g = sh.generation();
+        sh.lock_mgmt().reset(&sh, None, "reset");
+        assert_ne!(sh.generation(), g);
+        assert_ne!(sh.generation(), 0);
+        assert_eq!(sh.lock_mgmt().table.len(), 0);
+        // The replicas hear about the eviction.
+        let e = c.inbox[0].updates.pop().expect("evict event");
+        assert!(matches!(*e, TableEvent::Evicted { id: 7, .. }));
+        // A request of the old session starts a new window and carries the new generation.
+        sh.lock_mgmt().handle_frame(&sh, 0, &frame(2, &add(7, 1)));
+        assert_eq!(replies(&c, 0).len(), 1);
+    }
+}

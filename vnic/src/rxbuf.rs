@@ -48,8 +48,9 @@ pub fn deliver<M: GuestMemory>(
     let max_bufs = if mrg { MAX_BUFS_PER_FRAME } else { 1 };
     let qsize = usize::from(queue.size());
 
-    // (head, bytes written) of the chains taken for this frame, in order.
-    let mut used: [(u16, u32); MAX_BUFS_PER_FRAME] = [(0, 0); MAX_BUFS_PER_FRAME];
+    // (head, bytes written) of the chains taken for this frame, in order:
+    // inline for the common case, spilled to the heap past 8 chains.
+    let mut used = Used::default();
     let mut nused = 0usize;
     // Guest addresses of the two num_buffers bytes.
     let mut nb_addr: [Option<GuestAddress>; 2] = [None, None];
@@ -76,25 +77,38 @@ pub fn deliver<M: GuestMemory>(
             ndesc += 1;
             last_next = desc.has_next();
             let len = desc.len() as usize;
-            if !desc.is_write_only() || !mem.check_range(desc.addr(), len, Permissions::Write) {
+            if !desc.is_write_only() {
                 ok = false;
                 break;
             }
-            let n = len.min(total - off);
-            if n == 0 {
-                continue;
-            }
-            if mem.write_slice(&pkt[off..off + n], desc.addr()).is_err() {
+            // One walk over the descriptor's memory validates all of it and
+            // writes the part of the frame that goes there.
+            let mut doff = 0usize;
+            let Ok(slices) = mem.get_slices(desc.addr(), len, Permissions::Write) else {
                 ok = false;
                 break;
-            }
-            for (i, slot) in nb_addr.iter_mut().enumerate() {
-                let b = NUM_BUFFERS_OFF + i;
-                if slot.is_none() && b >= off && b < off + n {
-                    *slot = desc.addr().checked_add((b - off) as u64);
+            };
+            for slice in slices {
+                let Ok(slice) = slice else {
+                    ok = false;
+                    break;
+                };
+                let n = slice.len().min(total - off);
+                if n > 0 {
+                    slice.copy_from(&pkt[off..off + n]);
+                    for (i, slot) in nb_addr.iter_mut().enumerate() {
+                        let b = NUM_BUFFERS_OFF + i;
+                        if slot.is_none() && b >= off && b < off + n {
+                            *slot = desc.addr().checked_add((doff + b - off) as u64);
+                        }
+                    }
+                    off += n;
                 }
+                doff += slice.len();
             }
-            off += n;
+            if !ok {
+                break;
+            }
         }
         // The iterator ends silently on a broken link: a last descriptor that
         // still says NEXT means the chain was cut short.
@@ -111,7 +125,7 @@ pub fn deliver<M: GuestMemory>(
             // as zero-length completions first (used-ring order must stay the
             // pop order), then the bad chain, and start the frame over.
             *bad += 1;
-            for &(h, _) in &used[..nused] {
+            for &(h, _) in used.as_slice(nused) {
                 let _ = queue.add_used(mem, h, 0);
             }
             let _ = queue.add_used(mem, head, 0);
@@ -120,7 +134,7 @@ pub fn deliver<M: GuestMemory>(
             off = 0;
             continue;
         }
-        used[nused] = (head, (off - start) as u32);
+        used.push(nused, (head, (off - start) as u32));
         nused += 1;
     }
 
@@ -132,11 +146,40 @@ pub fn deliver<M: GuestMemory>(
             }
         }
     }
-    for &(h, len) in &used[..nused] {
+    for &(h, len) in used.as_slice(nused) {
         let _ = queue.add_used(mem, h, len);
     }
     RxOutcome::Delivered {
         buffers: nused as u16,
+    }
+}
+
+/// The chains taken for one frame: 8 inline, more on the heap.
+#[derive(Default)]
+struct Used {
+    small: [(u16, u32); 8],
+    big: Vec<(u16, u32)>,
+}
+
+impl Used {
+    fn push(&mut self, n: usize, e: (u16, u32)) {
+        if n < self.small.len() {
+            self.small[n] = e;
+        } else {
+            if n == self.small.len() {
+                self.big.clear();
+                self.big.extend_from_slice(&self.small);
+            }
+            self.big.push(e);
+        }
+    }
+
+    fn as_slice(&self, n: usize) -> &[(u16, u32)] {
+        if n <= self.small.len() {
+            &self.small[..n]
+        } else {
+            &self.big[..n]
+        }
     }
 }
 

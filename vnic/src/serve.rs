@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -81,6 +82,12 @@ pub fn build(cfg: Config) -> Result<Arc<Shared>, String> {
 /// Runs the daemon until a signal ends the process.
 pub fn run(cfg: Config) -> Result<(), String> {
     let sh = build(cfg)?;
+    let sock = sh.cfg.socket.clone();
+    // The public socket is ours; the vhost-user handler listens on a private
+    // one and every connection is relayed (see relay.rs for why).
+    let _ = std::fs::remove_file(&sock);
+    let public =
+        UnixListener::bind(&sock).map_err(|e| format!("--socket {}: {e}", sock.display()))?;
     let ctl_path = sh.cfg.ctl.clone();
     let _ = std::fs::remove_file(&ctl_path);
     let listener =
@@ -119,9 +126,6 @@ pub fn run(cfg: Config) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
 
-    let sock = sh.cfg.socket.clone();
-    let mut vl =
-        Listener::new(&sock, true).map_err(|e| format!("--socket {}: {e}", sock.display()))?;
     eprintln!(
         "vnic: serving {} queue pair(s) on {} (peer {}, control {}, generation {:#x})",
         sh.cfg.queues,
@@ -138,14 +142,58 @@ pub fn run(cfg: Config) -> Result<(), String> {
         sh.generation()
     );
     loop {
-        if let Err(e) = serve_one(&sh, &mut vl) {
+        if let Err(e) = serve_one(&sh, &public) {
             log::error!("{e}");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
 
-fn serve_one(sh: &Arc<Shared>, vl: &mut Listener) -> Result<(), String> {
+/// The private socket directory of the connection being set up (removed
+/// as soon as the handler has accepted, or on exit).
+static PRIVATE_DIR: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// A fresh 0700 directory for the private vhost-user socket.
+fn private_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, PathBuf::from);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = base.join(format!("vnic-{}-{t:08x}", std::process::id()));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    Ok(dir)
+}
+
+/// Hands `frontend` to `daemon` through a relay: the handler accepts on a
+/// private socket that exists only while the connection is being set up.
+fn attach(
+    daemon: &mut VhostUserDaemon<Arc<VnicBackend>>,
+    frontend: UnixStream,
+) -> Result<[std::thread::JoinHandle<()>; 2], String> {
+    let dir = private_dir().map_err(|e| format!("private socket directory: {e}"))?;
+    *PRIVATE_DIR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(dir.clone());
+    let path = dir.join("vhost-user.sock");
+    let r = (|| {
+        let mut vl = Listener::new(&path, true)
+            .map_err(|e| format!("private socket {}: {e}", path.display()))?;
+        let inner =
+            UnixStream::connect(&path).map_err(|e| format!("connect {}: {e}", path.display()))?;
+        daemon
+            .start(&mut vl)
+            .map_err(|e| format!("accept (private): {e}"))?;
+        crate::relay::start(frontend, inner).map_err(|e| format!("relay: {e}"))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    *PRIVATE_DIR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    r
+}
+
+fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), String> {
     let conn = Arc::new(Conn::new(sh.pairs()).map_err(|e| format!("connection state: {e}"))?);
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
     let backend = Arc::new(VnicBackend::new(sh, &conn, &mem).map_err(|e| format!("backend: {e}"))?);
@@ -168,11 +216,15 @@ fn serve_one(sh: &Arc<Shared>, vl: &mut Listener) -> Result<(), String> {
     *sh.conn
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn);
-    daemon.start(vl).map_err(|e| format!("accept: {e}"))?;
+    let (frontend, _) = public.accept().map_err(|e| format!("accept: {e}"))?;
+    let relay = attach(&mut daemon, frontend)?;
     sh.connections.fetch_add(1, Ordering::Relaxed);
     sh.connected.store(true, Ordering::Relaxed);
     log::info!("frontend connected (connection {n})");
     let r = daemon.wait();
+    for t in relay {
+        let _ = t.join();
+    }
     sh.connected.store(false, Ordering::Relaxed);
     for h in &handlers {
         h.send_exit_event();
@@ -304,6 +356,15 @@ impl MgmtLoop {
         let _ = self.sig.read(&mut b);
         let sh = &self.sh;
         let flushed = sh.tracer.flush(Duration::from_secs(5));
+        if let Some(d) = PRIVATE_DIR
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        let _ = std::fs::remove_file(&sh.cfg.socket);
+        let _ = std::fs::remove_file(&sh.cfg.ctl);
         print_summary(sh, flushed);
         std::process::exit(0);
     }

@@ -28,10 +28,16 @@ use vnic::frontend::{build_frame, FrameSpec, Options};
 const USAGE: &str = "\
 vnic-bench: RX/TX packet rate of vnic serve through its vhost-user socket
 
-USAGE: vnic-bench [--quick] [--seconds S] [--vnic PATH] [--only rx|tx]
+USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--steer rss|local]
+                  [--vnic PATH] [--only rx|tx]
 
   --quick       1 s per case, 64 B frames only (8 cases)
   --seconds S   measured seconds per case (default 3; warm-up is 1 s extra)
+  --repeat N    run the whole matrix N times, report median and min..max
+  --steer M     rxq of the filters that match the generator's flows:
+                rss (default) = the queue RSS would pick, so 0 vs 65535
+                filters differs only by the lookup; local = the worker that
+                generates the flow (no cross-thread hand-off)
   --vnic PATH   the vnic binary (default: next to this one, built with
                 `cargo build` first when run through cargo)
   --only rx|tx  run one direction only
@@ -53,11 +59,12 @@ struct Case {
 
 #[derive(Debug)]
 struct Outcome {
-    case: Case,
     frames: u64,
     secs: f64,
     device_frames: u64,
     device_drops: u64,
+    /// Drop counters by reason (RX) during the measurement.
+    drop_detail: String,
     waits: u64,
 }
 
@@ -78,11 +85,27 @@ fn gen_flow(i: u16) -> FlowKey {
     .unwrap()
 }
 
-/// Filter `id`: the first GEN_FLOWS are the generator's flows spread over
-/// the pairs; the rest are synthetic flows from other hosts.
-fn filter_op(id: u16, pairs: u16) -> AddOp {
+/// How the filters of the generator's own flows choose their rx queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Steer {
+    /// The queue RSS would pick anyway: 0 vs 65535 filters then differs only
+    /// by the lookup (hit) cost.
+    Rss,
+    /// Queue `i % pairs` for flow `i`, the worker that generates it: no
+    /// frame crosses between worker threads.
+    Local,
+}
+
+/// Filter `id`: the first GEN_FLOWS are the generator's flows; the rest are
+/// synthetic flows from other hosts that never match.
+fn filter_op(id: u16, pairs: u16, steer: Steer) -> AddOp {
     if id < GEN_FLOWS {
-        return AddOp::new(id, id % pairs, &gen_flow(id));
+        let k = gen_flow(id);
+        let q = match steer {
+            Steer::Rss => arfs::Rss::new(pairs).queue_for_key(&k),
+            Steer::Local => id % pairs,
+        };
+        return AddOp::new(id, q, &k);
     }
     let n = u32::from(id);
     let src = std::net::Ipv4Addr::new(172, 16, (n >> 8) as u8, n as u8);
@@ -99,13 +122,13 @@ fn filter_op(id: u16, pairs: u16) -> AddOp {
 
 /// Install `n` filters with ADD frames of 32 ops, keeping a window of 32
 /// frames unacknowledged.
-fn install_filters(g: &mut Guest, n: u32, pairs: u16) -> Result<(), String> {
+fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<(), String> {
     let ids: Vec<u16> = (0..n).map(|i| i as u16).collect();
     let chunks: Vec<&[u16]> = ids.chunks(32).collect();
     let mut pending = std::collections::VecDeque::new();
     let timeout = Duration::from_mins(1);
     for (i, ch) in chunks.iter().enumerate() {
-        let ops = ch.iter().map(|&id| filter_op(id, pairs)).collect();
+        let ops = ch.iter().map(|&id| filter_op(id, pairs, steer)).collect();
         pending.push_back(g.send_mgmt(&arfs::proto::Message::Add(ops)));
         if pending.len() >= 32 || i + 1 == chunks.len() {
             while let Some(seq) = pending.pop_front() {
@@ -152,7 +175,7 @@ fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     }
 }
 
-fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, String> {
+fn run_case(bin: &std::path::Path, case: Case, secs: f64, steer: Steer) -> Result<Outcome, String> {
     let pairs_s = case.pairs.to_string();
     let d = Daemon::start(
         bin,
@@ -162,7 +185,7 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
             "--peer",
             "gen",
             "--table-capacity",
-            "65536",
+            "65535",
         ],
     )
     .map_err(|e| e.to_string())?;
@@ -176,7 +199,7 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
     g.hello(Duration::from_secs(30))?;
     if case.filters > 0 {
         let t0 = Instant::now();
-        install_filters(&mut g, case.filters, case.pairs)?;
+        install_filters(&mut g, case.filters, case.pairs, steer)?;
         let live = counter(&c.table().map_err(|e| e.to_string())?, "live");
         if live != u64::from(case.filters) {
             return Err(format!("{live} filters live, wanted {}", case.filters));
@@ -215,39 +238,57 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
                 }
             }));
         }
-        let gen_id = if case.dir == Dir::Rx {
-            Some(
-                c.gen_start(&json!({
-                    "flows": GEN_FLOWS,
-                    "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
-                    "dport": GEN_DPORT,
-                    "rate": 0,
-                    "size": case.size,
-                }))
-                .map_err(|e| e.to_string())?,
-            )
-        } else {
-            None
-        };
-        std::thread::sleep(warm);
-        let f0: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
-        let s0 = c.stats().map_err(|e| e.to_string())?;
-        let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(secs));
-        let f1: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
-        let el = t0.elapsed().as_secs_f64();
-        let s1 = c.stats().map_err(|e| e.to_string())?;
-        if let Some(id) = gen_id {
-            c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
-        }
+        // Whatever happens below, the pump threads must stop or the scope
+        // never ends.
+        let measured = (|| -> Result<_, String> {
+            let gen_id = if case.dir == Dir::Rx {
+                Some(
+                    c.gen_start(&json!({
+                        "flows": GEN_FLOWS,
+                        "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
+                        "dport": GEN_DPORT.to_string(),
+                        "rate": 0,
+                        "size": case.size,
+                    }))
+                    .map_err(|e| e.to_string())?,
+                )
+            } else {
+                None
+            };
+            std::thread::sleep(warm);
+            let f0: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
+            let s0 = c.stats().map_err(|e| e.to_string())?;
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            let f1: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
+            let el = t0.elapsed().as_secs_f64();
+            let s1 = c.stats().map_err(|e| e.to_string())?;
+            if let Some(id) = gen_id {
+                c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
+            }
+            Ok((f0, f1, el, s0, s1))
+        })();
         stop.store(true, Ordering::Relaxed);
         for h in handles {
             h.join().map_err(|_| "pump thread panicked".to_string())??;
         }
+        let (f0, f1, el, s0, s1) = measured?;
         let sum = |v: &serde_json::Value, f: &str| -> u64 {
             (0..case.pairs as usize)
                 .map(|q| counter(v, &format!("queues.{q}.{f}")))
                 .sum()
+        };
+        let drop_detail = if case.dir == Dir::Rx {
+            ["no_buffers", "ring_full", "too_big", "disabled"]
+                .iter()
+                .map(|r| {
+                    let f = format!("rx_drops_{r}");
+                    format!("{r} {}", sum(&s1, &f) - sum(&s0, &f))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            String::new()
         };
         let (dev, drops) = match case.dir {
             Dir::Rx => (
@@ -260,11 +301,11 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
             ),
         };
         Ok(Outcome {
-            case,
             frames: f1 - f0,
             secs: el,
             device_frames: dev,
             device_drops: drops,
+            drop_detail,
             waits: stats.iter().map(|s| s.waits.load(Ordering::Relaxed)).sum(),
         })
     })?;
@@ -277,6 +318,8 @@ fn main() {
     let mut secs = 3.0f64;
     let mut vnic = None;
     let mut only = None;
+    let mut repeat = 1usize;
+    let mut steer = Steer::Rss;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -288,6 +331,13 @@ fn main() {
                     .filter(|v: &f64| *v > 0.0)
                     .unwrap_or_else(|| fail("--seconds needs a positive number"));
             }
+            "--repeat" => {
+                repeat = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|v: &usize| *v > 0)
+                    .unwrap_or_else(|| fail("--repeat needs a positive integer"));
+            }
             "--vnic" => {
                 vnic = Some(PathBuf::from(
                     args.next().unwrap_or_else(|| fail("--vnic needs a path")),
@@ -298,6 +348,13 @@ fn main() {
                     Some("rx") => Some(Dir::Rx),
                     Some("tx") => Some(Dir::Tx),
                     _ => fail("--only takes rx or tx"),
+                }
+            }
+            "--steer" => {
+                steer = match args.next().as_deref() {
+                    Some("rss") => Steer::Rss,
+                    Some("local") => Steer::Local,
+                    _ => fail("--steer takes rss or local"),
                 }
             }
             "-h" | "--help" => {
@@ -330,43 +387,71 @@ fn main() {
             }
         }
     }
-    let mut results = Vec::new();
-    for (i, case) in cases.iter().enumerate() {
-        eprintln!("[{}/{}] {case:?}", i + 1, cases.len());
-        match run_case(&bin, *case, secs) {
-            Ok(o) => {
-                eprintln!(
-                    "  {:.3} Mpps ({} frames in {:.2} s)",
-                    o.frames as f64 / o.secs / 1e6,
-                    o.frames,
-                    o.secs
-                );
-                results.push(o);
-            }
-            Err(e) => {
-                eprintln!("  FAILED: {e}");
-                std::process::exit(1);
+    // Rounds run the whole matrix in turn, so slow phases of a shared
+    // machine spread over all cases instead of hitting one.
+    let mut results: Vec<Vec<Outcome>> = cases.iter().map(|_| Vec::new()).collect();
+    for round in 0..repeat {
+        for (i, case) in cases.iter().enumerate() {
+            eprintln!(
+                "[round {}/{repeat}, case {}/{}] {case:?}",
+                round + 1,
+                i + 1,
+                cases.len()
+            );
+            match run_case(&bin, *case, secs, steer) {
+                Ok(o) => {
+                    eprintln!(
+                        "  {:.3} Mpps ({} frames in {:.2} s; device counted {:.3} Mpps; drops {}: {})",
+                        o.frames as f64 / o.secs / 1e6,
+                        o.frames,
+                        o.secs,
+                        o.device_frames as f64 / o.secs / 1e6,
+                        o.device_drops,
+                        o.drop_detail
+                    );
+                    results[i].push(o);
+                }
+                Err(e) => {
+                    eprintln!("  FAILED: {e}");
+                    std::process::exit(1);
+                }
             }
         }
     }
     println!();
-    println!("| dir | frame | pairs | filters | Mpps total | Mpps / worker | Gbit/s | device count | device drops | driver sleeps |");
+    println!(
+        "vnic-bench: {secs} s per case, {repeat} round(s), filters of generator flows steered {}",
+        match steer {
+            Steer::Rss => "to their RSS queue",
+            Steer::Local => "to their generating worker",
+        }
+    );
+    println!();
+    println!("| dir | frame | pairs | filters | Mpps total (median) | min..max | Mpps / worker | Gbit/s | device drops | driver sleeps/s |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for o in &results {
-        let mpps = o.frames as f64 / o.secs / 1e6;
-        let gbps = mpps * 1e6 * (o.case.size as f64) * 8.0 / 1e9;
+    for (case, runs) in cases.iter().zip(&results) {
+        let mut mpps: Vec<f64> = runs
+            .iter()
+            .map(|o| o.frames as f64 / o.secs / 1e6)
+            .collect();
+        mpps.sort_by(f64::total_cmp);
+        let med = mpps[mpps.len() / 2];
+        let gbps = med * 1e6 * (case.size as f64) * 8.0 / 1e9;
+        let drops: u64 = runs.iter().map(|o| o.device_drops).sum::<u64>() / runs.len() as u64;
+        let sleeps = runs.iter().map(|o| o.waits as f64 / o.secs).sum::<f64>() / runs.len() as f64;
         println!(
-            "| {} | {} B | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} Mpps | {} | {} |",
-            if o.case.dir == Dir::Rx { "RX" } else { "TX" },
-            o.case.size,
-            o.case.pairs,
-            o.case.filters,
-            mpps,
-            mpps / f64::from(o.case.pairs),
+            "| {} | {} B | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.2} | {} | {:.0} |",
+            if case.dir == Dir::Rx { "RX" } else { "TX" },
+            case.size,
+            case.pairs,
+            case.filters,
+            med,
+            mpps[0],
+            mpps[mpps.len() - 1],
+            med / f64::from(case.pairs),
             gbps,
-            o.device_frames as f64 / o.secs / 1e6,
-            o.device_drops,
-            o.waits
+            drops,
+            sleeps
         );
     }
 }

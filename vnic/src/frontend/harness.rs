@@ -186,8 +186,24 @@ pub struct Ctl {
 }
 
 impl Ctl {
+    /// Connect, retrying for up to 20 s while the daemon has created the
+    /// socket file but is not listening yet (ECONNREFUSED) or not created it.
     pub fn connect(path: &Path) -> io::Result<Ctl> {
-        let s = std::os::unix::net::UnixStream::connect(path)?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let s = loop {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                    ) && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+            }
+        };
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         Ok(Ctl {
             reader: std::io::BufReader::new(s.try_clone()?),
