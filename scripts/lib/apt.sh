@@ -167,9 +167,19 @@ vnic_apt() {
 # are older than $VNIC_APT_MAX_AGE hours (default 24). VNIC_APT_REFRESH=1 forces it.
 # vnic_apt_prepare STATE
 vnic_apt_prepare() {
-    local state=$1 d stamp want have age max=${VNIC_APT_MAX_AGE:-24}
-    d=$(vnic_apt_dir "$state")
+    local d
+    d=$(vnic_apt_dir "$1")
     mkdir -p "$d/sources.list.d" "$d/lists/partial" "$d/cache/archives/partial"
+    # Serialise concurrent callers (e.g. two kernel builds started together): the
+    # second waits, then finds the lists fresh.
+    (
+        flock 8
+        vnic_apt_prepare_locked "$1" "$d"
+    ) 8>"$d/prepare.lock"
+}
+
+vnic_apt_prepare_locked() {
+    local state=$1 d=$2 stamp want have age max=${VNIC_APT_MAX_AGE:-24}
     vnic_apt_write_sources "$state" "$d"
     want=$(sha256sum <"$d/sources.list" | cut -c1-16)
     stamp="$d/updated.stamp"
