@@ -23,6 +23,8 @@ pub const MAX_FILTER_ID: u16 = 0xFFFE;
 pub const MAX_CAPACITY: u32 = 0xFFFF;
 /// Largest bucket count.
 pub const MAX_BUCKETS: u32 = 1 << 20;
+/// Most requests [`FilterTable::try_submit`] lets wait for their due time.
+pub const MAX_PENDING_REQUESTS: usize = 4096;
 /// Largest programming latency (CAPS carries microseconds in a u32).
 pub const MAX_LATENCY_NS: u64 = u32::MAX as u64 * 1000;
 
@@ -557,6 +559,18 @@ impl FilterTable {
             req,
         });
         due
+    }
+
+    /// Like [`Self::submit`], but refuses the request (returning it) when
+    /// [`MAX_PENDING_REQUESTS`] are already waiting: a guest that streams
+    /// requests faster than the programming latency drains them cannot grow
+    /// the queue without bound. The caller drops the frame (the driver
+    /// retransmits it) and counts it.
+    pub fn try_submit(&mut self, now_ns: u64, seq: u32, req: Request) -> Result<u64, Request> {
+        if self.pending.len() >= MAX_PENDING_REQUESTS {
+            return Err(req);
+        }
+        Ok(self.submit(now_ns, seq, req))
     }
 
     /// Due time of the oldest pending request.

@@ -374,6 +374,26 @@ fn requests_never_overtake_when_latency_drops() {
 }
 
 #[test]
+fn pending_queue_is_bounded_for_try_submit() {
+    use arfs::table::MAX_PENDING_REQUESTS;
+    let mut t = table(TableConfig {
+        latency_ns: 1_000_000,
+        ..TableConfig::default()
+    });
+    for seq in 0..MAX_PENDING_REQUESTS as u32 {
+        assert!(t
+            .try_submit(0, seq, Request::Flush(DelReason::Flush))
+            .is_ok());
+    }
+    let req = Request::Del(vec![del(1, DelReason::Idle)]);
+    assert_eq!(t.try_submit(0, 9999, req.clone()), Err(req));
+    assert_eq!(t.pending(), MAX_PENDING_REQUESTS);
+    let n = t.advance(1_000_000, 4, &mut |_| {});
+    assert_eq!((n, t.pending()), (MAX_PENDING_REQUESTS, 0));
+    assert!(t.try_submit(0, 1, Request::Flush(DelReason::Flush)).is_ok());
+}
+
+#[test]
 fn flush_and_clear() {
     let mut t = table(TableConfig::default());
     run(
