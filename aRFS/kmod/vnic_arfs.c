@@ -148,6 +148,7 @@ struct vnic_slot {
 	bool acked;
 	u8 type;
 	u16 nops;
+	u8 retries;
 	u16 len;			/* whole frame, Ethernet header included */
 	unsigned long sent_at;
 	u8 buf[VNIC_FRAME_MAX];
@@ -176,6 +177,7 @@ struct vnic_counters {
 	u64 frames_sent, retransmits, hellos, flushes, flush_acks, acks;
 	u64 naks, rx_malformed, rx_stale, rx_wrong_gen, xmit_errors;
 	u64 gen_changes, replays, replayed, rmap_rebuilds, ntuple_flushes, queue_flushes;
+	u64 stalls;
 };
 
 enum vnic_state {
@@ -708,6 +710,7 @@ static bool vnic_build_request_locked(struct vnic_ctx *ctx, unsigned long now)
 	s->nops = n;
 	s->used = true;
 	s->acked = false;
+	s->retries = 0;
 	s->sent_at = now;
 	ctx->next_seq++;
 	ctx->c.frames_sent++;
@@ -1488,6 +1491,20 @@ static void vnic_work_active(struct vnic_ctx *ctx)
 	vnic_expire_locked(ctx, now);
 
 	if (vnic_link_ok(dev)) {
+		/*
+		 * The oldest frame went unanswered VNIC_MAX_RETRIES times: the
+		 * device may expect another seq (someone else sent HELLO, or it
+		 * lost its state without a new generation). Restart the session.
+		 */
+		if (!ctx->hello_out && !ctx->resync && ctx->una != ctx->next_seq) {
+			struct vnic_slot *old = vnic_slot(ctx, ctx->una);
+
+			if (old->used && !old->acked && old->retries >= VNIC_MAX_RETRIES &&
+			    time_after_eq(now, old->sent_at + rto)) {
+				ctx->resync = true;
+				ctx->c.stalls++;
+			}
+		}
 		if (ctx->hello_out) {
 			if (time_after_eq(now, ctx->hello_sent_at + rto)) {
 				ctx->hello_sent_at = now;
@@ -1514,6 +1531,8 @@ static void vnic_work_active(struct vnic_ctx *ctx)
 					if (!s->used || s->acked)
 						continue;
 					s->sent_at = now;
+					if (s->retries < U8_MAX)
+						s->retries++;
 					tosend[nsend++] = seq;
 					ctx->c.retransmits++;
 				}
@@ -1625,6 +1644,7 @@ static int vnic_counters_show(struct seq_file *m, void *v)
 	P("rmap_rebuilds", c.rmap_rebuilds);
 	P("ntuple_flushes", c.ntuple_flushes);
 	P("queue_flushes", c.queue_flushes);
+	P("stalls", c.stalls);
 #undef P
 	return 0;
 }

@@ -74,5 +74,6 @@ enum vnic_op_status {
 #define VNIC_MAX_ID		0xFFFE
 
 #define VNIC_WINDOW		64	/* most unacked request frames */
+#define VNIC_MAX_RETRIES	5	/* then HELLO again (session restart) */
 
 #endif /* VNIC_ARFS_H */

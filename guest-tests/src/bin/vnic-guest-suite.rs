@@ -28,7 +28,8 @@ OPTIONS:
     --flows N             flows in steer/migrate/expiry (default 64; demo 256)
     --rate PPS            generator packets per second over all flows (default 2000; demo 4000)
     --measure SECS        measurement window after warm-up (default 5)
-    --flow-cnt N          rps_flow_cnt per rx queue (default 1024)
+    --flow-cnt N          rps_flow_cnt per rx queue (default 262144, demo 1048576: low slot-collision odds)
+    --sock-flow-entries N net.core.rps_sock_flow_entries (default 1048576; demo 4194304)
     --idle-ms MS          the module's idle timeout (default 2000)
     --artifacts DIR       where logs, traces and snapshots go
                           (default target/guest-tests/<UTC time>)
@@ -65,6 +66,8 @@ fn parse_args() -> Result<Args, String> {
         a.kernels = vec!["7.3".into()];
         a.settings.flows = 256;
         a.settings.rate = 4000;
+        a.settings.sock_flow_entries = 1 << 22;
+        a.settings.flow_cnt = 1 << 20;
     }
     let (mut image, mut kdir) = (None, None);
     while let Some(arg) = it.next() {
@@ -90,7 +93,15 @@ fn parse_args() -> Result<Args, String> {
                     Duration::from_secs(num(&val("--measure")?, "--measure", 1, 600)?);
             }
             "--flow-cnt" => {
-                a.settings.flow_cnt = num(&val("--flow-cnt")?, "--flow-cnt", 1, 1 << 20)? as u32;
+                a.settings.flow_cnt = num(&val("--flow-cnt")?, "--flow-cnt", 1, 1 << 24)? as u32;
+            }
+            "--sock-flow-entries" => {
+                a.settings.sock_flow_entries = num(
+                    &val("--sock-flow-entries")?,
+                    "--sock-flow-entries",
+                    1,
+                    1 << 29,
+                )? as u32;
             }
             "--idle-ms" => {
                 a.settings.module.idle_timeout_ms =
