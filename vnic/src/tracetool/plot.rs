@@ -144,9 +144,7 @@ pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
     {
         let root = SVGBackend::with_string(&mut svg, (1000, 760)).into_drawing_area();
         root.fill(&WHITE).map_err(err(out))?;
-        let root = root
-            .titled(title, ("sans-serif", 20))
-            .map_err(err(out))?;
+        let root = root.titled(title, ("sans-serif", 28)).map_err(err(out))?;
         let (upper, lower) = root.split_vertically(370);
         let n = s.adds.len();
         let w_s = s.bucket_ns as f64 / 1e9;
@@ -165,15 +163,18 @@ pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
 
         let mut c = ChartBuilder::on(&upper)
             .margin(12)
+            .margin_right(30)
             .caption(
                 format!("Filter table writes per {bucket} bucket"),
-                ("sans-serif", 16),
+                ("sans-serif", 24),
             )
-            .x_label_area_size(40)
-            .y_label_area_size(70)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
             .build_cartesian_2d(0f64..x_max, 0u64..(ops_max + ops_max / 10 + 1))
             .map_err(err(out))?;
         c.configure_mesh()
+            .label_style(("sans-serif", 18))
+            .axis_desc_style(("sans-serif", 20))
             .x_desc("time since the first event (s)")
             .y_desc(format!("lines per {bucket}"))
             .draw()
@@ -181,7 +182,7 @@ pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
         for (name, data, color) in [
             ("add", &s.adds, BLUE),
             ("del", &s.dels, RED),
-            ("replace", &s.replaces, GREEN),
+            ("replace", &s.replaces, RGBColor(0, 150, 0)),
         ] {
             c.draw_series(LineSeries::new(
                 data.iter().enumerate().map(|(i, &v)| (centre(i), v)),
@@ -189,24 +190,30 @@ pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
             ))
             .map_err(err(out))?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         }
         c.configure_series_labels()
             .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
+            .label_font(("sans-serif", 20))
             .draw()
             .map_err(err(out))?;
 
         let live_max = s.live.iter().copied().max().unwrap_or(0);
         let mut c = ChartBuilder::on(&lower)
             .margin(12)
-            .caption("Table occupancy", ("sans-serif", 16))
-            .x_label_area_size(40)
-            .y_label_area_size(70)
+            .margin_right(30)
+            .caption("Table occupancy", ("sans-serif", 24))
+            .x_label_area_size(50)
+            .y_label_area_size(80)
             .build_cartesian_2d(0f64..x_max, 0u64..(live_max + live_max / 10 + 1))
             .map_err(err(out))?;
         c.configure_mesh()
+            .label_style(("sans-serif", 18))
+            .axis_desc_style(("sans-serif", 20))
             .x_desc("time since the first event (s)")
             .y_desc("live filters")
             .draw()
@@ -227,6 +234,7 @@ pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
             .position(SeriesLabelPosition::UpperRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
+            .label_font(("sans-serif", 20))
             .draw()
             .map_err(err(out))?;
         root.present().map_err(err(out))?;
@@ -239,8 +247,10 @@ pub fn plot(path: &Path, out: &Path) -> Result<String, String> {
     let s = bin(path)?;
     let title = format!(
         "vnic trace {}",
-        path.file_name()
-            .map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned())
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into_owned()
+        )
     );
     let svg = render(&s, &title, out)?;
     std::fs::write(out, svg).map_err(|e| format!("{}: cannot write: {e}", out.display()))?;

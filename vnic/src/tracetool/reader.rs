@@ -172,7 +172,10 @@ pub fn for_each_record(path: &Path, mut f: impl FnMut(&TraceRecord)) -> Result<L
     let file = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
     let size = file.metadata().ok().map(|m| m.len());
     if file.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(format!("{}: is a directory, not a trace file", path.display()));
+        return Err(format!(
+            "{}: is a directory, not a trace file",
+            path.display()
+        ));
     }
     let mut r = BufReader::with_capacity(1 << 16, file);
     let mut stats = LineStats::default();
@@ -266,10 +269,7 @@ mod tests {
         assert_eq!(buf, b"a");
         assert_eq!(read_line(&mut r, &mut buf).unwrap(), (1, false));
         assert!(buf.is_empty());
-        assert_eq!(
-            read_line(&mut r, &mut buf).unwrap(),
-            (MAX_LINE + 11, true)
-        );
+        assert_eq!(read_line(&mut r, &mut buf).unwrap(), (MAX_LINE + 11, true));
         assert!(buf.is_empty());
         assert_eq!(read_line(&mut r, &mut buf).unwrap(), (4, false));
         assert_eq!(buf, b"last");

@@ -438,7 +438,11 @@ pub fn summarize(path: &Path, opts: &Options) -> Result<Summary, String> {
         }
         Some(m)
     };
-    let table = opts.final_table.as_deref().map(read_final_table).transpose()?;
+    let table = opts
+        .final_table
+        .as_deref()
+        .map(read_final_table)
+        .transpose()?;
 
     let mut acc = Acc::new();
     let lines = reader::for_each_record(path, |r| acc.record(r))?;
@@ -576,26 +580,26 @@ fn duration_text(s: f64) -> String {
 /// The human-readable report. `exact` prints exact counts in the table
 /// instead of the patch's K/M units.
 pub fn render(s: &Summary, exact: bool) -> String {
-    let n = |v: u64| if exact { v.to_string() } else { units(v) };
+    let num = |v: u64| if exact { v.to_string() } else { units(v) };
     let mut o = String::new();
-    let l = &s.lines;
+    let lines_read = &s.lines;
     let _ = writeln!(
         o,
         "trace {}: {} records in {} lines ({} malformed, {} blank)",
         s.file.display(),
-        l.records,
-        l.total,
-        l.malformed,
-        l.blank
+        lines_read.records,
+        lines_read.total,
+        lines_read.malformed,
+        lines_read.blank
     );
-    for m in &l.malformed_examples {
+    for m in &lines_read.malformed_examples {
         let _ = writeln!(o, "  malformed line {}: {}", m.line, m.error);
     }
-    if l.malformed > l.malformed_examples.len() as u64 {
+    if lines_read.malformed > lines_read.malformed_examples.len() as u64 {
         let _ = writeln!(
             o,
             "  ... and {} more malformed lines",
-            l.malformed - l.malformed_examples.len() as u64
+            lines_read.malformed - lines_read.malformed_examples.len() as u64
         );
     }
     match (s.time.first_ts_ns, s.time.last_ts_ns) {
@@ -612,15 +616,15 @@ pub fn render(s: &Summary, exact: bool) -> String {
     }
     o.push('\n');
 
-    let steer = s.steer_calls.map_or_else(|| "-".to_string(), n);
+    let steer = s.steer_calls.map_or_else(|| "-".to_string(), num);
     let churn = s
         .churn_per_s
         .map_or_else(|| "-".to_string(), |c| format!("{c:.1}"));
     let row = [
-        n(s.add),
-        n(s.del.total),
-        n(s.replace.total),
-        n(s.reject.total),
+        num(s.add),
+        num(s.del.total),
+        num(s.replace.total),
+        num(s.reject.total),
         steer,
         duration_text(s.time.duration_s),
         churn,
@@ -647,13 +651,23 @@ pub fn render(s: &Summary, exact: bool) -> String {
     let _ = writeln!(o, "{}", fmt_row(&row_refs));
     o.push('\n');
 
-    let _ = writeln!(o, "Del by reason:      {}{}", s.del.total, reasons_line(&s.del));
+    let _ = writeln!(
+        o,
+        "Del by reason:      {}{}",
+        s.del.total,
+        reasons_line(&s.del)
+    );
     let _ = writeln!(
         o,
         "Replace:            {} (resteer {}, new_flow {}, moved {})",
         s.replace.total, s.replace.resteer, s.replace.new_flow, s.replace.moved
     );
-    let _ = writeln!(o, "Reject by reason:   {}{}", s.reject.total, reasons_line(&s.reject));
+    let _ = writeln!(
+        o,
+        "Reject by reason:   {}{}",
+        s.reject.total,
+        reasons_line(&s.reject)
+    );
     let _ = writeln!(
         o,
         "Unknown-delete:     {}{}",
@@ -689,19 +703,26 @@ pub fn render(s: &Summary, exact: bool) -> String {
         "Live filters:       {} at end, {} at peak",
         s.live.end, s.live.peak
     );
-    let t = &s.thrashing;
+    let thr = &s.thrashing;
     let _ = writeln!(
         o,
         "Thrashing:          {} of {} flows programmed more than {} times ({} programmings)",
-        t.flows, t.distinct_flows, t.threshold, t.programmings
+        thr.flows, thr.distinct_flows, thr.threshold, thr.programmings
     );
-    for off in &t.top {
+    for off in &thr.top {
         let _ = writeln!(o, "  {:>8}  {}", off.programmed, off.flow);
     }
     if let Some(m) = &s.module {
         let files: Vec<String> = m.files.iter().map(|f| f.display().to_string()).collect();
         let _ = writeln!(o, "Module counters:    {}", files.join(", "));
-        for key in ["steer_calls", "adds", "resteers", "busy", "add_ops", "del_ops"] {
+        for key in [
+            "steer_calls",
+            "adds",
+            "resteers",
+            "busy",
+            "add_ops",
+            "del_ops",
+        ] {
             if let Some(v) = m.counters.get(key) {
                 let _ = writeln!(o, "  {key:<12} {v}");
             }
@@ -719,7 +740,10 @@ pub fn render(s: &Summary, exact: bool) -> String {
     o.push('\n');
 
     let with_table = s.final_table.is_some();
-    let _ = write!(o, "| rxq | Programmed | Removed |       Hits | Live at end |");
+    let _ = write!(
+        o,
+        "| rxq | Programmed | Removed |       Hits | Live at end |"
+    );
     if with_table {
         let _ = write!(o, " Table live | Table hits |");
     }
