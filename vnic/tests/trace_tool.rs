@@ -300,6 +300,19 @@ fn summary_counts_a_scripted_run_exactly() {
         json!({"remove_not_live": 0, "add_already_live": 0, "live_at_reset": 0})
     );
 
+    // The example in TRACE-TOOLS.md is this output (paths shortened, one
+    // malformed example shown).
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/TRACE-TOOLS.md")).unwrap();
+    let block = doc.split("### `--json`").nth(1).unwrap();
+    let block = block.split("```json").nth(1).unwrap();
+    let doc_json: Value = serde_json::from_str(block.split("```").next().unwrap()).unwrap();
+    let mut shown = s.clone();
+    shown["file"] = json!("trace.jsonl");
+    shown["module"]["files"] = json!(["counters.eth0", "counters.eth1"]);
+    shown["lines"]["malformed_examples"] = json!([s["lines"]["malformed_examples"][0]]);
+    assert_eq!(doc_json, shown);
+
     // The table's own counters agree with what the tool read from the trace.
     let c = run.table.counters();
     assert_eq!(s["add"], c.adds);

@@ -17,12 +17,17 @@ pub struct TraceArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum TraceCmd {
-    /// Count what the filter table did: Add / Del / Replace / Reject in the style of the
-    /// 2025 slot-collision patch, Steer-C from the guest module, churn, thrashing flows and
-    /// per-queue hits. A legend explains every number.
+    /// Count what the filter table did (a table in the style of the slot-collision patch).
+    ///
+    /// Add / Del / Replace / Reject with their reasons, Steer-C from the guest module's
+    /// counters, churn per second, thrashing flows and per-queue filter hits; a legend says
+    /// what each number counts. `--json` prints the same for scripts (vnic/TRACE-TOOLS.md).
     Summary(SummaryArgs),
-    /// Plot table writes (add, del, replace per time bucket) and table occupancy over time
-    /// into one SVG file.
+    /// Plot table writes and table occupancy over time into one SVG file.
+    ///
+    /// Top panel: add, del and replace lines per time bucket (auto-sized, at most ~200
+    /// buckets); bottom panel: live filters at the end of each bucket. Time in seconds
+    /// since the first event.
     Plot(PlotArgs),
 }
 
@@ -34,7 +39,8 @@ pub struct SummaryArgs {
     pub file: PathBuf,
     /// The guest module's debugfs `counters` file(s)
     /// (/sys/kernel/debug/vnic_arfs/IFNAME/counters, copied out): Steer-C is the sum of their
-    /// `steer_calls`. Repeat the option or list several files.
+    /// `steer_calls`. Repeat the option or list several files (then put FILE first:
+    /// `summary trace.jsonl --module-stats a b`).
     #[arg(long, value_name = "FILE", num_args = 1.., action = clap::ArgAction::Append)]
     pub module_stats: Vec<PathBuf>,
     /// A `vnic ctl table` dump taken after the trace ended: adds the hits of the filters

@@ -676,7 +676,7 @@ pub fn render(s: &Summary, exact: bool) -> String {
     );
     let _ = writeln!(
         o,
-        "Flushes:            {}; evicted on reset: {} ({} resets)",
+        "Flushes:            {}; evicted by device resets: {} (resets: {})",
         s.flushes, s.evict, s.resets
     );
     let _ = writeln!(
@@ -776,8 +776,9 @@ pub fn render(s: &Summary, exact: bool) -> String {
 pub const LEGEND: &str = "\
 Legend (counts are trace lines unless said otherwise):
   Add       filters installed under an id that was not live (`add`)
-  Del       filters removed: DEL ops, one per filter of a FLUSH, and filters displaced
-            when an ADD moved their flow (reason `replaced`) (`del`); not evictions
+  Del       filters removed (`del`): by DEL ops (any reason), one per filter of a FLUSH,
+            and filters displaced when an ADD moved their flow (reason `replaced`);
+            not evictions by a device reset
   Replace   ADD ops that overwrote a live filter (`replace`): resteer = same id and flow,
             new_flow = same id reused for another flow, moved = flow moved to another id
   Reject    ADD ops the device refused, by op status (`reject`)
