@@ -3,6 +3,8 @@
 //! whose events are turned into lines by `arfs::TraceRecord` exactly as the
 //! daemon does.
 
+mod common;
+
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -34,11 +36,32 @@ fn ok_json(args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).expect("summary --json is JSON")
 }
 
-fn tmpdir(name: &str) -> PathBuf {
+/// A scratch directory, removed on drop unless the test failed (then it is
+/// kept for a look at the files).
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test files kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn tmpdir(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("vnic-trace-tool-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 fn p(path: &Path) -> &str {
@@ -591,4 +614,122 @@ fn bad_arguments_name_the_file_or_option() {
     let s = ok_json(&["trace", "summary", p(&junk), "--json"]);
     assert_eq!(s["lines"]["malformed"], 2);
     assert_eq!(s["churn_per_s"], Value::Null);
+}
+
+/// A real daemon: `vnic serve --trace` driven by the Rust vhost-user
+/// frontend (management frames and generator traffic), then summarised. The
+/// counts must match the daemon's own counters, and the hits its table dump.
+#[test]
+fn summary_of_a_real_daemon_trace() {
+    let d = tmpdir("daemon");
+    let trace = d.join("trace.jsonl");
+    let mut dm = common::daemon(&[
+        "--queues",
+        "2",
+        "--table-capacity",
+        "2",
+        "--trace",
+        p(&trace),
+    ]);
+    let mut g = common::guest(&dm, 2, 2);
+    let mut c = common::ctl(&dm);
+    // The daemon notices vring enables asynchronously: wait for both pairs
+    // (an ADD to rxq 1 before that is refused with bad_queue).
+    common::wait_stats(&mut c, "2 enabled pairs", |s| s["enabled_pairs"] == 2);
+    let caps = g.hello(common::T).expect("HELLO");
+    assert_eq!(caps.enabled_queue_pairs, 2);
+    let (fa, fb, fc) = (
+        common::gen_flow(10000, 5001),
+        common::gen_flow(10001, 5001),
+        common::gen_flow(10002, 5001),
+    );
+    let burst = |g: &mut vnic::frontend::guest::Guest,
+                 c: &mut vnic::frontend::harness::Ctl,
+                 sport: u16,
+                 count: u64| {
+        common::gen_burst(
+            c,
+            &json!({"flows": 1, "sport": sport.to_string(), "count": count, "rate": 10000}),
+        );
+        g.wait_until(common::T, "burst frames", |g| g.stashed() as u64 >= count)
+            .unwrap();
+        g.take_all();
+    };
+    g.add(
+        vec![AddOp::new(1, 0, &fa), AddOp::new(2, 1, &fb)],
+        common::T,
+    )
+    .unwrap();
+    burst(&mut g, &mut c, 10000, 20);
+    burst(&mut g, &mut c, 10001, 30);
+    // Table full (capacity 2); then B re-steered to rxq0 (30 hits on rxq1 end).
+    g.add(vec![AddOp::new(3, 0, &fc)], common::T).unwrap();
+    g.add(vec![AddOp::new(2, 0, &fb)], common::T).unwrap();
+    burst(&mut g, &mut c, 10001, 10);
+    g.del(
+        vec![
+            DelOp {
+                id: 1,
+                reason: DelReason::Expired,
+            },
+            DelOp {
+                id: 9,
+                reason: DelReason::Idle,
+            },
+        ],
+        common::T,
+    )
+    .unwrap();
+    let stats = c.stats().unwrap();
+    let table = d.join("table.json");
+    std::fs::write(&table, c.table().unwrap().to_string()).unwrap();
+    dm.terminate(common::T).unwrap();
+
+    let s = ok_json(&[
+        "trace",
+        "summary",
+        p(&trace),
+        "--final-table",
+        p(&table),
+        "--json",
+    ]);
+    assert_eq!(s["lines"]["malformed"], 0);
+    // start, connect + its reset, 2 add + ack, reject + ack, replace + ack,
+    // del + unknown_del + ack; the daemon dropped none.
+    assert_eq!(s["lines"]["records"], 13);
+    assert_eq!(stats["trace"]["dropped"], 0);
+    assert_eq!(s["add"], 2);
+    assert_eq!(s["add"], common::counter(&stats, "table.adds"));
+    assert_eq!(
+        s["replace"],
+        json!({"total": 1, "resteer": 1, "new_flow": 0, "moved": 0})
+    );
+    assert_eq!(s["replace"]["total"], stats["table"]["replaces"]);
+    assert_eq!(s["del"]["total"], 1);
+    assert_eq!(s["del"]["by_reason"]["expired"], 1);
+    assert_eq!(s["reject"]["by_reason"]["table_full"], 1);
+    assert_eq!(s["reject"]["total"], 1);
+    assert_eq!(s["unknown_del"]["total"], stats["table"]["unknown_deletes"]);
+    assert_eq!(s["unknown_del"]["by_reason"]["idle"], 1);
+    assert_eq!(s["acks"], 4);
+    // The daemon counts resets; the trace also has its `start` line.
+    assert_eq!(s["gen_changes"]["by_reason"]["start"], 1);
+    assert_eq!(
+        s["gen_changes"]["total"].as_u64().unwrap(),
+        stats["table"]["generation_changes"].as_u64().unwrap() + 1
+    );
+    assert_eq!(s["live"]["end"], 1);
+    // rxq0: A's 20 (del) + B's 10 still live (table dump); rxq1: B's 30
+    // before the re-steer (replace).
+    assert_eq!(
+        s["per_rxq"],
+        json!([
+            {"rxq": 0, "programmed": 2, "removed": 1, "hits": 20, "live_end": 1, "table_live": 1, "table_hits": 10},
+            {"rxq": 1, "programmed": 1, "removed": 1, "hits": 30, "live_end": 0, "table_live": 0, "table_hits": 0},
+        ])
+    );
+    assert_eq!(
+        s["inconsistencies"],
+        json!({"remove_not_live": 0, "add_already_live": 0, "live_at_reset": 0})
+    );
 }
