@@ -733,3 +733,27 @@ fn summary_of_a_real_daemon_trace() {
         json!({"remove_not_live": 0, "add_already_live": 0, "live_at_reset": 0})
     );
 }
+
+#[test]
+fn summary_flags_a_trace_with_missing_lines() {
+    // The scripted trace without its first two `add` lines (as when the
+    // daemon drops records): the del of id 1 and the re-steer of id 2 name
+    // ids the trace never installed.
+    let d = tmpdir("missing");
+    let mut recs = scripted().recs;
+    recs.retain(|r| !(r.event == arfs::EventKind::Add && r.seq == Some(1) && r.gen == 1));
+    let trace = d.join("trace.jsonl");
+    write_trace(&trace, &recs, false);
+    let s = ok_json(&["trace", "summary", p(&trace), "--json"]);
+    assert_eq!(s["add"], 6);
+    assert_eq!(
+        s["inconsistencies"],
+        json!({"remove_not_live": 2, "add_already_live": 0, "live_at_reset": 0})
+    );
+    let o = vnic(&["trace", "summary", p(&trace)]);
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        text.contains("WARNING: the trace contradicts itself (records missing?): 2 removals"),
+        "{text}"
+    );
+}
