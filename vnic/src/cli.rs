@@ -30,6 +30,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Talk to a running daemon through its control socket.
     Ctl(CtlArgs),
+    /// Summarise or plot a trace file written by `vnic serve --trace FILE`.
+    Trace(crate::tracetool::TraceArgs),
 }
 
 #[derive(Args, Debug)]

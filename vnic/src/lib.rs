@@ -16,3 +16,4 @@ pub mod shared;
 pub mod stats;
 pub mod tap;
 pub mod trace;
+pub mod tracetool;

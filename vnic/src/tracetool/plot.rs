@@ -1,0 +1,286 @@
+//! `vnic trace plot`: table writes over time and table occupancy, one SVG
+//! with two panels (plotters, SVG backend, no system fonts).
+//!
+//! Two streaming passes over the file: the first finds the time span, the
+//! second counts events into buckets of a "nice" width (1, 2 or 5 x 10^k ns)
+//! chosen so that there are at most [`MAX_BUCKETS`] buckets.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use arfs::{EventKind, TraceRecord};
+use plotters::prelude::*;
+
+use super::reader::{self, LineStats};
+
+/// Most buckets in the time axis.
+pub const MAX_BUCKETS: u64 = 200;
+
+/// The binned series.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    /// Smallest ts_ns: time 0 of the plot.
+    pub t0_ns: u64,
+    /// Bucket width in ns.
+    pub bucket_ns: u64,
+    /// `add` lines per bucket.
+    pub adds: Vec<u64>,
+    /// `del` lines per bucket.
+    pub dels: Vec<u64>,
+    /// `replace` lines per bucket.
+    pub replaces: Vec<u64>,
+    /// Live filters at the end of each bucket (the last value before it when
+    /// the bucket has no event).
+    pub live: Vec<u64>,
+    /// Lines of the second pass.
+    pub lines: LineStats,
+}
+
+/// The smallest 1/2/5 x 10^k at least `x` (x >= 1).
+pub fn nice_ceil(x: u64) -> u64 {
+    let mut p: u64 = 1;
+    loop {
+        for m in [1, 2, 5] {
+            let v = p.saturating_mul(m);
+            if v >= x || v == u64::MAX {
+                return v;
+            }
+        }
+        p = p.saturating_mul(10);
+    }
+}
+
+/// Bucket width for a span (ns).
+pub fn bucket_width(span_ns: u64) -> u64 {
+    nice_ceil(span_ns.div_ceil(MAX_BUCKETS).max(1))
+}
+
+/// A duration in ns as text (`50 ms`, `2 s`, `500 us`).
+pub fn ns_text(ns: u64) -> String {
+    match ns {
+        n if n >= 1_000_000_000 && n % 1_000_000_000 == 0 => format!("{} s", n / 1_000_000_000),
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{} ms", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{} us", n / 1_000),
+        n => format!("{n} ns"),
+    }
+}
+
+/// Reads `path` twice and bins it.
+pub fn bin(path: &Path) -> Result<Series, String> {
+    let mut span: Option<(u64, u64)> = None;
+    reader::for_each_record(path, |r| {
+        span = Some(span.map_or((r.ts_ns, r.ts_ns), |(a, b)| {
+            (a.min(r.ts_ns), b.max(r.ts_ns))
+        }));
+    })?;
+    let Some((t0, t1)) = span else {
+        return Err(format!(
+            "{}: no valid trace records to plot",
+            path.display()
+        ));
+    };
+    let width = bucket_width(t1 - t0);
+    let n = ((t1 - t0) / width + 1) as usize;
+    let mut s = Series {
+        t0_ns: t0,
+        bucket_ns: width,
+        adds: vec![0; n],
+        dels: vec![0; n],
+        replaces: vec![0; n],
+        live: vec![0; n],
+        lines: LineStats::default(),
+    };
+    // Live ids (as in the summary): robust to a missing line, never negative.
+    let mut live: HashSet<u16> = HashSet::new();
+    let mut set: Vec<Option<u64>> = vec![None; n];
+    s.lines = reader::for_each_record(path, |r: &TraceRecord| {
+        // A file that grew between the passes: clamp into the last bucket.
+        let b = (((r.ts_ns.max(t0) - t0) / width) as usize).min(n - 1);
+        match r.event {
+            EventKind::Add => {
+                s.adds[b] += 1;
+                live.extend(r.id);
+            }
+            EventKind::Replace => {
+                s.replaces[b] += 1;
+                if let Some(p) = r.prev_id {
+                    live.remove(&p);
+                }
+                live.extend(r.id);
+            }
+            EventKind::Del => {
+                s.dels[b] += 1;
+                if let Some(id) = r.id {
+                    live.remove(&id);
+                }
+            }
+            EventKind::Evict => {
+                if let Some(id) = r.id {
+                    live.remove(&id);
+                }
+            }
+            EventKind::Reset => live.clear(),
+            _ => return,
+        }
+        set[b] = Some(live.len() as u64);
+    })?;
+    let mut cur = 0;
+    for (v, x) in s.live.iter_mut().zip(&set) {
+        if let Some(x) = x {
+            cur = *x;
+        }
+        *v = cur;
+    }
+    Ok(s)
+}
+
+fn err<E: std::fmt::Display>(out: &Path) -> impl Fn(E) -> String + '_ {
+    move |e| format!("{}: cannot draw the plot: {e}", out.display())
+}
+
+/// Draws `s` as SVG text.
+pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 760)).into_drawing_area();
+        root.fill(&WHITE).map_err(err(out))?;
+        let root = root.titled(title, ("sans-serif", 28)).map_err(err(out))?;
+        let (upper, lower) = root.split_vertically(370);
+        let n = s.adds.len();
+        let w_s = s.bucket_ns as f64 / 1e9;
+        let x_max = (n as f64 * w_s).max(f64::MIN_POSITIVE);
+        // Counts at bucket centres, occupancy at bucket ends from (0, 0).
+        let centre = |i: usize| (i as f64 + 0.5) * w_s;
+        let ops_max = s
+            .adds
+            .iter()
+            .chain(&s.dels)
+            .chain(&s.replaces)
+            .copied()
+            .max()
+            .unwrap_or(0);
+        let bucket = ns_text(s.bucket_ns);
+
+        let mut c = ChartBuilder::on(&upper)
+            .margin(12)
+            .margin_right(30)
+            .caption(
+                format!("Filter table writes per {bucket} bucket"),
+                ("sans-serif", 24),
+            )
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..x_max, 0u64..(ops_max + ops_max / 10 + 1))
+            .map_err(err(out))?;
+        c.configure_mesh()
+            .label_style(("sans-serif", 18))
+            .axis_desc_style(("sans-serif", 20))
+            .x_desc("time since the first event (s)")
+            .y_desc(format!("lines per {bucket}"))
+            .draw()
+            .map_err(err(out))?;
+        for (name, data, color) in [
+            ("add", &s.adds, BLUE),
+            ("del", &s.dels, RED),
+            ("replace", &s.replaces, RGBColor(0, 150, 0)),
+        ] {
+            c.draw_series(LineSeries::new(
+                data.iter().enumerate().map(|(i, &v)| (centre(i), v)),
+                color.stroke_width(2),
+            ))
+            .map_err(err(out))?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        }
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 20))
+            .draw()
+            .map_err(err(out))?;
+
+        let live_max = s.live.iter().copied().max().unwrap_or(0);
+        let mut c = ChartBuilder::on(&lower)
+            .margin(12)
+            .margin_right(30)
+            .caption("Table occupancy", ("sans-serif", 24))
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..x_max, 0u64..(live_max + live_max / 10 + 1))
+            .map_err(err(out))?;
+        c.configure_mesh()
+            .label_style(("sans-serif", 18))
+            .axis_desc_style(("sans-serif", 20))
+            .x_desc("time since the first event (s)")
+            .y_desc("live filters")
+            .draw()
+            .map_err(err(out))?;
+        c.draw_series(LineSeries::new(
+            std::iter::once((0.0, 0)).chain(
+                s.live
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| ((i + 1) as f64 * w_s, v)),
+            ),
+            BLACK.stroke_width(2),
+        ))
+        .map_err(err(out))?
+        .label("live filters (end of bucket)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 20))
+            .draw()
+            .map_err(err(out))?;
+        root.present().map_err(err(out))?;
+    }
+    Ok(svg)
+}
+
+/// `vnic trace plot FILE -o OUT`: returns a one-line report.
+pub fn plot(path: &Path, out: &Path) -> Result<String, String> {
+    let s = bin(path)?;
+    let title = format!(
+        "vnic trace {}",
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into_owned()
+        )
+    );
+    let svg = render(&s, &title, out)?;
+    std::fs::write(out, svg).map_err(|e| format!("{}: cannot write: {e}", out.display()))?;
+    Ok(format!(
+        "wrote {}: {} records, {} buckets of {} ({} malformed lines skipped)",
+        out.display(),
+        s.lines.records,
+        s.adds.len(),
+        ns_text(s.bucket_ns),
+        s.lines.malformed
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_nice_and_few() {
+        assert_eq!(nice_ceil(1), 1);
+        assert_eq!(nice_ceil(3), 5);
+        assert_eq!(nice_ceil(7), 10);
+        assert_eq!(nice_ceil(11), 20);
+        assert_eq!(bucket_width(0), 1);
+        // 10 s: 50 ms buckets, 201 of them.
+        assert_eq!(bucket_width(10_000_000_000), 50_000_000);
+        for span in [0, 1, 999, 10_000_000_000, 600_000_000_000, u64::MAX] {
+            assert!(span / bucket_width(span) <= MAX_BUCKETS, "{span}");
+        }
+        assert_eq!(ns_text(50_000_000), "50 ms");
+        assert_eq!(ns_text(2_000_000_000), "2 s");
+    }
+}

@@ -1,0 +1,278 @@
+//! Streaming reader of trace files: one JSON object per line, parsed into
+//! [`arfs::TraceRecord`]. Lines that are not a valid record (bad JSON, an
+//! unknown event, a missing field the event needs, an over-long line, a
+//! truncated last line) are counted and skipped, never fatal; only I/O errors
+//! stop the read.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, IsTerminal, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use arfs::{EventKind, TraceRecord};
+use serde::Serialize;
+
+/// Longest line accepted. A valid record is well under 1 KiB; anything longer
+/// is skipped (without being held in memory) and counted as malformed.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// Malformed lines quoted in the report (the rest are only counted).
+pub const MAX_EXAMPLES: usize = 5;
+
+/// One malformed line quoted in the report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Malformed {
+    /// 1-based line number.
+    pub line: u64,
+    /// What is wrong with it.
+    pub error: String,
+}
+
+/// What reading a file found, besides the records.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LineStats {
+    /// Lines read (the last one counts even without a final newline).
+    pub total: u64,
+    /// Lines that parsed as a trace record with the fields its event needs.
+    pub records: u64,
+    /// Empty or all-blank lines (skipped, not an error).
+    pub blank: u64,
+    /// Lines skipped as not a valid record.
+    pub malformed: u64,
+    /// The first few malformed lines.
+    pub malformed_examples: Vec<Malformed>,
+    /// Bytes read.
+    pub bytes: u64,
+}
+
+impl LineStats {
+    fn malformed(&mut self, line: u64, error: String) {
+        self.malformed += 1;
+        if self.malformed_examples.len() < MAX_EXAMPLES {
+            self.malformed_examples.push(Malformed { line, error });
+        }
+    }
+}
+
+/// Checks that a record carries the fields its event needs to be counted
+/// (TRACE.md, table "Events"). Other fields are optional here.
+pub fn validate(r: &TraceRecord) -> Result<(), String> {
+    let need: &[(&str, bool)] = match r.event {
+        EventKind::Add => &[
+            ("id", r.id.is_some()),
+            ("rxq", r.rxq.is_some()),
+            ("flow", r.flow.is_some()),
+        ],
+        EventKind::Replace => &[
+            ("id", r.id.is_some()),
+            ("rxq", r.rxq.is_some()),
+            ("flow", r.flow.is_some()),
+            ("prev_id", r.prev_id.is_some()),
+            ("prev_rxq", r.prev_rxq.is_some()),
+            ("hits", r.hits.is_some()),
+        ],
+        EventKind::Del => &[
+            ("id", r.id.is_some()),
+            ("rxq", r.rxq.is_some()),
+            ("hits", r.hits.is_some()),
+            ("reason", r.reason.is_some()),
+        ],
+        EventKind::Evict => &[
+            ("id", r.id.is_some()),
+            ("rxq", r.rxq.is_some()),
+            ("hits", r.hits.is_some()),
+        ],
+        EventKind::Reject
+        | EventKind::UnknownDel
+        | EventKind::BadFrame
+        | EventKind::MgmtDrop
+        | EventKind::Flush => &[("reason", r.reason.is_some())],
+        EventKind::Reset | EventKind::Ack | EventKind::GenChange => &[],
+    };
+    match need.iter().find(|(_, present)| !present) {
+        Some((field, _)) => Err(format!(
+            "`{}` record without `{field}`",
+            event_name(r.event)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The `event` name of a kind, as in the trace.
+pub fn event_name(k: EventKind) -> &'static str {
+    match k {
+        EventKind::Add => "add",
+        EventKind::Replace => "replace",
+        EventKind::Del => "del",
+        EventKind::Reject => "reject",
+        EventKind::UnknownDel => "unknown_del",
+        EventKind::Flush => "flush",
+        EventKind::Evict => "evict",
+        EventKind::Reset => "reset",
+        EventKind::Ack => "ack",
+        EventKind::GenChange => "gen_change",
+        EventKind::BadFrame => "bad_frame",
+        EventKind::MgmtDrop => "mgmt_drop",
+    }
+}
+
+/// Progress on stderr for long reads (only when stderr is a terminal).
+struct Progress {
+    enabled: bool,
+    size: Option<u64>,
+    start: Instant,
+    last: Instant,
+    shown: bool,
+}
+
+impl Progress {
+    const EVERY: Duration = Duration::from_secs(2);
+
+    fn new(size: Option<u64>) -> Self {
+        let now = Instant::now();
+        Self {
+            enabled: io::stderr().is_terminal(),
+            size,
+            start: now,
+            last: now,
+            shown: false,
+        }
+    }
+
+    fn tick(&mut self, path: &Path, bytes: u64) {
+        if !self.enabled || self.last.elapsed() < Self::EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        let mib = bytes as f64 / (1 << 20) as f64;
+        let mut e = io::stderr().lock();
+        let _ = match self.size {
+            Some(s) if s > 0 => write!(
+                e,
+                "\rvnic trace: {}: {mib:.0} MiB read ({:.0}%, {:.0} s)",
+                path.display(),
+                bytes as f64 * 100.0 / s as f64,
+                self.start.elapsed().as_secs_f64()
+            ),
+            _ => write!(e, "\rvnic trace: {}: {mib:.0} MiB read", path.display()),
+        };
+        self.shown = true;
+    }
+
+    fn done(&self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}
+
+/// Reads `path` line by line, calling `f` with every valid record in file
+/// order. Memory use does not depend on the file size.
+pub fn for_each_record(path: &Path, mut f: impl FnMut(&TraceRecord)) -> Result<LineStats, String> {
+    let file = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+    let size = file.metadata().ok().map(|m| m.len());
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(format!(
+            "{}: is a directory, not a trace file",
+            path.display()
+        ));
+    }
+    let mut r = BufReader::with_capacity(1 << 16, file);
+    let mut stats = LineStats::default();
+    let mut progress = Progress::new(size);
+    let mut buf = Vec::with_capacity(1024);
+    loop {
+        let (n, too_long) = read_line(&mut r, &mut buf).map_err(|e| {
+            format!(
+                "{}: read error after line {}: {e}",
+                path.display(),
+                stats.total
+            )
+        })?;
+        if n == 0 {
+            break;
+        }
+        stats.total += 1;
+        stats.bytes += n as u64;
+        let line = stats.total;
+        if too_long {
+            stats.malformed(line, format!("longer than {MAX_LINE} bytes"));
+        } else if buf.iter().all(u8::is_ascii_whitespace) {
+            stats.blank += 1;
+        } else {
+            match serde_json::from_slice::<TraceRecord>(&buf) {
+                Ok(rec) => match validate(&rec) {
+                    Ok(()) => {
+                        stats.records += 1;
+                        f(&rec);
+                    }
+                    Err(e) => stats.malformed(line, e),
+                },
+                Err(e) => stats.malformed(line, e.to_string()),
+            }
+        }
+        if line % 65_536 == 0 {
+            progress.tick(path, stats.bytes);
+        }
+    }
+    progress.done();
+    Ok(stats)
+}
+
+/// Reads one line (without its `\n`) into `buf`. Returns the bytes consumed
+/// (0 at end of file) and whether the line exceeded [`MAX_LINE`] (then `buf`
+/// is left empty and the rest of the line is skipped without being stored).
+fn read_line(r: &mut impl BufRead, buf: &mut Vec<u8>) -> io::Result<(usize, bool)> {
+    buf.clear();
+    let mut consumed = 0usize;
+    let mut too_long = false;
+    loop {
+        let avail = match r.fill_buf() {
+            Ok(a) => a,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if avail.is_empty() {
+            return Ok((consumed, too_long));
+        }
+        let (chunk, used, end) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (&avail[..i], i + 1, true),
+            None => (avail, avail.len(), false),
+        };
+        if !too_long {
+            if buf.len() + chunk.len() > MAX_LINE {
+                too_long = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(chunk);
+            }
+        }
+        consumed += used;
+        r.consume(used);
+        if end {
+            return Ok((consumed, too_long));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_split_and_capped() {
+        let long = "x".repeat(MAX_LINE + 10);
+        let text = format!("a\n\n{long}\nlast");
+        let mut r = BufReader::with_capacity(16, text.as_bytes());
+        let mut buf = Vec::new();
+        assert_eq!(read_line(&mut r, &mut buf).unwrap(), (2, false));
+        assert_eq!(buf, b"a");
+        assert_eq!(read_line(&mut r, &mut buf).unwrap(), (1, false));
+        assert!(buf.is_empty());
+        assert_eq!(read_line(&mut r, &mut buf).unwrap(), (MAX_LINE + 11, true));
+        assert!(buf.is_empty());
+        assert_eq!(read_line(&mut r, &mut buf).unwrap(), (4, false));
+        assert_eq!(buf, b"last");
+        assert_eq!(read_line(&mut r, &mut buf).unwrap(), (0, false));
+    }
+}
