@@ -196,6 +196,13 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64, steer: Steer) -> Resul
         ..Options::default()
     };
     let mut g = Guest::connect(&d.socket, opts, case.pairs).map_err(|e| e.to_string())?;
+    // The daemon learns of enabled pairs asynchronously (see
+    // vnic-bugs.md): wait until it reports all of them before any ADD.
+    vnic::frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
+        c.stats()
+            .ok()
+            .filter(|s| s["enabled_pairs"] == json!(case.pairs))
+    })?;
     g.hello(Duration::from_secs(30))?;
     if case.filters > 0 {
         let t0 = Instant::now();
