@@ -182,9 +182,26 @@ fn set_features_msg(features: u64) -> Msg {
     }
 }
 
-fn pump(from: &UnixStream, to: &UnixStream, fix_enable: bool) -> io::Result<()> {
+/// Called with (vring index, enable) for every SET_VRING_ENABLE the
+/// frontend sends, before it is forwarded.
+pub type EnableHook = Box<dyn Fn(u32, bool) + Send>;
+
+fn pump(
+    from: &UnixStream,
+    to: &UnixStream,
+    fix_enable: bool,
+    on_enable: Option<&EnableHook>,
+) -> io::Result<()> {
     let mut features_set = false;
     while let Some(m) = read_msg(from)? {
+        if let (Some(hook), SET_VRING_ENABLE) = (on_enable, m.code()) {
+            // VhostUserVringState { index: u32, num: u32 }, little-endian.
+            if let Some(p) = m.buf.get(HDR_LEN..HDR_LEN + 8) {
+                let index = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+                let num = u32::from_le_bytes([p[4], p[5], p[6], p[7]]);
+                hook(index, num != 0);
+            }
+        }
         if fix_enable {
             match m.code() {
                 SET_FEATURES => features_set = true,
@@ -206,8 +223,13 @@ fn pump(from: &UnixStream, to: &UnixStream, fix_enable: bool) -> io::Result<()> 
 }
 
 /// Relays between `frontend` and `backend` until either side closes; then
-/// shuts both down. Returns the two relay threads.
-pub fn start(frontend: UnixStream, backend: UnixStream) -> io::Result<[JoinHandle<()>; 2]> {
+/// shuts both down. `on_enable` sees every SET_VRING_ENABLE request. Returns
+/// the two relay threads.
+pub fn start(
+    frontend: UnixStream,
+    backend: UnixStream,
+    on_enable: Option<EnableHook>,
+) -> io::Result<[JoinHandle<()>; 2]> {
     let (f2, b2) = (frontend.try_clone()?, backend.try_clone()?);
     let down = |a: &UnixStream, b: &UnixStream| {
         let _ = a.shutdown(Shutdown::Both);
@@ -216,7 +238,7 @@ pub fn start(frontend: UnixStream, backend: UnixStream) -> io::Result<[JoinHandl
     let t1 = std::thread::Builder::new()
         .name("vnic-relay-req".into())
         .spawn(move || {
-            if let Err(e) = pump(&frontend, &backend, true) {
+            if let Err(e) = pump(&frontend, &backend, true, on_enable.as_ref()) {
                 log::debug!("vhost-user relay (requests): {e}");
             }
             down(&frontend, &backend);
@@ -224,7 +246,7 @@ pub fn start(frontend: UnixStream, backend: UnixStream) -> io::Result<[JoinHandl
     let t2 = std::thread::Builder::new()
         .name("vnic-relay-rep".into())
         .spawn(move || {
-            if let Err(e) = pump(&b2, &f2, false) {
+            if let Err(e) = pump(&b2, &f2, false, None) {
                 log::debug!("vhost-user relay (replies): {e}");
             }
             down(&b2, &f2);
@@ -240,7 +262,7 @@ mod tests {
     fn relays_messages_with_fds_and_fixes_early_enable() {
         let (qemu, relay_out) = UnixStream::pair().unwrap();
         let (relay_in, backend) = UnixStream::pair().unwrap();
-        let _t = start(relay_out, relay_in).unwrap();
+        let _t = start(relay_out, relay_in, None).unwrap();
         // A message with an fd.
         let file = std::fs::File::open("/dev/null").unwrap();
         let mut m = vec![13u8, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0];

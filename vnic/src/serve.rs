@@ -170,6 +170,7 @@ fn private_dir() -> std::io::Result<PathBuf> {
 fn attach(
     daemon: &mut VhostUserDaemon<Arc<VnicBackend>>,
     frontend: UnixStream,
+    on_enable: Option<crate::relay::EnableHook>,
 ) -> Result<[std::thread::JoinHandle<()>; 2], String> {
     let dir = private_dir().map_err(|e| format!("private socket directory: {e}"))?;
     *PRIVATE_DIR
@@ -184,7 +185,7 @@ fn attach(
         daemon
             .start(&mut vl)
             .map_err(|e| format!("accept (private): {e}"))?;
-        crate::relay::start(frontend, inner).map_err(|e| format!("relay: {e}"))
+        crate::relay::start(frontend, inner, on_enable).map_err(|e| format!("relay: {e}"))
     })();
     let _ = std::fs::remove_dir_all(&dir);
     *PRIVATE_DIR
@@ -217,7 +218,18 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), String> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn);
     let (frontend, _) = public.accept().map_err(|e| format!("accept: {e}"))?;
-    let relay = attach(&mut daemon, frontend)?;
+    let hook_conn = sh
+        .conn
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let relay = attach(
+        &mut daemon,
+        frontend,
+        hook_conn.map(|c| -> crate::relay::EnableHook {
+            Box::new(move |index, enable| c.note_vring_enable(index, enable))
+        }),
+    )?;
     sh.connections.fetch_add(1, Ordering::Relaxed);
     sh.connected.store(true, Ordering::Relaxed);
     log::info!("frontend connected (connection {n})");

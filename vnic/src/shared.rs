@@ -69,6 +69,11 @@ pub struct Conn {
     pub inbox: Box<[Inbox]>,
     /// Bit i set when rx queue i is enabled and started.
     pub enabled_mask: AtomicU32,
+    /// Bit i set when the frontend's last SET_VRING_ENABLE for rx vring
+    /// 2i enabled it (recorded by the relay before the handler sees it).
+    pub frontend_enabled: AtomicU32,
+    /// Whether any SET_VRING_ENABLE was seen on this connection.
+    pub frontend_enable_seen: AtomicBool,
     /// Clones of each worker's vrings, registered by the worker on its first
     /// event, polled by the management thread for the enabled mask.
     pub vrings: Mutex<Vec<Option<Vec<Vring>>>>,
@@ -97,6 +102,8 @@ impl Conn {
         Ok(Self {
             inbox: inbox.into_boxed_slice(),
             enabled_mask: AtomicU32::new(0),
+            frontend_enabled: AtomicU32::new(0),
+            frontend_enable_seen: AtomicBool::new(false),
             vrings: Mutex::new(vec![None; pairs]),
             hits,
             event_idx: AtomicBool::new(false),
@@ -104,9 +111,32 @@ impl Conn {
         })
     }
 
-    /// Number of enabled pairs counted from pair 0 (RSS spreads over these).
+    /// Number of enabled pairs counted from pair 0, as the frontend asked
+    /// (the management path checks `rxq` against this: an ADD to a pair the
+    /// guest has just enabled must not depend on the 50 ms vring poll).
+    /// Before any SET_VRING_ENABLE, the polled vring state.
     pub fn enabled_pairs(&self) -> u16 {
-        self.enabled_mask.load(Ordering::Relaxed).trailing_ones() as u16
+        let m = if self.frontend_enable_seen.load(Ordering::Acquire) {
+            self.frontend_enabled.load(Ordering::Acquire)
+        } else {
+            self.enabled_mask.load(Ordering::Relaxed)
+        };
+        m.trailing_ones() as u16
+    }
+
+    /// Records a frontend SET_VRING_ENABLE (rx vrings only: index 2i).
+    pub fn note_vring_enable(&self, index: u32, enable: bool) {
+        let pairs = self.inbox.len() as u32;
+        if index % 2 != 0 || index / 2 >= pairs {
+            return;
+        }
+        let bit = 1u32 << (index / 2);
+        if enable {
+            self.frontend_enabled.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            self.frontend_enabled.fetch_and(!bit, Ordering::AcqRel);
+        }
+        self.frontend_enable_seen.store(true, Ordering::Release);
     }
 
     /// Sum of the replicas' hit counters of filter `id`.

@@ -41,9 +41,17 @@ pub fn opts(pairs: u16, queue_size: u16) -> Options {
 
 /// Connect a guest with `pairs` pairs laid out, `enable` of them enabled,
 /// rx buffers posted on all.
+/// Returns once the daemon reports the `enable` pairs as enabled (it learns
+/// that asynchronously; `filters::pairs_count_as_enabled_as_soon_as_enable_is_acked`
+/// tests that window on its own).
 pub fn guest(d: &Daemon, pairs: u16, enable: u16) -> Guest {
-    Guest::connect(&d.socket, opts(pairs, 1024), enable)
-        .unwrap_or_else(|e| panic!("frontend connect: {e}\n{}", d.log_text()))
+    let g = Guest::connect(&d.socket, opts(pairs, 1024), enable)
+        .unwrap_or_else(|e| panic!("frontend connect: {e}\n{}", d.log_text()));
+    let mut c = ctl(d);
+    wait_stats(&mut c, &format!("{enable} pairs enabled"), |s| {
+        s["connected"] == serde_json::json!(true) && s["enabled_pairs"] == serde_json::json!(enable)
+    });
+    g
 }
 
 /// Poll `stats` until `pred` holds; return the stats that satisfied it.
