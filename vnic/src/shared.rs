@@ -127,7 +127,7 @@ impl Conn {
     /// Records a frontend SET_VRING_ENABLE (rx vrings only: index 2i).
     pub fn note_vring_enable(&self, index: u32, enable: bool) {
         let pairs = self.inbox.len() as u32;
-        if index % 2 != 0 || index / 2 >= pairs {
+        if !index.is_multiple_of(2) || index / 2 >= pairs {
             return;
         }
         let bit = 1u32 << (index / 2);
