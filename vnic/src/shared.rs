@@ -526,3 +526,97 @@ pub fn next_generation(g: u32) -> u32 {
         n => n,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd};
+
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+
+    const SIZE: u16 = 256;
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x3000;
+    const USED: u64 = 0x4000;
+
+    /// A running EVENT_IDX ring whose call fd is `efd`.
+    fn ring(mem: &Mem, efd: &EventFd) -> Vring {
+        let v = Vring::new(mem.clone(), SIZE).unwrap();
+        v.set_queue_size(SIZE);
+        v.set_queue_info(DESC, AVAIL, USED).unwrap();
+        v.set_queue_event_idx(true);
+        v.set_queue_ready(true);
+        v.set_enabled(true);
+        // SAFETY: dup returns a new descriptor that nothing else owns; the
+        // File takes sole ownership of it.
+        let f = unsafe { File::from_raw_fd(libc::dup(efd.as_raw_fd())) };
+        v.set_call(Some(f));
+        v
+    }
+
+    fn signalled(efd: &EventFd) -> bool {
+        efd.read().is_ok()
+    }
+
+    #[test]
+    fn call_fd_installed_on_a_running_ring_is_signalled_once() {
+        let mem: Mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        let efd = EventFd::new(EFD_NONBLOCK).unwrap();
+        let _v = ring(&mem, &efd);
+        assert!(signalled(&efd));
+        assert!(!signalled(&efd));
+    }
+
+    #[test]
+    fn watchdog_makes_up_for_a_lost_interrupt_and_a_lost_kick_once() {
+        let mem: Mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        let (rx_efd, tx_efd) = (
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        );
+        let (rx, tx) = (ring(&mem, &rx_efd), ring(&mem, &tx_efd));
+        let _ = (signalled(&rx_efd), signalled(&tx_efd));
+        let conn = Conn::new(1).unwrap();
+        conn.vrings.lock().unwrap()[0] = Some(vec![rx.clone(), tx.clone()]);
+        *conn.mem.lock().unwrap() = Some(mem.clone());
+        let m = mem.memory();
+        let used_event = GuestAddress(AVAIL + 4 + 2 * u64::from(SIZE));
+
+        // rx: the device published 3 buffers, the driver asked for an
+        // interrupt after the first (used_event 0) and never got it.
+        rx.set_queue_next_used(3);
+        m.write_obj(0u16, used_event).unwrap();
+        conn.poll_enabled();
+        assert!(!signalled(&rx_efd), "first look only records the state");
+        conn.poll_enabled();
+        assert!(
+            signalled(&rx_efd),
+            "no progress for a period: interrupt again"
+        );
+        conn.poll_enabled();
+        conn.poll_enabled();
+        assert!(!signalled(&rx_efd), "once per stalled state");
+        // The driver caught up: nothing is owed.
+        m.write_obj(3u16, used_event).unwrap();
+        conn.poll_enabled();
+        conn.poll_enabled();
+        assert!(!signalled(&rx_efd));
+
+        // tx: the driver posted 2 chains (avail idx 2) the worker never took.
+        assert!(!conn.inbox[0].tx_recheck.load(Ordering::Relaxed));
+        m.write_obj(2u16, GuestAddress(AVAIL + 2)).unwrap();
+        conn.poll_enabled();
+        assert!(!conn.inbox[0].tx_recheck.load(Ordering::Relaxed));
+        conn.poll_enabled();
+        assert!(conn.inbox[0].tx_recheck.swap(false, Ordering::Relaxed));
+        assert!(conn.inbox[0].kick.read().is_ok(), "worker woken");
+        conn.poll_enabled();
+        assert!(!conn.inbox[0].tx_recheck.load(Ordering::Relaxed));
+        assert_eq!(conn.nudges.load(Ordering::Relaxed), 2);
+    }
+}
