@@ -171,7 +171,8 @@ pub fn stats_json(sh: &Shared) -> Value {
         "connected": sh.connected.load(Ordering::Relaxed),
         "connections": sh.connections.load(Ordering::Relaxed),
         "queue_pairs": sh.cfg.queues,
-        "enabled_pairs": conn.as_ref().map_or(0, |c| c.enabled_pairs()),
+        // Pairs RSS spreads over now (vrings enabled and started).
+        "enabled_pairs": conn.as_ref().map_or(0, |c| c.rss_pairs()),
         "queues": sh.qstats.iter().enumerate().map(|(i, q)| q.to_json(i)).collect::<Vec<_>>(),
         "mgmt": mgmt,
         "table": table,

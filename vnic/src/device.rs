@@ -459,7 +459,10 @@ impl Worker {
             // thread also polls it, for disables which raise no event).
             let st = vrings[0].get_ref();
             let bit = 1u32 << self.ctx.id;
-            if st.is_enabled() && st.get_queue().ready() {
+            if st.is_enabled()
+                && st.get_queue().ready()
+                && self.ctx.conn.frontend_allows(self.ctx.id)
+            {
                 self.ctx.conn.enabled_mask.fetch_or(bit, Ordering::Relaxed);
             }
         }

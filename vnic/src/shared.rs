@@ -267,6 +267,13 @@ impl Conn {
         m.trailing_ones() as u16
     }
 
+    /// Pairs the workers' RSS spreads over: enabled and started vrings,
+    /// counted from pair 0 (may trail `enabled_pairs` by one poll after an
+    /// enable).
+    pub fn rss_pairs(&self) -> u16 {
+        self.enabled_mask.load(Ordering::Relaxed).trailing_ones() as u16
+    }
+
     /// Records a frontend SET_VRING_ENABLE (rx vrings only: index 2i).
     pub fn note_vring_enable(&self, index: u32, enable: bool) {
         let pairs = self.inbox.len() as u32;
@@ -278,8 +285,18 @@ impl Conn {
             self.frontend_enabled.fetch_or(bit, Ordering::AcqRel);
         } else {
             self.frontend_enabled.fetch_and(!bit, Ordering::AcqRel);
+            // The workers' RSS follows `enabled_mask`: drop the pair from it
+            // now, not at the next poll, so no frame is steered to it.
+            self.enabled_mask.fetch_and(!bit, Ordering::AcqRel);
         }
         self.frontend_enable_seen.store(true, Ordering::Release);
+    }
+
+    /// Whether the frontend allows pair `i` (always, before any
+    /// SET_VRING_ENABLE was seen).
+    pub fn frontend_allows(&self, i: usize) -> bool {
+        !self.frontend_enable_seen.load(Ordering::Acquire)
+            || self.frontend_enabled.load(Ordering::Acquire) & (1 << i) != 0
     }
 
     /// Sum of the replicas' hit counters of filter `id`.
@@ -303,7 +320,7 @@ impl Conn {
         let mut mask = 0u32;
         for (i, v) in vr.iter().enumerate() {
             if let Some(v) = v {
-                if vring_running(&v[0]) {
+                if vring_running(&v[0]) && self.frontend_allows(i) {
                     mask |= 1 << i;
                 }
             }

@@ -181,8 +181,13 @@ fn enabling_pairs_one_by_one_rss_follows() {
         &mut c,
         &json!({"flows": FLOWS, "sport": "20000-20255", "count": FLOWS, "rate": 20000}),
     );
-    g.wait_until(T, "frames after disabling", |g| g.stashed() as u64 >= FLOWS)
-        .unwrap();
+    if let Err(e) = g.wait_until(T, "frames after disabling", |g| g.stashed() as u64 >= FLOWS) {
+        panic!(
+            "{e}\nstats: {}\ngen: {}",
+            c.stats().unwrap(),
+            c.gen_list().unwrap()
+        );
+    }
     for r in g.take_all() {
         assert_eq!(r.rxq, rss_queue(&flow_of(&r.frame), 3));
     }

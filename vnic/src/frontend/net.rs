@@ -515,3 +515,66 @@ pub fn parse_flow(f: &[u8]) -> Option<ParsedFlow> {
         dport,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_hdr_roundtrip_little_endian() {
+        let h = NetHdr {
+            flags: 1,
+            gso_type: 3,
+            hdr_len: 0x1234,
+            gso_size: 0x5678,
+            csum_start: 14,
+            csum_offset: 16,
+            num_buffers: 0x0102,
+        };
+        let b = h.to_bytes();
+        assert_eq!(b[10..12], [0x02, 0x01]);
+        assert_eq!(NetHdr::from_bytes(&b), h);
+    }
+
+    #[test]
+    fn built_frames_parse_back_with_valid_ipv4_checksum() {
+        for (src, dst, proto) in [
+            ("10.0.2.1", "10.0.2.15", 17u8),
+            ("10.0.2.1", "10.0.2.15", 6),
+            ("fd00::1", "fd00::15", 17),
+        ] {
+            let spec = FrameSpec {
+                src_mac: [2, 0, 0, 0, 0, 1],
+                dst_mac: [2, 0, 0, 0, 0, 2],
+                src: src.parse().unwrap(),
+                dst: dst.parse().unwrap(),
+                proto,
+                sport: 1234,
+                dport: 80,
+                len: 100,
+            };
+            let f = build_frame(&spec);
+            assert_eq!(f.len(), 100);
+            let p = parse_flow(&f).unwrap();
+            assert_eq!(
+                (p.src, p.dst, p.proto, p.sport, p.dport),
+                (spec.src, spec.dst, proto, 1234, 80)
+            );
+            if f[12..14] == [0x08, 0x00] {
+                assert_eq!(
+                    csum_fold(csum_add(0, &f[14..34])),
+                    0,
+                    "IPv4 header checksum"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn short_and_non_ip_frames_do_not_parse() {
+        assert!(parse_flow(&[0u8; 10]).is_none());
+        let mut arp = vec![0u8; 60];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert!(parse_flow(&arp).is_none());
+    }
+}
