@@ -384,6 +384,8 @@ pub struct Worker {
     tapbuf: Vec<u8>,
     backlog: VecDeque<Vec<u8>>,
     tx_pending: bool,
+    /// Avail index at the last retry after rx notifications were re-enabled.
+    rx_retry_avail: Option<std::num::Wrapping<u16>>,
     gen_version: u64,
     gen_mac: u64,
     sets: Vec<LocalSet>,
@@ -421,6 +423,7 @@ impl Worker {
             tapbuf: vec![0; NET_HDR_LEN + 65_536],
             backlog: VecDeque::new(),
             tx_pending: false,
+            rx_retry_avail: None,
             gen_version: u64::MAX,
             gen_mac: u64::MAX,
             sets: Vec::new(),
@@ -440,6 +443,13 @@ impl Worker {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             vr[self.ctx.id] = Some(vrings.to_vec());
+            drop(vr);
+            *self
+                .ctx
+                .conn
+                .mem
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(self.mem.clone());
         }
         if vrings.len() < 2 {
             return;
@@ -465,7 +475,10 @@ impl Worker {
             EV_TX => self.process_tx(vrings),
             e if e == ev_inbox(nq) => {
                 let _ = self.ctx.conn.inbox[self.ctx.id].kick.read();
-                if self.tx_pending {
+                let recheck = self.ctx.conn.inbox[self.ctx.id]
+                    .tx_recheck
+                    .swap(false, Ordering::AcqRel);
+                if self.tx_pending || recheck {
                     self.tx_pending = false;
                     self.process_tx(vrings);
                 }
@@ -551,7 +564,14 @@ impl Worker {
     fn finish_rx(&mut self, rx: &mut VringState<Mem>) {
         self.ctx.flush_kicks();
         if self.ctx.added {
-            match rx.needs_notification() {
+            let r = rx.needs_notification();
+            log::trace!(
+                "pair {}: rx used {} needs_notification {r:?} call {}",
+                self.ctx.id,
+                rx.get_queue().next_used(),
+                rx.get_call().is_some()
+            );
+            match r {
                 Ok(true) => {
                     if let Err(e) = rx.signal_used_queue() {
                         log::debug!("pair {}: rx signal: {e}", self.ctx.id);
@@ -562,8 +582,23 @@ impl Worker {
             }
         }
         if self.ctx.nobufs && Ctx::rx_ready(rx) {
-            // Ask for a kick when the guest adds buffers.
-            let _ = rx.enable_notification();
+            // Ask for a kick when the guest adds buffers. With EVENT_IDX
+            // this publishes avail_event; buffers the guest added before
+            // it saw the new value raise no kick: come back for them.
+            // (Once per avail index: a ring holding too few buffers for
+            // the frame also reads as "more arrived", and must not spin.)
+            match rx.enable_notification() {
+                Ok(false) => {}
+                Ok(true) => {
+                    let mem = self.mem.memory();
+                    let avail = rx.get_queue().avail_idx(&*mem, Ordering::Acquire).ok();
+                    if avail.is_some() && avail != self.rx_retry_avail {
+                        self.rx_retry_avail = avail;
+                        self.ctx.conn.inbox[self.ctx.id].wake();
+                    }
+                }
+                Err(e) => log::debug!("pair {}: rx enable_notification: {e}", self.ctx.id),
+            }
         }
     }
 
@@ -710,6 +745,11 @@ impl Worker {
                 }
             }
         }
+        log::trace!(
+            "pair {}: tx {done} chain(s), next_avail {}",
+            self.ctx.id,
+            tx.get_queue().next_avail()
+        );
         if used {
             match tx.needs_notification() {
                 Ok(true) => {

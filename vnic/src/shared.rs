@@ -8,14 +8,18 @@
 //!   counters of the worker replicas.
 
 use std::fs::File;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use arfs::TableEvent;
 use crossbeam_queue::{ArrayQueue, SegQueue};
-use vhost_user_backend::VringRwLock;
-use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
+use virtio_queue::{Error as VirtQueError, QueueT};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
+};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::Config;
@@ -25,7 +29,132 @@ use crate::stats::{PeerStats, QueueStats};
 use crate::trace::Tracer;
 
 pub type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
-pub type Vring = VringRwLock<Mem>;
+
+/// A vring of the device: `vhost-user-backend`'s `VringRwLock`, except that
+/// a call eventfd installed on a running ring is signalled once.
+///
+/// Why: the frontend switches the call fd of a running ring whenever the
+/// guest masks or unmasks the ring's MSI-X vector (QEMU points it at a
+/// private "masked" eventfd while masked). `SET_VRING_CALL` expects no
+/// reply, and QEMU checks the masked eventfd right after sending the
+/// unmasking `SET_VRING_CALL`: a used-buffer notification the worker sends
+/// to the old (masked) fd between that check and the moment the request
+/// handler installs the new fd is lost. With `VIRTIO_RING_F_EVENT_IDX` a
+/// single lost notification stalls the queue for good (the driver does not
+/// move `used_event` until it is interrupted, so `needs_notification`
+/// stays false for every later batch). One extra notification on the new
+/// fd, after it is installed (`set_call` takes the ring's write lock, so
+/// every signal of the worker either went to the old fd before it or goes
+/// to the new one after it), covers that window; a spurious interrupt costs
+/// the driver one look at the used ring. libvhost-user does the same.
+#[derive(Clone)]
+pub struct Vring(VringRwLock<Mem>);
+
+impl<'a> VringStateGuard<'a, Mem> for Vring {
+    type G = <VringRwLock<Mem> as VringStateGuard<'a, Mem>>::G;
+}
+
+impl<'a> VringStateMutGuard<'a, Mem> for Vring {
+    type G = <VringRwLock<Mem> as VringStateMutGuard<'a, Mem>>::G;
+}
+
+impl VringT<Mem> for Vring {
+    fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
+        VringRwLock::new(mem, max_queue_size).map(Self)
+    }
+
+    fn get_ref(&self) -> <Self as VringStateGuard<'_, Mem>>::G {
+        self.0.get_ref()
+    }
+
+    fn get_mut(&self) -> <Self as VringStateMutGuard<'_, Mem>>::G {
+        self.0.get_mut()
+    }
+
+    fn add_used(&self, desc_index: u16, len: u32) -> Result<(), VirtQueError> {
+        self.0.add_used(desc_index, len)
+    }
+
+    fn signal_used_queue(&self) -> io::Result<()> {
+        self.0.signal_used_queue()
+    }
+
+    fn enable_notification(&self) -> Result<bool, VirtQueError> {
+        self.0.enable_notification()
+    }
+
+    fn disable_notification(&self) -> Result<(), VirtQueError> {
+        self.0.disable_notification()
+    }
+
+    fn needs_notification(&self) -> Result<bool, VirtQueError> {
+        self.0.needs_notification()
+    }
+
+    fn set_enabled(&self, enabled: bool) {
+        self.0.set_enabled(enabled);
+    }
+
+    fn set_queue_info(
+        &self,
+        desc_table: u64,
+        avail_ring: u64,
+        used_ring: u64,
+    ) -> Result<(), VirtQueError> {
+        self.0.set_queue_info(desc_table, avail_ring, used_ring)
+    }
+
+    fn queue_next_avail(&self) -> u16 {
+        self.0.queue_next_avail()
+    }
+
+    fn set_queue_next_avail(&self, base: u16) {
+        self.0.set_queue_next_avail(base);
+    }
+
+    fn set_queue_next_used(&self, idx: u16) {
+        self.0.set_queue_next_used(idx);
+    }
+
+    fn queue_used_idx(&self) -> Result<u16, VirtQueError> {
+        self.0.queue_used_idx()
+    }
+
+    fn set_queue_size(&self, num: u16) {
+        self.0.set_queue_size(num);
+    }
+
+    fn set_queue_event_idx(&self, enabled: bool) {
+        self.0.set_queue_event_idx(enabled);
+    }
+
+    fn set_queue_ready(&self, ready: bool) {
+        self.0.set_queue_ready(ready);
+    }
+
+    fn set_kick(&self, file: Option<File>) {
+        self.0.set_kick(file);
+    }
+
+    fn read_kick(&self) -> io::Result<bool> {
+        self.0.read_kick()
+    }
+
+    fn set_call(&self, file: Option<File>) {
+        self.0.set_call(file);
+        let st = self.0.get_ref();
+        if st.get_queue().ready() && st.get_call().is_some() {
+            log::debug!("call fd replaced on a running ring: signalling it once");
+            if let Err(e) = st.signal_used_queue() {
+                log::debug!("signal after SET_VRING_CALL: {e}");
+            }
+        }
+    }
+
+    fn set_err(&self, file: Option<File>) {
+        self.0.set_err(file);
+    }
+}
 
 /// Frames in flight from other workers towards one rx queue.
 pub const XRING_LEN: usize = 4096;
@@ -46,6 +175,8 @@ pub struct Inbox {
     pub replies: SegQueue<Vec<u8>>,
     /// Wakes the worker (registered with its epoll).
     pub kick: EventFd,
+    /// Set (before a wake) when the worker must poll its tx ring.
+    pub tx_recheck: AtomicBool,
 }
 
 impl Inbox {
@@ -56,6 +187,7 @@ impl Inbox {
             updates: SegQueue::new(),
             replies: SegQueue::new(),
             kick: EventFd::new(EFD_NONBLOCK)?,
+            tx_recheck: AtomicBool::new(false),
         })
     }
 
@@ -80,6 +212,14 @@ pub struct Conn {
     /// Per worker, per filter id: frames steered by that filter (written by
     /// the worker only).
     pub hits: Box<[Box<[AtomicU64]>]>,
+    /// Guest memory, set by the first worker that registers its vrings
+    /// (read by the notification watchdog of [`Conn::poll_enabled`]).
+    pub mem: Mutex<Option<Mem>>,
+    /// Watchdog state per pair: last (rx, tx) snapshots.
+    watch: Mutex<Vec<[Snap; 2]>>,
+    /// Lost notifications the watchdog made up for (interrupts re-sent,
+    /// tx rings re-polled).
+    pub nudges: AtomicU64,
     pub event_idx: AtomicBool,
     pub acked_features: AtomicU64,
 }
@@ -106,6 +246,9 @@ impl Conn {
             frontend_enable_seen: AtomicBool::new(false),
             vrings: Mutex::new(vec![None; pairs]),
             hits,
+            mem: Mutex::new(None),
+            watch: Mutex::new(vec![[Snap::default(); 2]; pairs]),
+            nudges: AtomicU64::new(0),
             event_idx: AtomicBool::new(false),
             acked_features: AtomicU64::new(0),
         })
@@ -167,7 +310,8 @@ impl Conn {
             .sum()
     }
 
-    /// Re-reads the enabled state of every registered vring.
+    /// Re-reads the enabled state of every registered vring, and runs the
+    /// notification watchdog ([`Conn::watchdog`]).
     pub fn poll_enabled(&self) {
         let vr = self
             .vrings
@@ -182,13 +326,123 @@ impl Conn {
             }
         }
         self.enabled_mask.store(mask, Ordering::Relaxed);
+        self.watchdog(&vr);
+    }
+
+    /// With `VIRTIO_RING_F_EVENT_IDX` one lost notification stalls a ring
+    /// for good: a lost used-buffer interrupt leaves the driver's
+    /// `used_event` behind, so no later batch asks for an interrupt again;
+    /// a lost kick leaves `avail_event` behind, so the driver never kicks
+    /// again. Called every poll period (50 ms): a ring whose state has not
+    /// moved for a whole period while the driver is owed an interrupt
+    /// (the used index passed `used_event`) gets one more interrupt, and a
+    /// tx ring holding unprocessed chains gets its worker to poll it. Once
+    /// per stalled state: an idle driver is not interrupted again and again.
+    fn watchdog(&self, vr: &[Option<Vec<Vring>>]) {
+        let Some(mem) = self
+            .mem
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+        else {
+            return;
+        };
+        let mem = mem.memory();
+        let mut watch = self
+            .watch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (pair, v) in vr.iter().enumerate() {
+            let (Some(v), Some(w)) = (v, watch.get_mut(pair)) else {
+                continue;
+            };
+            for (k, ring) in v.iter().take(2).enumerate() {
+                let st = ring.get_ref();
+                let q = st.get_queue();
+                if !(st.is_enabled() && q.ready() && q.event_idx_enabled()) {
+                    w[k] = Snap::default();
+                    continue;
+                }
+                let used_event_addr =
+                    GuestAddress(q.avail_ring()).checked_add(4 + 2 * u64::from(q.size()));
+                let used_event = used_event_addr
+                    .and_then(|a| mem.read_obj::<u16>(a).ok())
+                    .map(u16::from_le);
+                let avail = q.avail_idx(&*mem, Ordering::Acquire).ok().map(|a| a.0);
+                let (Some(used_event), Some(avail)) = (used_event, avail) else {
+                    continue;
+                };
+                let now = Snap {
+                    valid: true,
+                    used_event,
+                    next_used: q.next_used(),
+                    avail,
+                    next_avail: q.next_avail(),
+                    nudged: false,
+                };
+                let same = w[k].valid && w[k].same(&now);
+                if !same {
+                    w[k] = now;
+                    continue;
+                }
+                if w[k].nudged {
+                    continue;
+                }
+                // The used index went past used_event: the driver asked for
+                // an interrupt it has not acted on for a whole period.
+                let owed = now.next_used.wrapping_sub(now.used_event).wrapping_sub(1) < 0x8000;
+                // Tx chains the worker has not taken for a whole period.
+                let unpolled = k == 1 && now.avail != now.next_avail;
+                if owed {
+                    log::debug!(
+                        "pair {pair}: {} ring: used {} past used_event {} with no progress: interrupting again",
+                        if k == 0 { "rx" } else { "tx" },
+                        now.next_used,
+                        now.used_event
+                    );
+                    let _ = st.signal_used_queue();
+                }
+                if unpolled {
+                    log::debug!(
+                        "pair {pair}: tx ring: avail {} next_avail {} with no progress: polling it",
+                        now.avail,
+                        now.next_avail
+                    );
+                    if let Some(ib) = self.inbox.get(pair) {
+                        ib.tx_recheck.store(true, Ordering::Release);
+                        ib.wake();
+                    }
+                }
+                if owed || unpolled {
+                    self.nudges.fetch_add(1, Ordering::Relaxed);
+                    w[k].nudged = true;
+                }
+            }
+        }
+    }
+}
+
+/// What the watchdog saw of one ring at the previous poll.
+#[derive(Clone, Copy, Default)]
+struct Snap {
+    valid: bool,
+    used_event: u16,
+    next_used: u16,
+    avail: u16,
+    next_avail: u16,
+    /// A notification was already made up for in this state.
+    nudged: bool,
+}
+
+impl Snap {
+    fn same(&self, o: &Snap) -> bool {
+        (self.used_event, self.next_used, self.avail, self.next_avail)
+            == (o.used_event, o.next_used, o.avail, o.next_avail)
     }
 }
 
 /// Whether a vring is enabled and started.
 pub fn vring_running(v: &Vring) -> bool {
-    use vhost_user_backend::VringT;
-    use virtio_queue::QueueT;
     let st = v.get_ref();
     st.is_enabled() && st.get_queue().ready()
 }
@@ -287,5 +541,99 @@ pub fn next_generation(g: u32) -> u32 {
     match g.wrapping_add(1) {
         0 => 1,
         n => n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{AsRawFd, FromRawFd};
+
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+
+    const SIZE: u16 = 256;
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x3000;
+    const USED: u64 = 0x4000;
+
+    /// A running EVENT_IDX ring whose call fd is `efd`.
+    fn ring(mem: &Mem, efd: &EventFd) -> Vring {
+        let v = Vring::new(mem.clone(), SIZE).unwrap();
+        v.set_queue_size(SIZE);
+        v.set_queue_info(DESC, AVAIL, USED).unwrap();
+        v.set_queue_event_idx(true);
+        v.set_queue_ready(true);
+        v.set_enabled(true);
+        // SAFETY: dup returns a new descriptor that nothing else owns; the
+        // File takes sole ownership of it.
+        let f = unsafe { File::from_raw_fd(libc::dup(efd.as_raw_fd())) };
+        v.set_call(Some(f));
+        v
+    }
+
+    fn signalled(efd: &EventFd) -> bool {
+        efd.read().is_ok()
+    }
+
+    #[test]
+    fn call_fd_installed_on_a_running_ring_is_signalled_once() {
+        let mem: Mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        let efd = EventFd::new(EFD_NONBLOCK).unwrap();
+        let _v = ring(&mem, &efd);
+        assert!(signalled(&efd));
+        assert!(!signalled(&efd));
+    }
+
+    #[test]
+    fn watchdog_makes_up_for_a_lost_interrupt_and_a_lost_kick_once() {
+        let mem: Mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        let (rx_efd, tx_efd) = (
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        );
+        let (rx, tx) = (ring(&mem, &rx_efd), ring(&mem, &tx_efd));
+        let _ = (signalled(&rx_efd), signalled(&tx_efd));
+        let conn = Conn::new(1).unwrap();
+        conn.vrings.lock().unwrap()[0] = Some(vec![rx.clone(), tx.clone()]);
+        *conn.mem.lock().unwrap() = Some(mem.clone());
+        let m = mem.memory();
+        let used_event = GuestAddress(AVAIL + 4 + 2 * u64::from(SIZE));
+
+        // rx: the device published 3 buffers, the driver asked for an
+        // interrupt after the first (used_event 0) and never got it.
+        rx.set_queue_next_used(3);
+        m.write_obj(0u16, used_event).unwrap();
+        conn.poll_enabled();
+        assert!(!signalled(&rx_efd), "first look only records the state");
+        conn.poll_enabled();
+        assert!(
+            signalled(&rx_efd),
+            "no progress for a period: interrupt again"
+        );
+        conn.poll_enabled();
+        conn.poll_enabled();
+        assert!(!signalled(&rx_efd), "once per stalled state");
+        // The driver caught up: nothing is owed.
+        m.write_obj(3u16, used_event).unwrap();
+        conn.poll_enabled();
+        conn.poll_enabled();
+        assert!(!signalled(&rx_efd));
+
+        // tx: the driver posted 2 chains (avail idx 2) the worker never took.
+        assert!(!conn.inbox[0].tx_recheck.load(Ordering::Relaxed));
+        m.write_obj(2u16, GuestAddress(AVAIL + 2)).unwrap();
+        conn.poll_enabled();
+        assert!(!conn.inbox[0].tx_recheck.load(Ordering::Relaxed));
+        conn.poll_enabled();
+        assert!(conn.inbox[0].tx_recheck.swap(false, Ordering::Relaxed));
+        assert!(conn.inbox[0].kick.read().is_ok(), "worker woken");
+        conn.poll_enabled();
+        assert!(!conn.inbox[0].tx_recheck.load(Ordering::Relaxed));
+        assert_eq!(conn.nudges.load(Ordering::Relaxed), 2);
     }
 }
