@@ -117,10 +117,10 @@ fn parse_args() -> Result<Args, String> {
         _ => return Err("--kernel-image and --kdir go together".into()),
     }
     for s in &a.scenarios {
-        if !scenarios::ALL.contains(&s.as_str()) {
+        if !scenarios::all().contains(&s.as_str()) {
             return Err(format!(
                 "unknown scenario {s:?}; known: {}",
-                scenarios::ALL.join(", ")
+                scenarios::all().join(", ")
             ));
         }
     }
@@ -166,10 +166,10 @@ fn main() -> ExitCode {
         return demo(&args, &art_root);
     }
     let selected: Vec<String> = if args.scenarios.is_empty() {
-        scenarios::ALL.iter().map(|s| (*s).to_string()).collect()
+        scenarios::all().iter().map(|s| (*s).to_string()).collect()
     } else {
         // Canonical order: steer before migrate before expiry.
-        scenarios::ALL
+        scenarios::all()
             .iter()
             .filter(|s| args.scenarios.iter().any(|x| x == *s))
             .map(|s| (*s).to_string())

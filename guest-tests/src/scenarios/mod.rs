@@ -31,7 +31,21 @@ pub const IFNAME: &str = "eth0";
 pub const GEN_PORT: u16 = 10000;
 pub const BASE_PORT: u16 = 20000;
 
-pub const ALL: [&str; 4] = ["link", "steer", "migrate", "expiry"];
+/// The issue-4 scenarios, in their canonical order.
+pub const BASIC: [&str; 4] = ["link", "steer", "migrate", "expiry"];
+
+mod experiments;
+mod faults;
+mod stress;
+
+/// Every scenario the default boot of a kernel can run, in canonical order.
+pub fn all() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = BASIC.to_vec();
+    v.extend_from_slice(faults::NAMES);
+    v.extend_from_slice(stress::NAMES);
+    v.extend_from_slice(experiments::NAMES);
+    v
+}
 
 /// Knobs of a run. Durations are short on purpose (TCG); the assertions are not.
 #[derive(Debug, Clone)]
@@ -229,7 +243,10 @@ impl Session {
             "steer" => self.steer(&mut checks),
             "migrate" => self.migrate(&mut checks),
             "expiry" => self.expiry(&mut checks),
-            other => Err(format!("unknown scenario {other:?}").into()),
+            other => faults::run(self, other, &mut checks)
+                .or_else(|| stress::run(self, other, &mut checks))
+                .or_else(|| experiments::run(self, other, &mut checks))
+                .unwrap_or_else(|| Err(format!("unknown scenario {other:?}").into())),
         };
         if name == "link" {
             // link's workload is its own: make sure it is gone even when
