@@ -607,6 +607,7 @@ fn be16(b: &[u8], off: usize) -> u16 {
 }
 
 /// Parses an Ethernet frame (no virtio header). Never panics, never allocates.
+#[inline]
 pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame, ParseError> {
     if frame.len() < ETH_HLEN {
         return Err(ParseError::Truncated(Layer::Ethernet));
@@ -642,6 +643,7 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame, ParseError> {
 }
 
 /// Parses an IPv4 packet (starting at its header).
+#[inline]
 fn parse_ipv4(p: &[u8]) -> Result<L3, ParseError> {
     if p.len() < 20 {
         return Err(ParseError::Truncated(Layer::Ipv4));
@@ -683,6 +685,7 @@ fn parse_ipv4(p: &[u8]) -> Result<L3, ParseError> {
 }
 
 /// Parses the L4 header of an unfragmented packet into a flow, or returns the pair.
+#[inline]
 fn l4(pair: IpPair, payload: &[u8]) -> Result<L3, ParseError> {
     let Some(proto) = L4Proto::from_ip_proto(pair.proto) else {
         return Ok(L3::Ip(pair));

@@ -29,8 +29,10 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use crate::config::PeerKind;
 use crate::gen::{local_sets, respond, LocalSet, Response, MAX_FRAME};
-use crate::rxbuf::{deliver, gather_tx, RxOutcome, TxChain, NET_HDR_LEN};
-use crate::shared::{Conn, Mem, Shared, Vring};
+use crate::rxbuf::{
+    deliver, gather_tx, needs_notification, RxOutcome, RxRing, TxChain, NET_HDR_LEN,
+};
+use crate::shared::{Conn, FrameBatch, Mem, Shared, Vring};
 use crate::stats::{add, add_owned};
 
 pub const VIRTIO_NET_F_MRG_RXBUF: u64 = 15;
@@ -49,9 +51,12 @@ pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
 /// Most tx chains handled per event before yielding to other events.
 const TX_BUDGET: usize = 1024;
 /// Most frames generated per event in unlimited mode.
-const GEN_BUDGET: usize = 256;
+const GEN_BUDGET: usize = 1024;
 /// Most frames read from the tap per event.
 const TAP_BUDGET: usize = 256;
+/// Hand-off batches queued at another worker's inbox beyond which an
+/// unlimited generator pauses until that worker has taken them.
+const INFLIGHT_BATCHES: usize = 16;
 /// Management replies kept while the rx queue has no buffer.
 const REPLY_BACKLOG: usize = 256;
 
@@ -196,6 +201,37 @@ impl VhostUserBackend for VnicBackend {
     }
 }
 
+/// This worker's rx queue during one batch of deliveries (taken with the
+/// vring's lock held for the whole batch): the fast ring view when the
+/// rings resolve to host memory, the per-frame virtio-queue path otherwise.
+struct RxBatch<'m> {
+    ring: Option<RxRing<'m>>,
+    /// The queue is enabled and started (cannot change while the lock is held).
+    ready: bool,
+    /// Used index when the batch started: the notification window.
+    start_used: u16,
+}
+
+impl<'m> RxBatch<'m> {
+    fn open(rx: &VringState<Mem>, mem: &'m GuestMemoryMmap) -> Self {
+        let ready = Ctx::rx_ready(rx);
+        let q = rx.get_queue();
+        Self {
+            ring: if ready { RxRing::open(q, mem) } else { None },
+            ready,
+            start_used: q.next_used(),
+        }
+    }
+
+    /// Publishes what the batch added and hands the ring positions back
+    /// to the queue.
+    fn close(&mut self, rx: &mut VringState<Mem>) {
+        if let Some(r) = self.ring.take() {
+            r.finish(rx.get_queue_mut());
+        }
+    }
+}
+
 /// Steering and delivery state of one worker (split from the buffers so
 /// both can be borrowed at once).
 struct Ctx {
@@ -207,6 +243,9 @@ struct Ctx {
     mask: u32,
     /// Other workers to wake at the end of the batch.
     kick: u32,
+    /// Frames waiting to be handed to each other worker (sent when full
+    /// and at the end of the batch).
+    out: Vec<Option<FrameBatch>>,
     mrg: bool,
     added: bool,
     nobufs: bool,
@@ -225,17 +264,21 @@ impl Ctx {
     fn deliver_local(
         &mut self,
         rx: &mut VringState<Mem>,
+        b: &mut RxBatch<'_>,
         mem: &GuestMemoryMmap,
         pkt: &mut [u8],
         filter: Option<bool>,
     ) -> bool {
         let q = &self.sh.qstats[self.id];
-        if !Self::rx_ready(rx) {
+        if !b.ready {
             add(&q.rx_drops_disabled, 1);
             return false;
         }
         let mut bad = 0;
-        let out = deliver(rx.get_queue_mut(), mem, pkt, self.mrg, &mut bad);
+        let out = match &mut b.ring {
+            Some(r) => r.deliver(pkt, self.mrg, &mut bad),
+            None => deliver(rx.get_queue_mut(), mem, pkt, self.mrg, &mut bad),
+        };
         if bad > 0 {
             add_owned(&q.rx_bad_chains, bad);
             self.added = true;
@@ -255,6 +298,10 @@ impl Ctx {
             }
             RxOutcome::NoBuffers => {
                 self.nobufs = true;
+                let st = &self.conn.inbox[self.id].starved;
+                if !st.load(Ordering::Relaxed) {
+                    st.store(true, Ordering::Relaxed);
+                }
                 if filter.is_some() {
                     add_owned(&q.rx_drops_no_buffers, 1);
                 }
@@ -313,34 +360,95 @@ impl Ctx {
     }
 
     /// Steers and delivers (or forwards) a frame from the peer.
-    fn route(&mut self, rx: &mut VringState<Mem>, mem: &GuestMemoryMmap, pkt: &mut [u8]) {
+    fn route(
+        &mut self,
+        rx: &mut VringState<Mem>,
+        b: &mut RxBatch<'_>,
+        mem: &GuestMemoryMmap,
+        pkt: &mut [u8],
+    ) {
         let Some((q, filter)) = self.steer(&pkt[NET_HDR_LEN..]) else {
             return;
         };
         if q == self.id {
-            self.deliver_local(rx, mem, pkt, Some(filter));
+            self.deliver_local(rx, b, mem, pkt, Some(filter));
             return;
         }
         let Some(ib) = self.conn.inbox.get(q) else {
             add(&self.sh.qstats[self.id].rx_drops_disabled, 1);
             return;
         };
-        let mut b = ib
-            .pool
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(NET_HDR_LEN + MAX_FRAME));
-        b.clear();
-        b.extend_from_slice(pkt);
-        b[0] = u8::from(filter);
-        if let Err(b) = ib.frames.push(b) {
-            add(&self.sh.qstats[q].rx_drops_ring_full, 1);
-            self.nobufs_remote = true;
-            let _ = ib.pool.push(b);
+        if ib.starved.load(Ordering::Relaxed) {
+            // That queue is out of buffers: its worker would drop the frame.
+            // (It asked the driver for a kick when it ran out, clears the
+            // flag when it sees new buffers, and then wakes the workers
+            // that paused on it.)
+            add(&self.sh.qstats[q].rx_drops_no_buffers, 1);
+            self.pause_on(q);
+            return;
+        }
+        if self.out.len() <= q {
+            self.out.resize_with(q + 1, || None);
+        }
+        let b = self.out[q].get_or_insert_with(|| ib.pool.pop().unwrap_or_else(FrameBatch::new));
+        b.push(pkt, filter);
+        if b.is_full() {
+            self.send(q);
+        }
+    }
+
+    /// Hands the frames waiting for worker `q` to its inbox (or counts
+    /// them as dropped when the inbox is full).
+    fn send(&mut self, q: usize) {
+        let Some(b) = self.out.get_mut(q).and_then(Option::take) else {
+            return;
+        };
+        if b.is_empty() {
+            self.out[q] = Some(b);
+            return;
+        }
+        let ib = &self.conn.inbox[q];
+        if ib.starved.load(Ordering::Relaxed) {
+            let mut b = b;
+            add(&self.sh.qstats[q].rx_drops_no_buffers, b.len() as u64);
+            b.clear();
+            self.out[q] = Some(b);
+            self.pause_on(q);
+            return;
+        }
+        match ib.frames.push(b) {
+            Err(mut b) => {
+                add(&self.sh.qstats[q].rx_drops_ring_full, b.len() as u64);
+                b.clear();
+                self.out[q] = Some(b);
+                self.pause_on(q);
+            }
+            // Enough in flight to keep that worker busy: pause this
+            // worker's unlimited generator until it has taken them.
+            Ok(()) if ib.frames.len() >= INFLIGHT_BATCHES => self.pause_on(q),
+            Ok(()) => {}
         }
         self.kick |= 1 << q;
     }
 
+    /// Frames for worker `q` cannot go on now (out of buffers, or enough
+    /// of them in flight): an unlimited generator stops for this batch,
+    /// and `q` wakes this worker when it can take frames again.
+    fn pause_on(&mut self, q: usize) {
+        self.nobufs_remote = true;
+        let w = &self.conn.inbox[q].waiters;
+        let bit = 1u32 << self.id;
+        if w.load(Ordering::Relaxed) & bit == 0 {
+            w.fetch_or(bit, Ordering::AcqRel);
+        }
+    }
+
     fn flush_kicks(&mut self) {
+        for q in 0..self.out.len() {
+            if self.out[q].as_ref().is_some_and(|b| !b.is_empty()) {
+                self.send(q);
+            }
+        }
         let mut k = std::mem::take(&mut self.kick);
         while k != 0 {
             let q = k.trailing_zeros() as usize;
@@ -405,6 +513,7 @@ impl Worker {
                 rss: Rss::new(1),
                 mask: 0,
                 kick: 0,
+                out: Vec::new(),
                 mrg: true,
                 added: false,
                 nobufs: false,
@@ -510,13 +619,7 @@ impl Worker {
         } else {
             mac_from_u64(mac)
         };
-        self.sets = local_sets(
-            &sh.gen.snapshot(),
-            self.ctx.id,
-            sh.pairs(),
-            dst,
-            sh.cfg.gen_mac,
-        );
+        self.sets = local_sets(&sh.gen.snapshot(), self.ctx.id, dst, sh.cfg.gen_mac);
         self.unlimited = self.sets.iter().any(|s| s.rate == 0.0);
         log::debug!(
             "pair {}: generator version {v}: {} local flow set(s)",
@@ -545,40 +648,59 @@ impl Worker {
         self.check_gen();
         let mem = self.mem.memory();
         let mut rx = vrings[0].get_mut();
+        let conn = self.ctx.conn.clone();
+        let ib = &conn.inbox[self.ctx.id];
+        if ib.starved.load(Ordering::Relaxed) && Ctx::rx_ready(&rx) {
+            // Out of buffers at the last look: has the driver added some?
+            let q = rx.get_queue();
+            if q.avail_idx(&*mem, Ordering::Acquire).ok()
+                != Some(std::num::Wrapping(q.next_avail()))
+            {
+                ib.starved.store(false, Ordering::Relaxed);
+            }
+        }
+        let mut b = RxBatch::open(&rx, &mem);
         self.ctx.added = false;
         self.ctx.nobufs = false;
-        self.drain_replies(&mut rx, &mem);
-        let ib_frames = &self.ctx.conn.inbox[self.ctx.id];
-        let _ = ib_frames;
-        while let Some(mut b) = self.ctx.conn.inbox[self.ctx.id].frames.pop() {
-            let filter = b[0] == 1;
-            self.ctx.deliver_local(&mut rx, &mem, &mut b, Some(filter));
-            let _ = self.ctx.conn.inbox[self.ctx.id].pool.push(b);
+        self.drain_replies(&mut rx, &mut b, &mem);
+        while let Some(mut fb) = ib.frames.pop() {
+            let mut off = 0;
+            while let Some((pkt, filter)) = fb.next_mut(&mut off) {
+                self.ctx
+                    .deliver_local(&mut rx, &mut b, &mem, pkt, Some(filter));
+            }
+            fb.clear();
+            let _ = ib.pool.push(fb);
+        }
+        // Workers that paused on this inbox (full, or this queue out of
+        // buffers) can go on once it is drained and the queue has buffers.
+        if ib.waiters.load(Ordering::Relaxed) != 0 && !ib.starved.load(Ordering::Relaxed) {
+            self.ctx.kick |= ib.waiters.swap(0, Ordering::AcqRel);
         }
         if gen && !self.sets.is_empty() {
-            self.run_gen(&mut rx, &mem);
+            self.run_gen(&mut rx, &mut b, &mem);
         }
-        self.finish_rx(&mut rx);
+        self.finish_rx(&mut rx, b, &mem);
     }
 
-    fn finish_rx(&mut self, rx: &mut VringState<Mem>) {
+    /// Ends a batch: publishes it, wakes the workers frames were handed
+    /// to, interrupts the driver if it asked for it, and asks for a kick
+    /// when the queue ran out of buffers.
+    fn finish_rx(&mut self, rx: &mut VringState<Mem>, mut b: RxBatch<'_>, mem: &GuestMemoryMmap) {
+        b.close(rx);
         self.ctx.flush_kicks();
         if self.ctx.added {
-            let r = rx.needs_notification();
+            let r = needs_notification(rx.get_queue(), mem, b.start_used);
             log::trace!(
                 "pair {}: rx used {} needs_notification {r:?} call {}",
                 self.ctx.id,
                 rx.get_queue().next_used(),
                 rx.get_call().is_some()
             );
-            match r {
-                Ok(true) => {
-                    if let Err(e) = rx.signal_used_queue() {
-                        log::debug!("pair {}: rx signal: {e}", self.ctx.id);
-                    }
+            if r {
+                if let Err(e) = rx.signal_used_queue() {
+                    log::debug!("pair {}: rx signal: {e}", self.ctx.id);
                 }
-                Ok(false) => {}
-                Err(e) => log::debug!("pair {}: rx needs_notification: {e}", self.ctx.id),
             }
         }
         if self.ctx.nobufs && Ctx::rx_ready(rx) {
@@ -590,8 +712,7 @@ impl Worker {
             match rx.enable_notification() {
                 Ok(false) => {}
                 Ok(true) => {
-                    let mem = self.mem.memory();
-                    let avail = rx.get_queue().avail_idx(&*mem, Ordering::Acquire).ok();
+                    let avail = rx.get_queue().avail_idx(mem, Ordering::Acquire).ok();
                     if avail.is_some() && avail != self.rx_retry_avail {
                         self.rx_retry_avail = avail;
                         self.ctx.conn.inbox[self.ctx.id].wake();
@@ -602,7 +723,12 @@ impl Worker {
         }
     }
 
-    fn drain_replies(&mut self, rx: &mut VringState<Mem>, mem: &GuestMemoryMmap) {
+    fn drain_replies(
+        &mut self,
+        rx: &mut VringState<Mem>,
+        b: &mut RxBatch<'_>,
+        mem: &GuestMemoryMmap,
+    ) {
         let ib = &self.ctx.conn.inbox[self.ctx.id];
         while let Some(f) = ib.replies.pop() {
             self.backlog.push_back(f);
@@ -611,8 +737,8 @@ impl Worker {
             self.peerbuf.clear();
             self.peerbuf.resize(NET_HDR_LEN, 0);
             self.peerbuf.extend_from_slice(f);
-            let ready = Ctx::rx_ready(rx);
-            if ready && self.ctx.deliver_local(rx, mem, &mut self.peerbuf, None) {
+            let ready = b.ready;
+            if ready && self.ctx.deliver_local(rx, b, mem, &mut self.peerbuf, None) {
                 self.backlog.pop_front();
                 continue;
             }
@@ -625,7 +751,7 @@ impl Worker {
         }
     }
 
-    fn run_gen(&mut self, rx: &mut VringState<Mem>, mem: &GuestMemoryMmap) {
+    fn run_gen(&mut self, rx: &mut VringState<Mem>, b: &mut RxBatch<'_>, mem: &GuestMemoryMmap) {
         let now = Instant::now();
         let dt = now.duration_since(self.last_tick).as_secs_f64();
         self.last_tick = now;
@@ -655,7 +781,7 @@ impl Worker {
                 self.genbuf[NET_HDR_LEN..NET_HDR_LEN + s.hdr_len]
                     .copy_from_slice(&s.headers[i][..s.hdr_len]);
                 self.ctx
-                    .route(rx, mem, &mut self.genbuf[..NET_HDR_LEN + size]);
+                    .route(rx, b, mem, &mut self.genbuf[..NET_HDR_LEN + size]);
                 n += 1;
                 // Unlimited sets stop at the first full destination.
                 if unlimited && (self.ctx.nobufs || self.ctx.nobufs_remote) {
@@ -695,6 +821,7 @@ impl Worker {
         if !(tx.is_enabled() && tx.get_queue().ready()) {
             return;
         }
+        let mut b = RxBatch::open(&rx, &mem);
         self.ctx.added = false;
         self.ctx.nobufs = false;
         let mut done = 0usize;
@@ -727,7 +854,7 @@ impl Worker {
                     TxChain::Ok { len } => {
                         add_owned(&q.tx_packets, 1);
                         add_owned(&q.tx_bytes, (len - NET_HDR_LEN) as u64);
-                        if self.guest_frame(&mut rx, &mem, len) {
+                        if self.guest_frame(&mut rx, &mut b, &mem, len) {
                             mgmt_seen = true;
                         }
                     }
@@ -761,14 +888,20 @@ impl Worker {
         }
         drop(tx);
         if mgmt_seen {
-            self.drain_replies(&mut rx, &mem);
+            self.drain_replies(&mut rx, &mut b, &mem);
         }
-        self.finish_rx(&mut rx);
+        self.finish_rx(&mut rx, b, &mem);
     }
 
     /// A frame the guest sent (`txbuf[..len]`, header included). Returns
     /// true when it was a management frame.
-    fn guest_frame(&mut self, rx: &mut VringState<Mem>, mem: &GuestMemoryMmap, len: usize) -> bool {
+    fn guest_frame(
+        &mut self,
+        rx: &mut VringState<Mem>,
+        b: &mut RxBatch<'_>,
+        mem: &GuestMemoryMmap,
+        len: usize,
+    ) -> bool {
         let frame = &self.txbuf[NET_HDR_LEN..len];
         let sh = &self.ctx.sh;
         if u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
@@ -805,7 +938,7 @@ impl Worker {
                         self.peerbuf.clear();
                         self.peerbuf.resize(NET_HDR_LEN, 0);
                         self.peerbuf.extend_from_slice(&self.reply);
-                        self.ctx.route(rx, mem, &mut self.peerbuf);
+                        self.ctx.route(rx, b, mem, &mut self.peerbuf);
                     }
                 }
             }
@@ -835,13 +968,14 @@ impl Worker {
         };
         let mem = self.mem.memory();
         let mut rx = vrings[0].get_mut();
+        let mut b = RxBatch::open(&rx, &mem);
         self.ctx.added = false;
         self.ctx.nobufs = false;
         for _ in 0..TAP_BUDGET {
             match tap.read(&mut self.tapbuf) {
                 Ok(n) if n >= NET_HDR_LEN + 14 => {
                     add(&sh.peer_stats.tap_rx, 1);
-                    self.ctx.route(&mut rx, &mem, &mut self.tapbuf[..n]);
+                    self.ctx.route(&mut rx, &mut b, &mem, &mut self.tapbuf[..n]);
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -852,7 +986,7 @@ impl Worker {
                 }
             }
         }
-        self.finish_rx(&mut rx);
+        self.finish_rx(&mut rx, b, &mem);
         if self.ctx.kick == 0 {
             return;
         }

@@ -72,6 +72,12 @@ pub struct FlowSet {
     pub id: u32,
     pub spec: FlowSpec,
     pub tuples: Vec<Tuple>,
+    /// The worker that generates each tuple: the one whose rx queue RSS
+    /// picks for it with every pair enabled, so that by default a frame is
+    /// steered to the worker that built it and crosses no thread. (The
+    /// steering decision is still made per frame: a filter or RSS over
+    /// fewer enabled pairs sends it to another worker's queue.)
+    pub owner: Vec<u16>,
     pub count: u64,
     pub rate: u64,
     pub size: usize,
@@ -127,7 +133,7 @@ impl FlowSet {
                 "flows = {flows} but the address/port ranges only give {distinct} distinct tuples"
             ));
         }
-        let tuples = (0..u64::from(flows))
+        let tuples: Vec<Tuple> = (0..u64::from(flows))
             .map(|i| {
                 let sport = splo + (i % nsp) as u16;
                 let dport = dplo + ((i / nsp) % ndp) as u16;
@@ -142,6 +148,14 @@ impl FlowSet {
                     dst: dlo,
                     dport,
                 }
+            })
+            .collect();
+        let rss = arfs::Rss::new(workers.max(1) as u16);
+        let owner = tuples
+            .iter()
+            .map(|t| {
+                arfs::FlowKey::new(arfs::L4Proto::Udp, t.src, t.sport, t.dst, t.dport)
+                    .map_or(0, |k| rss.queue_for_key(&k))
             })
             .collect();
         // Record the resolved spec (defaults filled in) for `gen list` and `gen set`.
@@ -162,20 +176,26 @@ impl FlowSet {
             size,
             spec,
             tuples,
+            owner,
             sent: (0..workers).map(|_| AtomicU64::new(0)).collect(),
             stopped: AtomicBool::new(false),
         })
     }
 
-    /// Packets worker `w` of `n` must send (0 = unlimited).
-    pub fn share(&self, w: usize, n: usize) -> (u64, f64) {
+    /// Whether worker `w` generates tuple `i`.
+    pub fn owns(&self, i: usize, w: usize) -> bool {
+        self.owner.get(i).is_some_and(|&o| usize::from(o) == w)
+    }
+
+    /// Packets and rate worker `w` must send (count 0 = unlimited).
+    pub fn share(&self, w: usize) -> (u64, f64) {
         let f = self.tuples.len() as u64;
-        let mine: u64 = (0..f).filter(|i| (*i as usize) % n == w).count() as u64;
+        let mine: u64 = (0..f).filter(|&i| self.owns(i as usize, w)).count() as u64;
         let count = if self.count == 0 {
             0
         } else {
             (0..f)
-                .filter(|i| (*i as usize) % n == w)
+                .filter(|&i| self.owns(i as usize, w))
                 .map(|i| self.count / f + u64::from(i < self.count % f))
                 .sum::<u64>()
         };
@@ -424,11 +444,10 @@ pub struct LocalSet {
     pub next: usize,
 }
 
-/// Builds the share of worker `w` of `n`.
+/// Builds the share of worker `w` (see [`FlowSet::owner`]).
 pub fn local_sets(
     sets: &[Arc<FlowSet>],
     w: usize,
-    n: usize,
     dst_mac: [u8; 6],
     src_mac: [u8; 6],
 ) -> Vec<LocalSet> {
@@ -441,13 +460,13 @@ pub fn local_sets(
             .tuples
             .iter()
             .enumerate()
-            .filter(|(i, _)| i % n == w)
+            .filter(|(i, _)| s.owns(*i, w))
             .map(|(_, t)| *t)
             .collect();
         if tuples.is_empty() {
             continue;
         }
-        let (count, rate) = s.share(w, n);
+        let (count, rate) = s.share(w);
         let sent = s.sent[w].load(Ordering::Relaxed);
         let remaining = if s.count == 0 {
             None
@@ -572,9 +591,9 @@ mod tests {
             3,
         )
         .unwrap();
-        let tot: u64 = (0..3).map(|w| s.share(w, 3).0).sum();
+        let tot: u64 = (0..3).map(|w| s.share(w).0).sum();
         assert_eq!(tot, 103);
-        let rate: f64 = (0..3).map(|w| s.share(w, 3).1).sum();
+        let rate: f64 = (0..3).map(|w| s.share(w).1).sum();
         assert!((rate - 1000.0).abs() < 1e-6);
     }
 

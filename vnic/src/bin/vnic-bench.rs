@@ -9,6 +9,14 @@
 //! management ADD frames (32 ops each), for 64 B and 1500 B frames and 1 and
 //! 2 queue pairs.
 //!
+//! Reported per case: wall-clock Mpps (total and per worker), and Mpps per
+//! CPU-second of the daemon's worker threads (`vring_worker`, the threads
+//! that generate, steer and deliver: the figure the issue's per-worker
+//! target is about, comparable on a busy host), besides per CPU-second of
+//! the whole daemon. `--baseline OLD_VNIC` runs every case against an
+//! older daemon binary too, interleaved with the new one, and reports the
+//! ratios from that one run.
+//!
 //! `cargo run --release -p vnic --bin vnic-bench [-- --quick]`
 
 use std::path::PathBuf;
@@ -28,19 +36,28 @@ use vnic::frontend::{build_frame, FrameSpec, Options};
 const USAGE: &str = "\
 vnic-bench: RX/TX packet rate of vnic serve through its vhost-user socket
 
-USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--steer rss|local]
-                  [--vnic PATH] [--only rx|tx]
+USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--vnic PATH]
+                  [--baseline PATH] [--only rx|tx] [--pairs N] [--size B]
 
-  --quick       1 s per case, 64 B frames only (8 cases)
-  --seconds S   measured seconds per case (default 3; warm-up is 1 s extra)
-  --repeat N    run the whole matrix N times, report median and min..max
-  --steer M     rxq of the filters that match the generator's flows:
-                rss (default) = the queue RSS would pick, so 0 vs 65535
-                filters differs only by the lookup; local = the worker that
-                generates the flow (no cross-thread hand-off)
-  --vnic PATH   the vnic binary (default: next to this one, built with
-                `cargo build` first when run through cargo)
-  --only rx|tx  run one direction only
+  --quick          1 s per case, 64 B frames only
+  --seconds S      measured seconds per case (default 3; warm-up is 1 s extra)
+  --repeat N       run the whole matrix N times, report median and min..max
+  --vnic PATH      the vnic binary (default: next to this one, built with
+                   `cargo build` first when run through cargo)
+  --baseline PATH  also run every case against this (older) vnic binary,
+                   alternating with --vnic case by case, and report the
+                   new/old ratios of that run
+  --only rx|tx     run one direction only
+  --pairs N        only the cases with N pairs (1 or 2)
+  --size B         only the cases with B-byte frames (64 or 1500)
+
+Cases: RX and TX, 64 B and 1500 B frames, 1 and 2 pairs, 0 and 65535
+filters. The 64 filters that match the generator's flows steer each flow
+to the queue RSS picks for it, which is the worker that generates it
+(steer \"rss\"): 0 vs 65535 filters then differs by the lookup only. RX with
+2 pairs also runs steer \"cross\": every flow's filter points at the other
+pair, so every frame is handed from the generating worker to the other
+one (the cost of aRFS moving flows between queues).
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +72,7 @@ struct Case {
     size: usize,
     pairs: u16,
     filters: u32,
+    steer: Steer,
 }
 
 #[derive(Debug)]
@@ -67,10 +85,12 @@ struct Outcome {
     drop_detail: String,
     /// CPU seconds the daemon used during the measurement (all threads).
     device_cpu: f64,
+    /// CPU seconds of the daemon's worker threads (`vring_worker`).
+    worker_cpu: f64,
     waits: u64,
 }
 
-/// Generator flows in the RX cases (tuple i on worker i % pairs).
+/// Generator flows in the RX cases.
 const GEN_FLOWS: u16 = 64;
 const GEN_SPORT: u16 = 10000;
 const GEN_DPORT: u16 = 5001;
@@ -90,12 +110,22 @@ fn gen_flow(i: u16) -> FlowKey {
 /// How the filters of the generator's own flows choose their rx queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Steer {
-    /// The queue RSS would pick anyway: 0 vs 65535 filters then differs only
-    /// by the lookup (hit) cost.
+    /// The queue RSS would pick anyway (the daemon generates each flow on
+    /// that queue's worker): 0 vs 65535 filters then differs only by the
+    /// lookup (hit) cost.
     Rss,
-    /// Queue `i % pairs` for flow `i`, the worker that generates it: no
-    /// frame crosses between worker threads.
-    Local,
+    /// The next queue after the RSS one: with 2 pairs every frame crosses
+    /// from the generating worker to the other.
+    Cross,
+}
+
+impl Steer {
+    fn name(self) -> &'static str {
+        match self {
+            Steer::Rss => "rss",
+            Steer::Cross => "cross",
+        }
+    }
 }
 
 /// Filter `id`: the first GEN_FLOWS are the generator's flows; the rest are
@@ -103,9 +133,10 @@ enum Steer {
 fn filter_op(id: u16, pairs: u16, steer: Steer) -> AddOp {
     if id < GEN_FLOWS {
         let k = gen_flow(id);
+        let rss = arfs::Rss::new(pairs).queue_for_key(&k);
         let q = match steer {
-            Steer::Rss => arfs::Rss::new(pairs).queue_for_key(&k),
-            Steer::Local => id % pairs,
+            Steer::Rss => rss,
+            Steer::Cross => (rss + 1) % pairs,
         };
         return AddOp::new(id, q, &k);
     }
@@ -145,18 +176,40 @@ fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<()
     Ok(())
 }
 
-/// CPU seconds (user + system) used so far by process `pid`, all threads.
-fn cpu_seconds(pid: u32) -> Result<f64, String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+/// (command name, CPU seconds (user + system)) of a /proc stat file.
+fn stat_cpu(path: &str) -> Result<(String, f64), String> {
+    let stat = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let open = stat.find('(').ok_or("bad /proc stat")?;
+    let close = stat.rfind(')').ok_or("bad /proc stat")?;
+    let comm = stat[open + 1..close].to_string();
     // Fields after the ")" that ends the command name; utime and stime are
     // fields 14 and 15 of the whole line, 12 and 13 after it.
-    let rest = &stat[stat.rfind(')').ok_or("bad /proc stat")? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    if f.len() < 13 {
+        return Err(format!("{path}: short stat line"));
+    }
     let ticks: f64 = f[11].parse::<f64>().map_err(|e| e.to_string())?
         + f[12].parse::<f64>().map_err(|e| e.to_string())?;
     // SAFETY: sysconf has no memory-safety preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / hz)
+    Ok((comm, ticks / hz))
+}
+
+/// CPU seconds used so far by process `pid`: (all threads, the
+/// `vring_worker` threads).
+fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
+    let (_, all) = stat_cpu(&format!("/proc/{pid}/stat"))?;
+    let mut workers = 0.0;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
+    for t in tasks.flatten() {
+        // A thread may end between the listing and the read: skip it.
+        if let Ok((comm, cpu)) = stat_cpu(&format!("{}/stat", t.path().display())) {
+            if comm == "vring_worker" {
+                workers += cpu;
+            }
+        }
+    }
+    Ok((all, workers))
 }
 
 fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
@@ -191,7 +244,8 @@ fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     }
 }
 
-fn run_case(bin: &std::path::Path, case: Case, secs: f64, steer: Steer) -> Result<Outcome, String> {
+fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, String> {
+    let steer = case.steer;
     let pairs_s = case.pairs.to_string();
     let d = Daemon::start(
         bin,
@@ -282,23 +336,23 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64, steer: Steer) -> Resul
             std::thread::sleep(warm);
             let f0: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
             let s0 = c.stats().map_err(|e| e.to_string())?;
-            let cpu0 = cpu_seconds(dpid)?;
+            let (cpu0, wcpu0) = cpu_seconds(dpid)?;
             let t0 = Instant::now();
             std::thread::sleep(Duration::from_secs_f64(secs));
             let f1: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
             let el = t0.elapsed().as_secs_f64();
-            let cpu1 = cpu_seconds(dpid)?;
+            let (cpu1, wcpu1) = cpu_seconds(dpid)?;
             let s1 = c.stats().map_err(|e| e.to_string())?;
             if let Some(id) = gen_id {
                 c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
             }
-            Ok((f0, f1, el, s0, s1, cpu1 - cpu0))
+            Ok((f0, f1, el, s0, s1, cpu1 - cpu0, wcpu1 - wcpu0))
         })();
         stop.store(true, Ordering::Relaxed);
         for h in handles {
             h.join().map_err(|_| "pump thread panicked".to_string())??;
         }
-        let (f0, f1, el, s0, s1, cpu) = measured?;
+        let (f0, f1, el, s0, s1, cpu, wcpu) = measured?;
         let sum = |v: &serde_json::Value, f: &str| -> u64 {
             (0..case.pairs as usize)
                 .map(|q| counter(v, &format!("queues.{q}.{f}")))
@@ -333,6 +387,7 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64, steer: Steer) -> Resul
             device_drops: drops,
             drop_detail,
             device_cpu: cpu,
+            worker_cpu: wcpu,
             waits: stats.iter().map(|s| s.waits.load(Ordering::Relaxed)).sum(),
         })
     })?;
@@ -344,9 +399,11 @@ fn main() {
     let mut quick = false;
     let mut secs = 3.0f64;
     let mut vnic = None;
+    let mut baseline = None;
     let mut only = None;
+    let mut only_pairs = None;
+    let mut only_size = None;
     let mut repeat = 1usize;
-    let mut steer = Steer::Rss;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -370,6 +427,16 @@ fn main() {
                     args.next().unwrap_or_else(|| fail("--vnic needs a path")),
                 ));
             }
+            "--baseline" => {
+                let p = PathBuf::from(
+                    args.next()
+                        .unwrap_or_else(|| fail("--baseline needs a path")),
+                );
+                if !p.exists() {
+                    fail(&format!("--baseline: {} does not exist", p.display()));
+                }
+                baseline = Some(p);
+            }
             "--only" => {
                 only = match args.next().as_deref() {
                     Some("rx") => Some(Dir::Rx),
@@ -377,11 +444,18 @@ fn main() {
                     _ => fail("--only takes rx or tx"),
                 }
             }
-            "--steer" => {
-                steer = match args.next().as_deref() {
-                    Some("rss") => Steer::Rss,
-                    Some("local") => Steer::Local,
-                    _ => fail("--steer takes rss or local"),
+            "--pairs" => {
+                only_pairs = match args.next().as_deref() {
+                    Some("1") => Some(1u16),
+                    Some("2") => Some(2),
+                    _ => fail("--pairs takes 1 or 2"),
+                }
+            }
+            "--size" => {
+                only_size = match args.next().as_deref() {
+                    Some("64") => Some(64usize),
+                    Some("1500") => Some(1500),
+                    _ => fail("--size takes 64 or 1500"),
                 }
             }
             "-h" | "--help" => {
@@ -402,97 +476,197 @@ fn main() {
         }
         let sizes: &[usize] = if quick { &[64] } else { &[64, 1500] };
         for &size in sizes {
+            if only_size.is_some_and(|s| s != size) {
+                continue;
+            }
             for pairs in [1u16, 2] {
+                if only_pairs.is_some_and(|p| p != pairs) {
+                    continue;
+                }
                 for filters in [0, FILTERS_FULL] {
-                    cases.push(Case {
-                        dir,
-                        size,
-                        pairs,
-                        filters,
-                    });
+                    let mut steers = vec![Steer::Rss];
+                    if dir == Dir::Rx && pairs == 2 && filters > 0 {
+                        steers.push(Steer::Cross);
+                    }
+                    for steer in steers {
+                        cases.push(Case {
+                            dir,
+                            size,
+                            pairs,
+                            filters,
+                            steer,
+                        });
+                    }
                 }
             }
         }
     }
-    // Rounds run the whole matrix in turn, so slow phases of a shared
-    // machine spread over all cases instead of hitting one.
-    let mut results: Vec<Vec<Outcome>> = cases.iter().map(|_| Vec::new()).collect();
+    if cases.is_empty() {
+        fail("no case left after --only/--pairs/--size");
+    }
+    // (label, binary) of each daemon under test; the baseline first.
+    let mut bins: Vec<(&str, PathBuf)> = Vec::new();
+    if let Some(b) = &baseline {
+        bins.push(("old", b.clone()));
+    }
+    bins.push(("new", bin));
+    // Rounds run the whole matrix in turn, and the binaries alternate case
+    // by case, so slow phases of a shared machine spread over all of them.
+    let mut results: Vec<Vec<Vec<Outcome>>> = bins
+        .iter()
+        .map(|_| cases.iter().map(|_| Vec::new()).collect())
+        .collect();
+    let load0 = loadavg();
+    let t_start = std::time::SystemTime::now();
     for round in 0..repeat {
         for (i, case) in cases.iter().enumerate() {
-            eprintln!(
-                "[round {}/{repeat}, case {}/{}] {case:?}",
-                round + 1,
-                i + 1,
-                cases.len()
-            );
-            match run_case(&bin, *case, secs, steer) {
-                Ok(o) => {
-                    eprintln!(
-                        "  {:.3} Mpps ({} frames in {:.2} s; daemon CPU {:.2} s = {:.2} Mpps per CPU-s; device counted {:.3} Mpps; drops {}: {})",
-                        o.frames as f64 / o.secs / 1e6,
-                        o.frames,
-                        o.secs,
-                        o.device_cpu,
-                        o.frames as f64 / o.device_cpu.max(1e-3) / 1e6,
-                        o.device_frames as f64 / o.secs / 1e6,
-                        o.device_drops,
-                        o.drop_detail
-                    );
-                    results[i].push(o);
-                }
-                Err(e) => {
-                    eprintln!("  FAILED: {e}");
-                    std::process::exit(1);
+            for (b, (label, path)) in bins.iter().enumerate() {
+                eprintln!(
+                    "[round {}/{repeat}, case {}/{}, {label}] {case:?}",
+                    round + 1,
+                    i + 1,
+                    cases.len()
+                );
+                match run_case(path, *case, secs) {
+                    Ok(o) => {
+                        eprintln!(
+                            "  {:.3} Mpps ({} frames in {:.2} s; workers {:.2} CPU-s = {:.2} Mpps per worker CPU-s; daemon {:.2} CPU-s; device counted {:.3} Mpps; drops {}: {}; driver sleeps {})",
+                            o.frames as f64 / o.secs / 1e6,
+                            o.frames,
+                            o.secs,
+                            o.worker_cpu,
+                            o.frames as f64 / o.worker_cpu.max(1e-3) / 1e6,
+                            o.device_cpu,
+                            o.device_frames as f64 / o.secs / 1e6,
+                            o.device_drops,
+                            o.drop_detail,
+                            o.waits
+                        );
+                        results[b][i].push(o);
+                    }
+                    Err(e) => {
+                        eprintln!("  FAILED: {e}");
+                        std::process::exit(1);
+                    }
                 }
             }
         }
     }
+    let load1 = loadavg();
+    let started = t_start
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     println!();
     println!(
-        "vnic-bench: {secs} s per case, {repeat} round(s), filters of generator flows steered {}",
-        match steer {
-            Steer::Rss => "to their RSS queue",
-            Steer::Local => "to their generating worker",
+        "vnic-bench: {secs} s per case, {repeat} round(s); started at unix time {started}; load average (1 min) {load0} at the start, {load1} at the end"
+    );
+    println!();
+    println!("Mpps = million frames per second. \"per worker CPU-s\": frames divided by the CPU seconds the daemon's vring_worker threads used in the window (the per-worker rate a worker with a whole core would reach); medians of the rounds.");
+    println!();
+    let head = "| dir | frame | pairs | filters | steer | Mpps wall (median) | min..max | wall Mpps / worker | worker CPU (cores) | Mpps per worker CPU-s | Mpps per daemon CPU-s | device drops |";
+    let sep = "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+    for (b, (label, path)) in bins.iter().enumerate() {
+        if bins.len() > 1 {
+            println!("{label}: {}", path.display());
+            println!();
         }
-    );
-    println!();
-    println!("| dir | frame | pairs | filters | Mpps total (median) | min..max | Mpps / worker | Gbit/s | daemon CPU (cores) | Mpps per daemon CPU-s | device drops | driver sleeps/s |");
-    println!(
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    );
-    for (case, runs) in cases.iter().zip(&results) {
-        let mut mpps: Vec<f64> = runs
+        println!("{head}");
+        println!("{sep}");
+        for (case, runs) in cases.iter().zip(&results[b]) {
+            let m = Summary::of(runs);
+            println!(
+                "| {} | {} B | {} | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+                if case.dir == Dir::Rx { "RX" } else { "TX" },
+                case.size,
+                case.pairs,
+                case.filters,
+                case.steer.name(),
+                m.wall,
+                m.wall_min,
+                m.wall_max,
+                m.wall / f64::from(case.pairs),
+                m.worker_cores,
+                m.per_worker_cpu,
+                m.per_daemon_cpu,
+                m.drops
+            );
+        }
+        println!();
+    }
+    if bins.len() == 2 {
+        println!("new / old, same run (medians):");
+        println!();
+        println!("| dir | frame | pairs | filters | steer | Mpps per worker CPU-s old -> new | ratio | Mpps wall old -> new | ratio |");
+        println!("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
+        for (i, case) in cases.iter().enumerate() {
+            let o = Summary::of(&results[0][i]);
+            let n = Summary::of(&results[1][i]);
+            println!(
+                "| {} | {} B | {} | {} | {} | {:.2} -> {:.2} | {:.2}x | {:.2} -> {:.2} | {:.2}x |",
+                if case.dir == Dir::Rx { "RX" } else { "TX" },
+                case.size,
+                case.pairs,
+                case.filters,
+                case.steer.name(),
+                o.per_worker_cpu,
+                n.per_worker_cpu,
+                n.per_worker_cpu / o.per_worker_cpu.max(1e-9),
+                o.wall,
+                n.wall,
+                n.wall / o.wall.max(1e-9),
+            );
+        }
+    }
+}
+
+/// Medians over the rounds of one case.
+struct Summary {
+    wall: f64,
+    wall_min: f64,
+    wall_max: f64,
+    worker_cores: f64,
+    per_worker_cpu: f64,
+    per_daemon_cpu: f64,
+    drops: u64,
+}
+
+impl Summary {
+    fn of(runs: &[Outcome]) -> Self {
+        let med = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2], v[0], v[v.len() - 1])
+        };
+        let (wall, wall_min, wall_max) = med(runs
             .iter()
             .map(|o| o.frames as f64 / o.secs / 1e6)
-            .collect();
-        mpps.sort_by(f64::total_cmp);
-        let med = mpps[mpps.len() / 2];
-        let gbps = med * 1e6 * (case.size as f64) * 8.0 / 1e9;
-        let drops: u64 = runs.iter().map(|o| o.device_drops).sum::<u64>() / runs.len() as u64;
-        let sleeps = runs.iter().map(|o| o.waits as f64 / o.secs).sum::<f64>() / runs.len() as f64;
-        let cores = runs.iter().map(|o| o.device_cpu / o.secs).sum::<f64>() / runs.len() as f64;
-        let mut eff: Vec<f64> = runs
+            .collect());
+        let (per_worker_cpu, _, _) = med(runs
+            .iter()
+            .map(|o| o.frames as f64 / o.worker_cpu.max(1e-3) / 1e6)
+            .collect());
+        let (per_daemon_cpu, _, _) = med(runs
             .iter()
             .map(|o| o.frames as f64 / o.device_cpu.max(1e-3) / 1e6)
-            .collect();
-        eff.sort_by(f64::total_cmp);
-        println!(
-            "| {} | {} B | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.0} |",
-            if case.dir == Dir::Rx { "RX" } else { "TX" },
-            case.size,
-            case.pairs,
-            case.filters,
-            med,
-            mpps[0],
-            mpps[mpps.len() - 1],
-            med / f64::from(case.pairs),
-            gbps,
-            cores,
-            eff[eff.len() / 2],
-            drops,
-            sleeps
-        );
+            .collect());
+        let (worker_cores, _, _) = med(runs.iter().map(|o| o.worker_cpu / o.secs).collect());
+        Summary {
+            wall,
+            wall_min,
+            wall_max,
+            worker_cores,
+            per_worker_cpu,
+            per_daemon_cpu,
+            drops: runs.iter().map(|o| o.device_drops).sum::<u64>() / runs.len() as u64,
+        }
     }
+}
+
+/// The 1-minute load average, as text ("?" when unreadable).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 fn fail(msg: &str) -> ! {
