@@ -383,7 +383,7 @@ impl Ctx {
             // (It asked the driver for a kick when it ran out, clears the
             // flag when it sees new buffers, and then wakes the workers
             // that paused on it.)
-            add(&self.sh.qstats[q].rx_drops_no_buffers, 1);
+            add(self.starved_drops(q), 1);
             self.pause_on(q);
             return;
         }
@@ -410,7 +410,7 @@ impl Ctx {
         let ib = &self.conn.inbox[q];
         if ib.starved.load(Ordering::Relaxed) {
             let mut b = b;
-            add(&self.sh.qstats[q].rx_drops_no_buffers, b.len() as u64);
+            add(self.starved_drops(q), b.len() as u64);
             b.clear();
             self.out[q] = Some(b);
             self.pause_on(q);
@@ -429,6 +429,17 @@ impl Ctx {
             Ok(()) => {}
         }
         self.kick |= 1 << q;
+    }
+
+    /// The counter of frames dropped because queue `q` was out of buffers
+    /// (or, if it was disabled since, because it is disabled).
+    fn starved_drops(&self, q: usize) -> &std::sync::atomic::AtomicU64 {
+        let st = &self.sh.qstats[q];
+        if self.mask & (1 << q) == 0 {
+            &st.rx_drops_disabled
+        } else {
+            &st.rx_drops_no_buffers
+        }
     }
 
     /// Frames for worker `q` cannot go on now (out of buffers, or enough

@@ -366,7 +366,7 @@ impl<'a> RxRing<'a> {
         nb: &mut [Option<GuestAddress>; 2],
     ) -> Result<(), ChainError> {
         let total = src.len();
-        let mut table = self.desc.clone();
+        let mut table = self.desc;
         let mut table_len = self.size;
         let mut indirect = false;
         let mut idx = head;
@@ -384,19 +384,19 @@ impl<'a> RxRing<'a> {
                 .map_err(|_| ChainError::Bad)?;
             if d.refers_to_indirect_table() {
                 // One level only; a table of whole descriptors.
-                if indirect || d.len() % 16 != 0 || d.len() == 0 || d.len() / 16 > 0xFFFF {
+                if indirect || !d.len().is_multiple_of(16) || d.len() == 0 || d.len() / 16 > 0xFFFF
+                {
                     return Err(ChainError::Bad);
                 }
                 let len = d.len() as usize;
-                table = match self.mem.get_slice(d.addr(), len) {
-                    Ok(t) => t,
-                    Err(_) => {
-                        copied.resize(len, 0);
-                        self.mem
-                            .read_slice(&mut copied, d.addr())
-                            .map_err(|_| ChainError::Bad)?;
-                        VolatileSlice::from(copied.as_mut_slice())
-                    }
+                table = if let Ok(t) = self.mem.get_slice(d.addr(), len) {
+                    t
+                } else {
+                    copied.resize(len, 0);
+                    self.mem
+                        .read_slice(&mut copied, d.addr())
+                        .map_err(|_| ChainError::Bad)?;
+                    VolatileSlice::from(copied.as_mut_slice())
                 };
                 table_len = (len / 16) as u16;
                 ttl = table_len;
@@ -1036,7 +1036,7 @@ mod tests {
             );
             assert_eq!(bad, 3, "{path}");
             assert_eq!(used(&m, &mq, 3), (3, 112), "{path}");
-            let mut got = vec![0u8; 112];
+            let mut got = [0u8; 112];
             m.read_slice(&mut got[..40], GuestAddress(BUF)).unwrap();
             m.read_slice(&mut got[40..], GuestAddress(BUF + 0x1000))
                 .unwrap();
