@@ -910,6 +910,7 @@ fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<String> {
 
 fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     let n = s.settings.flows;
+    s.trace_since_mark()?; // the trace from the first SYN on is this scenario's
     let client = TcpClient::start(ns, SocketAddrV4::new(GUEST_IP, TCP_PORT), n, s.settings.rate)?;
     let agent = &mut s.guest.agent;
     let stats: TcpStats = wait_for(
@@ -944,7 +945,6 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             },
         ));
     }
-    s.trace_since_mark()?;
     // Warm-up: every flow whose RSS queue is not its receiver's has a filter there.
     let want: Vec<(FlowKey, usize)> = flows
         .iter()
@@ -1034,6 +1034,30 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             r.event == EventKind::Add && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp)
         })
         .count();
+    // As in steer, every flow RSS gets wrong was programmed to its
+    // receiver's queue. Unlike UDP, the first steer of a TCP flow may follow
+    // the (unpinned) accepting thread's CPU: accept() records the flow for
+    // RFS too. The filter then moves with a REPLACE once the pinned receiver
+    // reads; so an ADD or a REPLACE to the receiver's queue counts.
+    for (_, f) in flows.iter().filter(|(_, f)| f.rss_q != f.cpu) {
+        let programmed = trace.iter().any(|r| {
+            matches!(r.event, EventKind::Add | EventKind::Replace)
+                && r.flow == Some(f.key)
+                && r.rxq.map(usize::from) == Some(f.cpu)
+        });
+        c.check(programmed, || {
+            format!(
+                "TCP :{}: no ADD or REPLACE to q{} in the trace (rss q{})",
+                f.local_port, f.cpu, f.rss_q
+            )
+        });
+    }
+    let tcp_replaces = trace
+        .iter()
+        .filter(|r| {
+            r.event == EventKind::Replace && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp)
+        })
+        .count();
     let rejects = trace.iter().filter(|r| r.event == EventKind::Reject).count();
     c.check(rejects == 0, || format!("{rejects} rejects in the trace"));
     let st = s.guest.ctl.stats()?;
@@ -1041,7 +1065,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     c.check(tap_rx > 0, || "the device read nothing from the tap".into());
     drop(client);
     Ok(format!(
-        "conns={} steered={} tcp_adds_in_window={tcp_adds} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) tap_rx={tap_rx} tap_tx={}",
+        "conns={} steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) tap_rx={tap_rx} tap_tx={}",
         flows.len(),
         want.len(),
         warm.as_secs_f64(),
