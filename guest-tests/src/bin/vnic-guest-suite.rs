@@ -321,9 +321,7 @@ fn run_boot(
     }
     let problems = session.finish();
     if problems.is_empty() {
-        println!(
-            "teardown {blabel:<6} PASS  module unloaded, kernel log clean, guest powered off"
-        );
+        println!("teardown {blabel:<6} PASS  module unloaded, kernel log clean, guest powered off");
     } else {
         *extra_failures += 1;
         println!("teardown {blabel:<6} FAIL");
@@ -353,7 +351,13 @@ fn demo(args: &Args, art_root: &std::path::Path) -> ExitCode {
             "[demo] booting {label} with {} vCPUs / {} queue pairs",
             args.settings.cpus, args.settings.queues
         );
-        let mut s = Session::boot(kernel, &tools, args.settings.clone(), art, BootKind::Default)?;
+        let mut s = Session::boot(
+            kernel,
+            &tools,
+            args.settings.clone(),
+            art,
+            BootKind::Default,
+        )?;
         eprintln!(
             "[demo] guest up in {:.1}s, kernel {}",
             s.guest.boot_time.as_secs_f64(),

@@ -15,9 +15,7 @@ use super::{BootKind, Checks, Flow, Session, Window, GEN_IP, GEN_PORT, GUEST_IP,
 use crate::harness::ctl::counter;
 use crate::harness::vnic::VnicOptions;
 use crate::harness::{wait_for, Context, Result};
-use crate::proto::{
-    hex_decode, hex_encode, PingResult, RawTxReport, RawTxSpec, Request, TcpStats,
-};
+use crate::proto::{hex_decode, hex_encode, PingResult, RawTxReport, RawTxSpec, Request, TcpStats};
 use crate::{bail, ensure, module};
 use arfs::proto::{self as wire, FrameError, Message};
 use arfs::{EventKind, FlowKey, L4Proto, TraceRecord};
@@ -194,7 +192,11 @@ fn mgmt_bad(stats: &Value, reason: &str) -> u64 {
 /// The guest NIC's MAC as bytes.
 fn guest_mac() -> [u8; 6] {
     let mut m = [0u8; 6];
-    for (i, p) in crate::harness::qemu::GUEST_MAC.split(':').enumerate().take(6) {
+    for (i, p) in crate::harness::qemu::GUEST_MAC
+        .split(':')
+        .enumerate()
+        .take(6)
+    {
         m[i] = u8::from_str_radix(p, 16).unwrap_or(0);
     }
     m
@@ -248,6 +250,10 @@ fn add_op(id: u16, rxq: u16, family: u8, proto: u8, pad_nonzero: bool) -> Vec<u8
     o
 }
 
+/// A device reply as the in-window phase checks it: (type, seq,
+/// frame_status, op statuses).
+type Reply = (u8, u32, u8, Vec<u8>);
+
 /// A malformed frame and the reason the device must give it.
 struct Bad {
     what: &'static str,
@@ -290,25 +296,85 @@ fn malformed(seq: u32, gen: u32) -> Vec<Bad> {
     push("version 0", E::BadVersion, f);
     push("type 0", E::UnknownType, raw_frame(0, seq, gen, 0, 0, &[]));
     push("type 7", E::UnknownType, raw_frame(7, seq, gen, 0, 0, &[]));
-    push("type 255", E::UnknownType, raw_frame(255, seq, gen, 3, 12, &[0; 12]));
-    push("CAPS to the device", E::WrongDirection, raw_frame(2, seq, gen, 0, 24, &[0; 24]));
-    push("ACK to the device", E::WrongDirection, raw_frame(6, seq, gen, 1, 5, &[3, 0, 0, 0, 0]));
-    push("HELLO with count 1", E::BadCount, raw_frame(1, seq, gen, 1, 16, &hello));
-    push("ADD with count 0", E::BadCount, raw_frame(3, seq, gen, 0, 0, &[]));
-    push("ADD with 34 ops", E::TooManyOps, raw_frame(3, seq, gen, 34, 34 * 44, &[]));
-    push("ADD with 65535 ops", E::TooManyOps, raw_frame(3, seq, gen, 65535, 0, &[]));
-    push("DEL with 1000 ops", E::TooManyOps, raw_frame(4, seq, gen, 1000, 4000, &[]));
+    push(
+        "type 255",
+        E::UnknownType,
+        raw_frame(255, seq, gen, 3, 12, &[0; 12]),
+    );
+    push(
+        "CAPS to the device",
+        E::WrongDirection,
+        raw_frame(2, seq, gen, 0, 24, &[0; 24]),
+    );
+    push(
+        "ACK to the device",
+        E::WrongDirection,
+        raw_frame(6, seq, gen, 1, 5, &[3, 0, 0, 0, 0]),
+    );
+    push(
+        "HELLO with count 1",
+        E::BadCount,
+        raw_frame(1, seq, gen, 1, 16, &hello),
+    );
+    push(
+        "ADD with count 0",
+        E::BadCount,
+        raw_frame(3, seq, gen, 0, 0, &[]),
+    );
+    push(
+        "ADD with 34 ops",
+        E::TooManyOps,
+        raw_frame(3, seq, gen, 34, 34 * 44, &[]),
+    );
+    push(
+        "ADD with 65535 ops",
+        E::TooManyOps,
+        raw_frame(3, seq, gen, 65535, 0, &[]),
+    );
+    push(
+        "DEL with 1000 ops",
+        E::TooManyOps,
+        raw_frame(4, seq, gen, 1000, 4000, &[]),
+    );
     let mut op = add_op(1, 0, 4, 17, false);
     op.pop();
-    push("ADD body 43 bytes", E::BadLength, raw_frame(3, seq, gen, 1, 43, &op));
-    push("FLUSH body 5 bytes", E::BadLength, raw_frame(5, seq, gen, 0, 5, &[1, 0, 0, 0, 0]));
-    push("FLUSH reason 0", E::BadReason, raw_frame(5, seq, gen, 0, 4, &[0, 0, 0, 0]));
-    push("DEL reason 6", E::BadReason, raw_frame(4, seq, gen, 1, 4, &[0, 1, 6, 0]));
-    push("HELLO flags", E::ReservedNonzero, raw_frame(1, seq, gen, 0, 16, &hello_body(0x8000)));
-    push("FLUSH reserved", E::ReservedNonzero, raw_frame(5, seq, gen, 0, 4, &[1, 0, 7, 0]));
+    push(
+        "ADD body 43 bytes",
+        E::BadLength,
+        raw_frame(3, seq, gen, 1, 43, &op),
+    );
+    push(
+        "FLUSH body 5 bytes",
+        E::BadLength,
+        raw_frame(5, seq, gen, 0, 5, &[1, 0, 0, 0, 0]),
+    );
+    push(
+        "FLUSH reason 0",
+        E::BadReason,
+        raw_frame(5, seq, gen, 0, 4, &[0, 0, 0, 0]),
+    );
+    push(
+        "DEL reason 6",
+        E::BadReason,
+        raw_frame(4, seq, gen, 1, 4, &[0, 1, 6, 0]),
+    );
+    push(
+        "HELLO flags",
+        E::ReservedNonzero,
+        raw_frame(1, seq, gen, 0, 16, &hello_body(0x8000)),
+    );
+    push(
+        "FLUSH reserved",
+        E::ReservedNonzero,
+        raw_frame(5, seq, gen, 0, 4, &[1, 0, 7, 0]),
+    );
     let mut op = add_op(1, 0, 4, 17, false);
     op[10] = 0xff;
-    push("ADD op reserved", E::ReservedNonzero, raw_frame(3, seq, gen, 1, 44, &op));
+    push(
+        "ADD op reserved",
+        E::ReservedNonzero,
+        raw_frame(3, seq, gen, 1, 44, &op),
+    );
     v
 }
 
@@ -322,7 +388,10 @@ fn raw_run(s: &mut Session, spec: RawTxSpec, timeout: Duration) -> Result<RawTxR
         },
         timeout + Duration::from_secs(30),
     )?;
-    ensure!(r.done, "the raw-frame job did not finish within {timeout:?}");
+    ensure!(
+        r.done,
+        "the raw-frame job did not finish within {timeout:?}"
+    );
     Ok(r)
 }
 
@@ -336,7 +405,6 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
     let enabled = counter(&st0, "/enabled_pairs") as u16;
     let base: u32 = 0x7000_0000;
     // (frame, expected reply: None = silence, Some((type, seq, frame_status, statuses)))
-    type Reply = (u8, u32, u8, Vec<u8>);
     let mut frames: Vec<(Vec<u8>, Option<Reply>)> = Vec::new();
     frames.push((
         raw_frame(1, base, gen, 0, 16, &hello_body(0)),
@@ -384,7 +452,7 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
         capture_ethertype: Some(wire::ETHERTYPE_MGMT),
         linger_ms: 1500,
     };
-    let rep = raw_run(s, spec, Duration::from_secs(60))?;
+    let rep = raw_run(s, spec, Duration::from_mins(1))?;
     c.check(rep.failed == 0 && rep.sent.iter().all(|&n| n == 1), || {
         format!(
             "in-window phase: not every frame was sent once: {:?} {:?}",
@@ -433,7 +501,10 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
         let want = by_reason.get(e.name()).copied().unwrap_or(0);
         let have = mgmt_bad(&st1, e.name()) - mgmt_bad(&st0, e.name());
         c.check(have == want, || {
-            format!("in-window: device counted {have} {} frames, {want} sent", e.name())
+            format!(
+                "in-window: device counted {have} {} frames, {want} sent",
+                e.name()
+            )
         });
     }
     let naks = bad.iter().filter(|b| b.nak_type.is_some()).count() as u64;
@@ -448,7 +519,9 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
         ("/table/adds", 0),
         ("/mgmt/out_of_order", 0),
     ] {
-        c.check(d(p) == want, || format!("in-window: {p} moved by {}, expected {want}", d(p)));
+        c.check(d(p) == want, || {
+            format!("in-window: {p} moved by {}, expected {want}", d(p))
+        });
     }
     c.check(counter(&st1, "/table/live") == 0, || {
         "in-window: a refused op left a filter in the table".into()
@@ -467,13 +540,14 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
 }
 
 /// The type byte of the (NAK-able or well-formed) frame sent with `seq`.
-fn ack_type_for(frames: &[(Vec<u8>, Option<(u8, u32, u8, Vec<u8>)>)], seq: u32) -> u8 {
+fn ack_type_for(frames: &[(Vec<u8>, Option<Reply>)], seq: u32) -> u8 {
     frames
         .iter()
         .find(|(f, r)| r.as_ref().is_some_and(|r| r.1 == seq) && f.len() >= 18)
         .map_or(0, |(f, _)| f[17])
 }
 
+#[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
 fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
     let phase1 = hostile_in_window(s, c)?;
     // Phase 2: the module's session is up and a steered workload runs; the
@@ -527,7 +601,9 @@ fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
             rep.elapsed_ms as f64 / 1000.0
         )
     });
-    c.check(rep.failed == 0, || format!("sends failed: {:?}", rep.errors));
+    c.check(rep.failed == 0, || {
+        format!("sends failed: {:?}", rep.errors)
+    });
     std::thread::sleep(Duration::from_secs(1));
     let st1 = s.guest.ctl.stats()?;
     let d = |p: &str| counter(&st1, p).saturating_sub(counter(&st0, p));
@@ -542,11 +618,17 @@ fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
         let have = mgmt_bad(&st1, e.name()) - mgmt_bad(&st0, e.name());
         let _ = write!(counted, "{}={have}/{want} ", e.name());
         c.check(have == want, || {
-            format!("device counted {have} {} frames, the guest sent {want}", e.name())
+            format!(
+                "device counted {have} {} frames, the guest sent {want}",
+                e.name()
+            )
         });
     }
     c.check(d("/mgmt/frames_bad_total") == total, || {
-        format!("frames_bad_total moved by {}, {total} sent", d("/mgmt/frames_bad_total"))
+        format!(
+            "frames_bad_total moved by {}, {total} sent",
+            d("/mgmt/frames_bad_total")
+        )
     });
     let nakable: u64 = bad
         .iter()
@@ -561,7 +643,10 @@ fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
         )
     });
     c.check(d("/mgmt/naks_sent") == 0, || {
-        format!("{} NAKs sent for frames outside the window", d("/mgmt/naks_sent"))
+        format!(
+            "{} NAKs sent for frames outside the window",
+            d("/mgmt/naks_sent")
+        )
     });
     // The trace names each one (unless the trace writer had to drop lines).
     let trace = s.trace_since_mark()?;
@@ -575,9 +660,17 @@ fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
     });
     // The module's session never noticed.
     let m1 = s.module_counters()?;
-    for k in ["generation_changes", "replays", "stalls", "rx_malformed", "naks"] {
+    for k in [
+        "generation_changes",
+        "replays",
+        "stalls",
+        "rx_malformed",
+        "naks",
+    ] {
         let (a, b) = (m0.get(k), m1.get(k));
-        c.check(a == b, || format!("module {k} moved {a} -> {b} during the blast"));
+        c.check(a == b, || {
+            format!("module {k} moved {a} -> {b} during the blast")
+        });
     }
     c.check(m1.state(IFNAME) == Some("active"), || {
         format!("module state {:?}", m1.state(IFNAME))
@@ -600,6 +693,7 @@ fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
 
 // ---- device-restart ------------------------------------------------------------
 
+#[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
 fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.setup_steering()?;
     // Nothing in flight, module and device in agreement, before the kill.
@@ -620,7 +714,7 @@ fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.trace_mark = 0;
     let ctl = &mut s.guest.ctl;
     let st = wait_for(
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         "QEMU to reconnect and enable every queue pair",
         || {
             let st = ctl.stats()?;
@@ -701,9 +795,15 @@ fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
     let (min, mean, min_hw) = s.check_window(&w, c);
     // Same boot: the guest's uptime went on.
     let info: crate::proto::Info = s.guest.agent.req(Request::Hello)?;
-    c.check(info.uptime_s > up0 + t0.elapsed().as_secs_f64() - 5.0, || {
-        format!("guest uptime {:.0}s: did it reboot? (was {up0:.0}s)", info.uptime_s)
-    });
+    c.check(
+        info.uptime_s > up0 + t0.elapsed().as_secs_f64() - 5.0,
+        || {
+            format!(
+                "guest uptime {:.0}s: did it reboot? (was {up0:.0}s)",
+                info.uptime_s
+            )
+        },
+    );
     c.check(s.guest.qemu.exited().is_none(), || "QEMU exited".into());
     Ok(format!(
         "killed vnic (SIGKILL) 1s; reconnected in {:.1}s; generation {gen0:#x} -> {gen1:#x}; module generation_changes +{} replays +{} replayed_filters +{replayed} in {:.1}s; device==module {} entries (had {before}, {kept} identical); trace ADDs {adds}; ping {}/{}; re-steered in {:.1}s; on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}%",
@@ -908,10 +1008,16 @@ fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<String> {
     Ok(figures)
 }
 
+#[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
 fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     let n = s.settings.flows;
     s.trace_since_mark()?; // the trace from the first SYN on is this scenario's
-    let client = TcpClient::start(ns, SocketAddrV4::new(GUEST_IP, TCP_PORT), n, s.settings.rate)?;
+    let client = TcpClient::start(
+        ns,
+        SocketAddrV4::new(GUEST_IP, TCP_PORT),
+        n,
+        s.settings.rate,
+    )?;
     let agent = &mut s.guest.agent;
     let stats: TcpStats = wait_for(
         Duration::from_secs(30),
@@ -991,11 +1097,18 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         let (reads, on) = (r1 - r0, o1 - o0);
         w.packets.push(reads);
         w.on_cpu.push(on);
-        let pct = if reads == 0 { 0.0 } else { on as f64 / reads as f64 };
+        let pct = if reads == 0 {
+            0.0
+        } else {
+            on as f64 / reads as f64
+        };
         min = min.min(pct);
         sum += pct;
         c.check(reads >= 5, || {
-            format!("TCP :{}: {reads} reads in the window: not enough to judge", f.local_port)
+            format!(
+                "TCP :{}: {reads} reads in the window: not enough to judge",
+                f.local_port
+            )
         });
         c.check(pct >= s.settings.min_on_cpu, || {
             format!(
@@ -1030,9 +1143,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     let trace = s.trace_since_mark()?;
     let tcp_adds = trace
         .iter()
-        .filter(|r| {
-            r.event == EventKind::Add && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp)
-        })
+        .filter(|r| r.event == EventKind::Add && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp))
         .count();
     // As in steer, every flow RSS gets wrong was programmed to its
     // receiver's queue. Unlike UDP, the first steer of a TCP flow may follow
@@ -1058,7 +1169,10 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             r.event == EventKind::Replace && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp)
         })
         .count();
-    let rejects = trace.iter().filter(|r| r.event == EventKind::Reject).count();
+    let rejects = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Reject)
+        .count();
     c.check(rejects == 0, || format!("{rejects} rejects in the trace"));
     let st = s.guest.ctl.stats()?;
     let tap_rx = counter(&st, "/peer/tap_rx");
@@ -1095,6 +1209,7 @@ fn kmemleak(s: &mut Session, cmd: &str) -> Result<()> {
         .map(drop)
 }
 
+#[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
 fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
     // kmemleak must be there: this scenario is about the debug kernel.
     let have_kmemleak = match s.guest.agent.read_file(KMEMLEAK) {
@@ -1164,19 +1279,27 @@ fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         // nothing: the previous unload had flushed everything.
         for f in &attach {
             c.check(f.count == Some(0), || {
-                format!("cycle {cycle}: the attach FLUSH removed {:?} filters left behind", f.count)
+                format!(
+                    "cycle {cycle}: the attach FLUSH removed {:?} filters left behind",
+                    f.count
+                )
             });
         }
         match fl.as_slice() {
             [f] => {
                 let n = f.count.unwrap_or(0) as usize;
                 c.check(n == dels && n > 0, || {
-                    format!("cycle {cycle}: unload flush of {n} filters, {dels} unload deletes traced")
+                    format!(
+                        "cycle {cycle}: unload flush of {n} filters, {dels} unload deletes traced"
+                    )
                 });
                 flushed.push(n);
             }
             _ => c.check(false, || {
-                format!("cycle {cycle}: {} unload flush records in the trace after rmmod", fl.len())
+                format!(
+                    "cycle {cycle}: {} unload flush records in the trace after rmmod",
+                    fl.len()
+                )
             }),
         }
         s.ensure_module().ctx(format!("cycle {cycle}: reload"))?;
@@ -1204,7 +1327,9 @@ fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
     if nleaks > 0 {
         s.guest.art.write("kmemleak.txt", &leaks);
         let head: String = leaks.lines().take(25).collect::<Vec<_>>().join("\n      ");
-        c.check(false, || format!("kmemleak: {nleaks} unreferenced objects:\n      {head}"));
+        c.check(false, || {
+            format!("kmemleak: {nleaks} unreferenced objects:\n      {head}")
+        });
     }
     let avg = unload_ms.iter().sum::<u64>() / unload_ms.len().max(1) as u64;
     Ok(format!(
@@ -1214,4 +1339,53 @@ fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         flushed.iter().max().copied().unwrap_or(0),
         unload_ms.iter().max().copied().unwrap_or(0)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every hostile frame is malformed for exactly the reason the scenario
+    /// counts it under (the device's own decoder is the judge), covers every
+    /// reason, and survives the hex round trip to the agent.
+    #[test]
+    fn malformed_frames_have_the_claimed_reason() {
+        let bad = malformed(0x1234_5678, 7);
+        let mut seen = BTreeSet::new();
+        for b in &bad {
+            let e = wire::decode_frame(&b.frame).expect_err(b.what);
+            assert_eq!(e.kind, b.reason, "{}: {e}", b.what);
+            assert_eq!(b.nak_type.is_some(), e.nak_header().is_some(), "{}", b.what);
+            if let Some(h) = e.nak_header() {
+                assert_eq!(h.seq, 0x1234_5678, "{}", b.what);
+                assert_eq!(Some(h.msg_type), b.nak_type, "{}", b.what);
+            }
+            assert!(b.frame.len() >= 14 && b.frame.len() <= 1514, "{}", b.what);
+            assert_eq!(hex_decode(&hex_encode(&b.frame)).unwrap(), b.frame);
+            seen.insert(b.reason);
+        }
+        assert_eq!(seen.len(), FrameError::ALL.len(), "{seen:?}");
+    }
+
+    /// The in-window ADD's ops are well-formed frames whose every op is refused.
+    #[test]
+    fn refused_ops_decode() {
+        let mut ops = Vec::new();
+        ops.extend(add_op(0xFFFF, 0, 4, 17, false));
+        ops.extend(add_op(9, 0, 5, 17, false));
+        let f = raw_frame(3, 1, 0, 2, 88, &ops);
+        let (_, m) = wire::decode_frame(&f).unwrap();
+        let Message::Add(v) = m else { panic!("{m:?}") };
+        assert_eq!(v[0].id, 0xFFFF);
+        assert!(v[1].key().is_none());
+        let good = add_op(1, 0, 4, 17, false);
+        let f = raw_frame(3, 1, 0, 1, 44, &good);
+        let (_, Message::Add(v)) = wire::decode_frame(&f).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            v[0].key(),
+            Some(FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, 30000))
+        );
+    }
 }

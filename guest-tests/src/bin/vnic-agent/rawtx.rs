@@ -31,7 +31,9 @@ impl Job {
         let ifindex = ifindex(&spec.ifname).map_err(|e| format!("{}: {e}", spec.ifname))?;
         let tx = packet_socket(ifindex, 0).map_err(|e| format!("AF_PACKET tx socket: {e}"))?;
         let rx = match spec.capture_ethertype {
-            Some(t) => Some(packet_socket(ifindex, t).map_err(|e| format!("AF_PACKET rx socket: {e}"))?),
+            Some(t) => {
+                Some(packet_socket(ifindex, t).map_err(|e| format!("AF_PACKET rx socket: {e}"))?)
+            }
             None => None,
         };
         let done = Arc::new(AtomicBool::new(false));
@@ -182,7 +184,11 @@ fn run(spec: &RawTxSpec, frames: &[Vec<u8>], tx: &OwnedFd, rx: Option<&OwnedFd>)
     if let Some(t) = capture {
         let _ = t.join();
     }
-    rep.captured = std::mem::take(&mut *captured.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    rep.captured = std::mem::take(
+        &mut *captured
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     rep.elapsed_ms = start.elapsed().as_millis() as u64;
     rep.done = true;
     rep
@@ -206,7 +212,9 @@ fn capture_loop(fd: &OwnedFd, out: &Mutex<Vec<String>>, stop: &AtomicBool) {
         if got <= 0 {
             continue;
         }
-        let mut v = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut v = out
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if v.len() < MAX_CAPTURE {
             v.push(hex_encode(&buf[..got as usize]));
         }
