@@ -1266,7 +1266,18 @@ fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         c.check(after == 0, || {
             format!("cycle {cycle}: {after} filters left on the device after rmmod (had {live})")
         });
-        let trace = s.trace_since_mark()?;
+        // The trace is written by the daemon's tracer thread: give the
+        // unload FLUSH's lines (its DELs come first) a moment to land.
+        let mut trace = s.trace_since_mark()?;
+        let t_trace = Instant::now();
+        while !trace
+            .iter()
+            .any(|r| r.event == EventKind::Flush && r.reason.as_deref() == Some("unload"))
+            && t_trace.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+            trace.extend(s.trace_since_mark()?);
+        }
         let (fl, attach): (Vec<&TraceRecord>, Vec<&TraceRecord>) = trace
             .iter()
             .filter(|r| r.event == EventKind::Flush)
