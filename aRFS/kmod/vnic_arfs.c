@@ -45,6 +45,8 @@
 #include <linux/pkt_sched.h>
 #include <linux/unaligned.h>
 #include <net/flow_dissector.h>
+#include <net/netdev_rx_queue.h>
+#include <net/rps.h>
 
 #include "vnic_arfs.h"
 
@@ -1164,6 +1166,53 @@ fail:
 /* ------------------------------------------------------------------------ */
 /* Install and teardown                                                     */
 
+/*
+ * Forget what RFS recorded in the rx queues' rps_dev_flow tables before we
+ * were installed (a previous instance of the module, or no aRFS at all):
+ * the CPU each flow went to and the filter ids. Left alone, a flow already
+ * on its desired CPU is never handed to ndo_rx_flow_steer again:
+ * get_rps_cpu() only calls set_rps_cpu() when the slot's CPU differs from
+ * the desired one, and while the module was away every slot of the RSS
+ * queue got the desired CPU. Newer kernels (7.3) also skip the call while
+ * the target queue's slot holds a filter id that looks active. With the
+ * slots reset, the next packet of every flow asks us to steer it (as after
+ * `rps_flow_cnt` is rewritten). Runs once we are installed and active.
+ */
+static void vnic_reset_kernel_rfs(struct net_device *dev)
+{
+#ifdef CONFIG_RFS_ACCEL
+	unsigned int i, j, n;
+
+	rcu_read_lock();
+	for (i = 0; i < dev->num_rx_queues; i++) {
+		struct netdev_rx_queue *q = dev->_rx + i;
+		struct rps_dev_flow *flows;
+#ifdef _NET_RPS_TYPES_H
+		rps_tag_ptr tp = READ_ONCE(q->rps_flow_table);
+
+		if (!tp)
+			continue;
+		flows = rps_tag_to_table(tp);
+		n = rps_tag_to_mask(tp) + 1;
+#else
+		struct rps_dev_flow_table *t = rcu_dereference(q->rps_flow_table);
+
+		if (!t)
+			continue;
+		flows = t->flows;
+		n = t->mask + 1;
+#endif
+		for (j = 0; j < n; j++) {
+			if (READ_ONCE(flows[j].filter) != RPS_NO_FILTER)
+				WRITE_ONCE(flows[j].filter, RPS_NO_FILTER);
+			if (READ_ONCE(flows[j].cpu) != RPS_NO_CPU)
+				WRITE_ONCE(flows[j].cpu, RPS_NO_CPU);
+		}
+	}
+	rcu_read_unlock();
+#endif
+}
+
 /* Under RTNL. */
 static int vnic_install(struct vnic_ctx *ctx)
 {
@@ -1407,6 +1456,8 @@ static void vnic_work_install(struct vnic_ctx *ctx)
 		    ctx->caps.max_ops, ctx->caps.latency_us, ctx->rmap_nq);
 	vnic_kick_locked(ctx);
 	spin_unlock_bh(&ctx->lock);
+	/* only now: a steer call before VS_ACTIVE fails and RFS would not retry */
+	vnic_reset_kernel_rfs(dev);
 }
 
 /* ethtool -L or CPU hotplug changed the queue/CPU layout: new rmap, and

@@ -114,6 +114,14 @@ pub enum Request {
     },
     /// Run a program from the initramfs (busybox applets). Answers [`ExecResult`].
     Exec { argv: Vec<String>, timeout_ms: u64 },
+    /// Start sending raw Ethernet frames from an AF_PACKET socket in the
+    /// background (the hostile-guest tool: malformed management frames).
+    /// At most one such job runs. Answers null.
+    RawTxStart(RawTxSpec),
+    /// Wait up to `timeout_ms` for the raw-frame job to finish (its linger
+    /// included); answers [`RawTxReport`] (`done` false on timeout: the job
+    /// keeps running). A finished job is cleared by this call.
+    RawTxWait { timeout_ms: u64 },
     /// Sleep (lets the harness time phases from inside the guest).
     Sleep { ms: u64 },
     /// sync + reboot(RB_POWER_OFF). Answered before powering off.
@@ -216,6 +224,65 @@ pub struct TcpStats {
     pub running: bool,
     pub accepted: u64,
     pub conns: Vec<TcpConnCounters>,
+}
+
+/// A raw-frame job: `rounds` times every frame of `frames` in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RawTxSpec {
+    pub ifname: String,
+    /// Whole Ethernet frames (header included), hex-encoded.
+    pub frames: Vec<String>,
+    pub rounds: u32,
+    /// Frames per second over all frames; 0 = as fast as the socket takes them.
+    pub pps: u32,
+    /// Pin the sending thread (one CPU = one tx queue via XPS, so the
+    /// device sees the frames in order).
+    #[serde(default)]
+    pub cpu: Option<usize>,
+    /// Also capture every frame of this EtherType received on `ifname`
+    /// while sending and for `linger_ms` after (at most 4096 frames).
+    #[serde(default)]
+    pub capture_ethertype: Option<u16>,
+    #[serde(default)]
+    pub linger_ms: u64,
+}
+
+/// What a raw-frame job did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RawTxReport {
+    pub done: bool,
+    /// Frames handed to the kernel, per entry of `frames` (a frame whose
+    /// send failed with ENOBUFS/EAGAIN is retried, not counted twice).
+    pub sent: Vec<u64>,
+    /// Sends retried after ENOBUFS/EAGAIN.
+    pub retries: u64,
+    /// Sends that failed otherwise (first few messages).
+    pub errors: Vec<String>,
+    pub failed: u64,
+    pub elapsed_ms: u64,
+    /// Captured frames, hex-encoded, in arrival order.
+    pub captured: Vec<String>,
+}
+
+/// Lower-case hex of `b`.
+pub fn hex_encode(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+/// Bytes of a hex string (even length, no separators).
+pub fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
+    if !s.len().is_multiple_of(2) {
+        return Err(format!("odd-length hex string ({} chars)", s.len()));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| format!("bad hex at {i}: {e}")))
+        .collect()
 }
 
 /// One /dev/kmsg record.

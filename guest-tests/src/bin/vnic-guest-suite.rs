@@ -6,7 +6,7 @@
 
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{repo_root, timestamp, Artifacts};
-use guest_tests::scenarios::{self, report_line, Outcome, Session, Settings, Tools};
+use guest_tests::scenarios::{self, report_line, BootKind, Outcome, Session, Settings, Tools};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -23,8 +23,11 @@ OPTIONS:
                           built into the cache by images/build-kernel when missing)
     --kernel-image BZIMAGE --kdir TREE
                           test your own kernel instead (TREE: its built source tree)
-    --scenario NAME       run only these (repeatable or comma-separated):
-                          link, steer, migrate, expiry (default: all, in that order)
+    --scenario NAME       run only these (repeatable or comma-separated; default: all,
+                          in canonical order). Each kernel boots once for the gen-peer
+                          scenarios, once more for tcp-tap (tap peer in a network
+                          namespace, needs root) and once more on its debug variant
+                          (KASAN, lockdep, kmemleak) for unload-reload. --list shows them.
     --flows N             flows in steer/migrate/expiry (default 64; demo 256)
     --rate PPS            generator packets per second over all flows (default 2000; demo 4000)
     --measure SECS        measurement window after warm-up (default 5)
@@ -33,6 +36,7 @@ OPTIONS:
     --idle-ms MS          the module's idle timeout (default 2000)
     --artifacts DIR       where logs, traces and snapshots go
                           (default target/guest-tests/<UTC time>)
+    --list                the scenarios and the boot each needs
     -h, --help            this text
 
 ENVIRONMENT:
@@ -78,6 +82,13 @@ fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "-h" | "--help" => {
                 print!("{HELP}");
+                std::process::exit(0);
+            }
+            "--list" => {
+                for s in scenarios::all() {
+                    let k = scenarios::boot_kind(s);
+                    println!("{s:<16} boot: {k:?} (kernel variant {})", k.variant());
+                }
                 std::process::exit(0);
             }
             "--kernel" => a.kernels = val("--kernel")?.split(',').map(str::to_string).collect(),
@@ -190,74 +201,31 @@ fn main() -> ExitCode {
         Some((i, k)) => vec![("custom".into(), Some((i.clone(), k.clone())))],
         None => args.kernels.iter().map(|k| (k.clone(), None)).collect(),
     };
+    // Scenarios that need their own boot (the tap peer, the debug kernel)
+    // run in one extra boot per kind and kernel, after the default boot.
+    let mut kinds: Vec<BootKind> = selected.iter().map(|s| scenarios::boot_kind(s)).collect();
+    kinds.sort();
+    kinds.dedup();
     for (label, custom) in kernels {
-        let fail_all = |why: &str, outcomes: &mut Vec<Outcome>| {
-            for s in &selected {
-                let o = Outcome {
-                    scenario: s.clone(),
-                    kernel: label.clone(),
-                    figures: String::new(),
-                    failures: vec![format!("not run: {why}")],
-                    elapsed: Duration::ZERO,
-                };
-                println!("{}", report_line(&o));
-                outcomes.push(o);
-            }
-        };
-        let Some(tools) = &tools else {
-            fail_all("the host tools (vnic, agent) did not build", &mut outcomes);
-            continue;
-        };
-        let kernel = match &custom {
-            Some((i, k)) => build::kernel_custom(i, k),
-            None => build::kernel_series(&label, "default"),
-        };
-        let kernel: Kernel = match kernel {
-            Ok(k) => k,
-            Err(e) => {
-                fail_all(&format!("kernel {label} unavailable: {e}"), &mut outcomes);
-                continue;
-            }
-        };
-        let art = match Artifacts::new(art_root.join(&label)) {
-            Ok(a) => a,
-            Err(e) => {
-                fail_all(&e.0, &mut outcomes);
-                continue;
-            }
-        };
-        eprintln!(
-            "[guest-tests] booting {label} ({})",
-            kernel.bzimage.display()
-        );
-        let mut session = match Session::boot(kernel, tools, args.settings.clone(), art) {
-            Ok(s) => s,
-            Err(e) => {
-                fail_all(&format!("boot failed: {e}"), &mut outcomes);
-                continue;
-            }
-        };
-        eprintln!(
-            "[guest-tests] {label}: guest up in {:.1}s (kernel {})",
-            session.guest.boot_time.as_secs_f64(),
-            session.guest.info.kernel
-        );
-        for s in &selected {
-            let o = session.run(s);
-            println!("{}", report_line(&o));
-            outcomes.push(o);
-        }
-        let problems = session.finish();
-        if problems.is_empty() {
-            println!(
-                "teardown {label:<6} PASS  module unloaded, kernel log clean, guest powered off"
+        for &kind in &kinds {
+            let group: Vec<String> = selected
+                .iter()
+                .filter(|s| scenarios::boot_kind(s) == kind)
+                .cloned()
+                .collect();
+            let blabel = format!("{label}{}", kind.suffix());
+            run_boot(
+                &blabel,
+                &label,
+                custom.as_ref(),
+                kind,
+                &group,
+                tools.as_ref(),
+                &args,
+                &art_root,
+                &mut outcomes,
+                &mut extra_failures,
             );
-        } else {
-            extra_failures += 1;
-            println!("teardown {label:<6} FAIL");
-            for p in problems {
-                println!("    - {p}");
-            }
         }
     }
     let passed = outcomes.iter().filter(|o| o.passed()).count();
@@ -272,6 +240,94 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Boot `series` (or the custom kernel) for scenarios of one boot kind, run
+/// them, tear down. Reports under `blabel` (`7.3`, `7.3-tap`, `7.3-debug`).
+#[allow(clippy::too_many_arguments)] // the suite's loop state, passed through once
+fn run_boot(
+    blabel: &str,
+    series: &str,
+    custom: Option<&(PathBuf, PathBuf)>,
+    kind: BootKind,
+    group: &[String],
+    tools: Option<&Tools>,
+    args: &Args,
+    art_root: &std::path::Path,
+    outcomes: &mut Vec<Outcome>,
+    extra_failures: &mut usize,
+) {
+    let fail_all = |why: &str, outcomes: &mut Vec<Outcome>| {
+        for s in group {
+            let o = Outcome {
+                scenario: s.clone(),
+                kernel: blabel.to_string(),
+                figures: String::new(),
+                failures: vec![format!("not run: {why}")],
+                elapsed: Duration::ZERO,
+            };
+            println!("{}", report_line(&o));
+            outcomes.push(o);
+        }
+    };
+    let Some(tools) = tools else {
+        fail_all("the host tools (vnic, agent) did not build", outcomes);
+        return;
+    };
+    let kernel = match custom {
+        Some(_) if kind.variant() != "default" => Err(guest_tests::harness::Error(format!(
+            "needs the {} kernel variant; a custom kernel is booted as given",
+            kind.variant()
+        ))),
+        Some((i, k)) => build::kernel_custom(i, k),
+        None => build::kernel_series(series, kind.variant()),
+    };
+    let mut kernel: Kernel = match kernel {
+        Ok(k) => k,
+        Err(e) => {
+            fail_all(&format!("kernel {blabel} unavailable: {e}"), outcomes);
+            return;
+        }
+    };
+    kernel.label = blabel.to_string();
+    let art = match Artifacts::new(art_root.join(blabel)) {
+        Ok(a) => a,
+        Err(e) => {
+            fail_all(&e.0, outcomes);
+            return;
+        }
+    };
+    eprintln!(
+        "[guest-tests] booting {blabel} ({})",
+        kernel.bzimage.display()
+    );
+    let mut session = match Session::boot(kernel, tools, args.settings.clone(), art, kind) {
+        Ok(s) => s,
+        Err(e) => {
+            fail_all(&format!("boot failed: {e}"), outcomes);
+            return;
+        }
+    };
+    eprintln!(
+        "[guest-tests] {blabel}: guest up in {:.1}s (kernel {})",
+        session.guest.boot_time.as_secs_f64(),
+        session.guest.info.kernel
+    );
+    for s in group {
+        let o = session.run(s);
+        println!("{}", report_line(&o));
+        outcomes.push(o);
+    }
+    let problems = session.finish();
+    if problems.is_empty() {
+        println!("teardown {blabel:<6} PASS  module unloaded, kernel log clean, guest powered off");
+    } else {
+        *extra_failures += 1;
+        println!("teardown {blabel:<6} FAIL");
+        for p in problems {
+            println!("    - {p}");
+        }
     }
 }
 
@@ -295,7 +351,13 @@ fn demo(args: &Args, art_root: &std::path::Path) -> ExitCode {
             "[demo] booting {label} with {} vCPUs / {} queue pairs",
             args.settings.cpus, args.settings.queues
         );
-        let mut s = Session::boot(kernel, &tools, args.settings.clone(), art)?;
+        let mut s = Session::boot(
+            kernel,
+            &tools,
+            args.settings.clone(),
+            art,
+            BootKind::Default,
+        )?;
         eprintln!(
             "[demo] guest up in {:.1}s, kernel {}",
             s.guest.boot_time.as_secs_f64(),

@@ -38,6 +38,10 @@ pub struct Guest {
     kmsg_next: u64,
     /// Every kernel log record seen.
     pub kmsg: Vec<KmsgRecord>,
+    vnic_bin: std::path::PathBuf,
+    vnic_opts: VnicOptions,
+    /// Times the daemon was restarted ([`Guest::restart_vnic`]).
+    pub vnic_restarts: u32,
 }
 
 impl Guest {
@@ -91,9 +95,27 @@ impl Guest {
             boot_time: start.elapsed(),
             kmsg_next: 0,
             kmsg: Vec::new(),
+            vnic_bin: spec.vnic_bin.to_path_buf(),
+            vnic_opts: spec.vnic.clone(),
+            vnic_restarts: 0,
         };
         g.art.write_json("guest-info.json", &g.info);
         Ok(g)
+    }
+
+    /// Kill `vnic serve` (SIGKILL), leave it dead for `down`, start a new
+    /// one on the same sockets (QEMU reconnects by itself: `reconnect_ms`)
+    /// with its own trace and log (`vnic-trace-N.jsonl`, `vnic-N.log`), and
+    /// reconnect the control client. The guest keeps running.
+    pub fn restart_vnic(&mut self, down: Duration) -> Result<()> {
+        self.vnic.kill();
+        std::thread::sleep(down);
+        self.vnic_restarts += 1;
+        let tag = format!("-{}", self.vnic_restarts);
+        self.vnic = Vnic::start_tagged(&self.vnic_bin, &self.art.dir, &self.vnic_opts, &tag)
+            .ctx("restarting vnic serve")?;
+        self.ctl = self.vnic.connect_ctl()?;
+        Ok(())
     }
 
     /// Fetch new kernel log records; return the ones that must fail a test

@@ -16,6 +16,9 @@ pub struct QemuOptions {
     pub append: String,
     /// `tcg` (default) or `kvm` (env VNIC_ACCEL).
     pub accel: String,
+    /// `reconnect-ms` of the vhost-user chardev: QEMU reconnects to a
+    /// restarted daemon after this long (None: a dead daemon stays dead).
+    pub reconnect_ms: Option<u32>,
 }
 
 impl Default for QemuOptions {
@@ -26,6 +29,7 @@ impl Default for QemuOptions {
             mem_mb: 768,
             append: String::new(),
             accel: std::env::var("VNIC_ACCEL").unwrap_or_else(|_| "tcg".into()),
+            reconnect_ms: Some(250),
         }
     }
 }
@@ -89,7 +93,13 @@ impl Qemu {
                     .trim()
                     .to_string(),
                 "-chardev".into(),
-                format!("socket,id=c0,path={}", vhost_socket.display()),
+                format!(
+                    "socket,id=c0,path={}{}",
+                    vhost_socket.display(),
+                    opts.reconnect_ms
+                        .map(|ms| format!(",reconnect-ms={ms}"))
+                        .unwrap_or_default()
+                ),
                 "-netdev".into(),
                 format!("vhost-user,id=n0,chardev=c0,queues={q}"),
                 "-device".into(),

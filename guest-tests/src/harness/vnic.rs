@@ -14,6 +14,11 @@ pub struct VnicOptions {
     pub queues: u16,
     /// Extra `vnic serve` arguments (table capacity, buckets, fault knobs...).
     pub extra: Vec<String>,
+    /// `--peer` (default `gen`; `tap:IFNAME` for the tap peer).
+    pub peer: String,
+    /// Command prefix the daemon runs under (e.g. `ip netns exec NS`);
+    /// it must exec the daemon (the child's pid is the daemon's).
+    pub wrap: Vec<String>,
 }
 
 impl Default for VnicOptions {
@@ -21,6 +26,8 @@ impl Default for VnicOptions {
         VnicOptions {
             queues: 4,
             extra: Vec::new(),
+            peer: "gen".into(),
+            wrap: Vec::new(),
         }
     }
 }
@@ -36,15 +43,29 @@ pub struct Vnic {
 impl Vnic {
     /// Start `bin serve` with its files in `dir`; wait until both sockets exist.
     pub fn start(bin: &Path, dir: &Path, opts: &VnicOptions) -> Result<Self> {
+        Self::start_tagged(bin, dir, opts, "")
+    }
+
+    /// Like [`Vnic::start`], with `tag` appended to the names of the trace
+    /// and the log (a restarted daemon writes its own files; the sockets
+    /// keep their paths so QEMU reconnects to the same one).
+    pub fn start_tagged(bin: &Path, dir: &Path, opts: &VnicOptions, tag: &str) -> Result<Self> {
         let socket = dir.join("vnic.sock");
         let ctl = dir.join("vnic.ctl");
-        let trace = dir.join("vnic-trace.jsonl");
-        let log = dir.join("vnic.log");
+        let trace = dir.join(format!("vnic-trace{tag}.jsonl"));
+        let log = dir.join(format!("vnic{tag}.log"));
         for p in [&socket, &ctl] {
             let _ = std::fs::remove_file(p);
         }
         let logf = std::fs::File::create(&log).ctx(format!("creating {}", log.display()))?;
-        let mut cmd = Command::new(bin);
+        let mut cmd = match opts.wrap.split_first() {
+            Some((prog, rest)) => {
+                let mut c = Command::new(prog);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("serve")
             .arg("--socket")
             .arg(&socket)
@@ -52,7 +73,7 @@ impl Vnic {
             .arg(&ctl)
             .arg("--trace")
             .arg(&trace)
-            .args(["--peer", "gen", "--queues", &opts.queues.to_string()])
+            .args(["--peer", &opts.peer, "--queues", &opts.queues.to_string()])
             .args(&opts.extra)
             .env(
                 "RUST_LOG",
@@ -83,6 +104,11 @@ impl Vnic {
 
     pub fn connect_ctl(&self) -> Result<Ctl> {
         Ctl::connect(&self.ctl)
+    }
+
+    /// Kill the daemon (SIGKILL: a crash, no clean shutdown) and reap it.
+    pub fn kill(&mut self) {
+        kill_child(&mut self.child);
     }
 
     /// Whether the daemon is still running.

@@ -47,6 +47,42 @@ pub fn all() -> Vec<&'static str> {
     v
 }
 
+/// What a scenario needs booted. Scenarios of one kind share a boot; the
+/// suite boots each kernel once per kind it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BootKind {
+    /// The default kernel variant on vnic's gen peer.
+    Default,
+    /// vnic's tap peer, the tap in a host network namespace (stress::TapNet).
+    Tap,
+    /// The debug kernel variant (KASAN, lockdep, kmemleak) on the gen peer.
+    Debug,
+}
+
+impl BootKind {
+    /// The `images/build-kernel --variant` it boots.
+    pub fn variant(self) -> &'static str {
+        match self {
+            BootKind::Default | BootKind::Tap => "default",
+            BootKind::Debug => "debug",
+        }
+    }
+
+    /// Appended to the kernel label in reports and artifact directories.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            BootKind::Default => "",
+            BootKind::Tap => "-tap",
+            BootKind::Debug => "-debug",
+        }
+    }
+}
+
+/// The boot scenario `name` runs in.
+pub fn boot_kind(name: &str) -> BootKind {
+    stress::boot_kind(name).unwrap_or(BootKind::Default)
+}
+
 /// Knobs of a run. Durations are short on purpose (TCG); the assertions are not.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -178,6 +214,8 @@ pub struct Session {
     gen_sets: Vec<u64>,
     /// Trace lines consumed so far (scenarios look at what came after).
     trace_mark: usize,
+    /// The host network namespace of a tap boot (dropped after the guest).
+    tapnet: Option<stress::TapNet>,
 }
 
 /// Paths of the host-side pieces shared by all kernels.
@@ -188,21 +226,32 @@ pub struct Tools {
 
 impl Session {
     /// Build the module and initramfs for `kernel`, boot it on a fresh vnic.
-    pub fn boot(kernel: Kernel, tools: &Tools, settings: Settings, art: Artifacts) -> Result<Self> {
+    pub fn boot(
+        kernel: Kernel,
+        tools: &Tools,
+        settings: Settings,
+        art: Artifacts,
+        kind: BootKind,
+    ) -> Result<Self> {
         let (ko, module_error) = match build::module(&kernel.kdir, &art.path("kmod-build")) {
             Ok(ko) => (Some(ko), None),
             Err(e) => (None, Some(e.0)),
         };
         let initrd = build::initramfs(&kernel.kdir, &tools.agent, ko.as_deref())?;
         let release = build::kernel_release(&kernel.kdir)?;
+        let mut vnic = VnicOptions {
+            queues: settings.queues,
+            ..VnicOptions::default()
+        };
+        let tapnet = match kind {
+            BootKind::Tap => Some(stress::TapNet::create(&mut vnic)?),
+            BootKind::Default | BootKind::Debug => None,
+        };
         let spec = BootSpec {
             kernel: &kernel,
             initrd: &initrd,
             vnic_bin: &tools.vnic_bin,
-            vnic: VnicOptions {
-                queues: settings.queues,
-                extra: Vec::new(),
-            },
+            vnic,
             qemu: QemuOptions {
                 cpus: settings.cpus,
                 queues: settings.queues,
@@ -224,7 +273,11 @@ impl Session {
             gen_running: false,
             gen_sets: Vec::new(),
             trace_mark: 0,
+            tapnet,
         };
+        if let Some(t) = &s.tapnet {
+            t.configure()?;
+        }
         let bad = s.guest.kernel_failures()?;
         ensure!(
             bad.is_empty(),

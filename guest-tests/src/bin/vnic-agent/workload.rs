@@ -24,6 +24,7 @@ const POLL: Duration = Duration::from_millis(100);
 pub struct State {
     udp: Option<UdpRun>,
     tcp: Option<TcpRun>,
+    raw: Option<crate::rawtx::Job>,
 }
 
 impl State {
@@ -178,6 +179,23 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
         Request::Dmesg { since } => to_value(&sys::kmsg(since).map_err(err("/dev/kmsg"))?),
         Request::Exec { argv, timeout_ms } => {
             to_value(&exec(&argv, Duration::from_millis(timeout_ms))?)
+        }
+        Request::RawTxStart(spec) => {
+            if st.raw.is_some() {
+                return Err("a raw-frame job is already running (raw_tx_wait first)".into());
+            }
+            st.raw = Some(crate::rawtx::Job::start(spec)?);
+            Ok(Value::Null)
+        }
+        Request::RawTxWait { timeout_ms } => {
+            let job = st.raw.as_mut().ok_or("no raw-frame job")?;
+            match job.wait(Duration::from_millis(timeout_ms.min(600_000))) {
+                Some(r) => {
+                    st.raw = None;
+                    to_value(&r)
+                }
+                None => to_value(&guest_tests::proto::RawTxReport::default()),
+            }
         }
         Request::Sleep { ms } => {
             std::thread::sleep(Duration::from_millis(ms.min(600_000)));
