@@ -216,6 +216,8 @@ pub struct Session {
     trace_mark: usize,
     /// The host network namespace of a tap boot (dropped after the guest).
     tapnet: Option<stress::TapNet>,
+    /// What this boot is (a debug boot runs the debug kernel variant).
+    kind: BootKind,
 }
 
 /// Paths of the host-side pieces shared by all kernels.
@@ -274,6 +276,7 @@ impl Session {
             gen_sets: Vec::new(),
             trace_mark: 0,
             tapnet,
+            kind,
         };
         if let Some(t) = &s.tapnet {
             t.configure()?;
