@@ -7,9 +7,7 @@
 
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{repo_root, timestamp, Artifacts};
-use guest_tests::scenarios::experiments::{
-    self, CollisionPoint, CollisionWorkload, RpsPhase,
-};
+use guest_tests::scenarios::experiments::{self, CollisionPoint, CollisionWorkload, RpsPhase};
 use guest_tests::scenarios::{Session, Settings, Tools};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -293,7 +291,10 @@ fn main() -> ExitCode {
         eprintln!("error: cannot create {}: {e}", out.display());
         return ExitCode::from(2);
     }
-    let art = args.artifacts.clone().unwrap_or_else(|| out.join("artifacts"));
+    let art = args
+        .artifacts
+        .clone()
+        .unwrap_or_else(|| out.join("artifacts"));
     eprintln!(
         "[experiment] results in {}, guest artifacts in {}",
         out.display(),
@@ -360,7 +361,10 @@ fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()
-        .find_map(|l| l.strip_prefix("model name").map(|r| r.trim_start_matches([' ', '\t', ':']).to_string()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let n = std::thread::available_parallelism().map_or(0, usize::from);
     let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
@@ -598,14 +602,16 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                 continue;
             }
         };
-        'variants: for &iters in &args.variants {
-            let w = CollisionWorkload {
-                flows: args.flows,
-                rate,
-                duration,
-                iterations: iters,
-            };
-            for &cnt in &args.flow_cnts {
+        // Both variants of a size back to back: a problem with either
+        // shows in the first minutes of a long run.
+        'points: for &cnt in &args.flow_cnts {
+            for &iters in &args.variants {
+                let w = CollisionWorkload {
+                    flows: args.flows,
+                    rate,
+                    duration,
+                    iterations: iters,
+                };
                 done += 1;
                 eprintln!(
                     "[experiment] ({done}/{npoints}, {:.0} min so far) {label} {} rps_flow_cnt={cnt}: running {}s",
@@ -649,8 +655,10 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                         eprintln!("[experiment]   ERROR {msg}");
                         errors.push(msg);
                         if s.guest.qemu.exited().is_some() {
-                            errors.push(format!("{label}: the guest is gone, skipping its other points"));
-                            break 'variants;
+                            errors.push(format!(
+                                "{label}: the guest is gone, skipping its other points"
+                            ));
+                            break 'points;
                         }
                     }
                 }
@@ -661,7 +669,8 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                 )?;
             }
         }
-        s.guest.collect("final-experiment", Some(guest_tests::module::DEBUGFS_DIR));
+        s.guest
+            .collect("final-experiment", Some(guest_tests::module::DEBUGFS_DIR));
         let problems = s.finish();
         for p in problems {
             eprintln!("[experiment] {label} teardown: {p}");
@@ -724,7 +733,11 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} problem(s):\n  {}", errors.len(), errors.join("\n  ")))
+        Err(format!(
+            "{} problem(s):\n  {}",
+            errors.len(),
+            errors.join("\n  ")
+        ))
     }
 }
 
@@ -826,7 +839,10 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         let r = (|| -> Result<(), String> {
             let mask = experiments::rps_setup(&mut s).map_err(|e| e.0)?;
             for (name, sources) in [
-                (format!("{} source IP addresses (balanced)", args.sources), args.sources),
+                (
+                    format!("{} source IP addresses (balanced)", args.sources),
+                    args.sources,
+                ),
                 ("1 source IP address (one heavy flow)".to_string(), 1),
             ] {
                 eprintln!(
@@ -885,7 +901,11 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} problem(s):\n  {}", errors.len(), errors.join("\n  ")))
+        Err(format!(
+            "{} problem(s):\n  {}",
+            errors.len(),
+            errors.join("\n  ")
+        ))
     }
 }
 
@@ -944,6 +964,9 @@ mod tests {
         assert!(t.contains("| RPS | Add | Del | Steer-C |"), "{t}");
         assert!(t.contains("| 256 | 3.5 M | 0 | 10.5 M |"), "{t}");
         assert!(t.contains("| 512 | 12.3 K |"), "{t}");
-        assert!(t.contains("| 256 | 900 | 0 | 2700 | 0 | 0 | 0 | 1660 |"), "{t}");
+        assert!(
+            t.contains("| 256 | 900 | 0 | 2700 | 0 | 0 | 0 | 1660 |"),
+            "{t}"
+        );
     }
 }

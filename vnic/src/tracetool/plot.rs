@@ -284,11 +284,19 @@ pub fn render_panels(title: &str, panels: &[Panel], out: &Path) -> Result<String
                     .flat_map(|l| l.points.iter())
                     .filter(|(x, y)| *x > 0.0 && *y > 0.0)
             };
-            let (x0, x1) = pts().fold((f64::MAX, f64::MIN), |(a, b), (x, _)| (a.min(*x), b.max(*x)));
-            let (y0, y1) = pts().fold((f64::MAX, f64::MIN), |(a, b), (_, y)| (a.min(*y), b.max(*y)));
+            let (x0, x1) = pts().fold((f64::MAX, f64::MIN), |(a, b), (x, _)| {
+                (a.min(*x), b.max(*x))
+            });
+            let (y0, y1) = pts().fold((f64::MAX, f64::MIN), |(a, b), (_, y)| {
+                (a.min(*y), b.max(*y))
+            });
             // x: powers of two (table sizes); y: whole decades, so that
             // both axes always carry labelled ticks.
-            let (x0, x1) = if x0 > x1 { (1.0, 16.0) } else { (x0 / 1.2, x1 * 1.2) };
+            let (x0, x1) = if x0 > x1 {
+                (1.0, 16.0)
+            } else {
+                (x0 / 1.2, x1 * 1.2)
+            };
             let (y0, y1) = if y0 > y1 {
                 (1.0, 10.0)
             } else {
