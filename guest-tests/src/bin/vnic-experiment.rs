@@ -291,10 +291,18 @@ fn main() -> ExitCode {
         eprintln!("error: cannot create {}: {e}", out.display());
         return ExitCode::from(2);
     }
+    // Absolute paths: the module is built with `make M=<artifacts>/...`,
+    // which kbuild resolves from the kernel tree.
+    let out = std::fs::canonicalize(&out).unwrap_or(out);
     let art = args
         .artifacts
         .clone()
         .unwrap_or_else(|| out.join("artifacts"));
+    if let Err(e) = std::fs::create_dir_all(&art) {
+        eprintln!("error: cannot create {}: {e}", art.display());
+        return ExitCode::from(2);
+    }
+    let art = std::fs::canonicalize(&art).unwrap_or(art);
     eprintln!(
         "[experiment] results in {}, guest artifacts in {}",
         out.display(),
@@ -602,6 +610,17 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                 continue;
             }
         };
+        // Without the module there is nothing to measure on this kernel.
+        if let Err(e) = experiments::prepare_collisions(&mut s) {
+            let msg = format!("{label}: {e}; its points are skipped");
+            eprintln!("[experiment] {msg}");
+            errors.push(msg);
+            done += args.variants.len() * args.flow_cnts.len();
+            for p in s.finish() {
+                errors.push(format!("{label} teardown: {p}"));
+            }
+            continue;
+        }
         // Both variants of a size back to back: a problem with either
         // shows in the first minutes of a long run.
         'points: for &cnt in &args.flow_cnts {

@@ -279,6 +279,12 @@ fn progress(msg: &str) {
     eprintln!("[experiment] {msg}");
 }
 
+/// Network up, module loaded and attached: what every collision point
+/// needs (fails with the module build error when there is no module).
+pub fn prepare_collisions(s: &mut Session) -> Result<()> {
+    s.ensure_module()
+}
+
 /// One point of the slot-collision sweep: reset the table state, set
 /// `flow_cnt`, run the workload, count. The session's guest has the module
 /// loaded afterwards and no workload running.
