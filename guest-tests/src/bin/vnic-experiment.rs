@@ -46,6 +46,8 @@ COLLISIONS OPTIONS:
                           original's 12K flows over 144 queues)
     --queues N            queue pairs = vCPUs (default 4)
     --rate PPS            generator packets per second over all flows (default 2000)
+    --render POINTS.json  no guest: print the tables of an earlier run again and rewrite its
+                          tables.md / plot.svg next to it (counts from the device counters)
     --check               acceptance: at rps_flow_cnt 256 the old kernel (first) programs at least
                           10x the filters of the new one (second), and the new one at most 1.5x
                           the number of flows; exits 1 with the reason otherwise
@@ -94,6 +96,8 @@ struct Args {
     check: bool,
     out: Option<PathBuf>,
     artifacts: Option<PathBuf>,
+    /// Re-render tables and plot from a points.json.
+    render: Option<PathBuf>,
     /// The arguments after the command, for the record.
     argv: Vec<String>,
 }
@@ -142,6 +146,7 @@ fn parse_args() -> Result<Args, String> {
         check: false,
         out: None,
         artifacts: None,
+        render: None,
         argv,
     };
     let (mut image, mut kdir) = (None, None);
@@ -215,6 +220,10 @@ fn parse_args() -> Result<Args, String> {
                 a.check = true;
             }
             "--out" => a.out = Some(PathBuf::from(val("--out")?)),
+            "--render" => {
+                coll("--render")?;
+                a.render = Some(PathBuf::from(val("--render")?));
+            }
             "--artifacts" => a.artifacts = Some(PathBuf::from(val("--artifacts")?)),
             other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
@@ -277,6 +286,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(path) = &args.render {
+        return match render_again(path) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let name = match args.cmd {
         Cmd::Collisions if args.check => "collisions-check",
         Cmd::Collisions => "collisions",
@@ -462,8 +480,8 @@ fn table(title: &str, points: &[&CollisionPoint]) -> String {
 
 const LEGEND: &str = "\
 Steer-C: ndo_rx_flow_steer calls (the guest module's steer_calls)
-Add:     filters programmed in the device (trace `add` lines)
-Del:     filters deleted (trace `del` lines; reasons in points.json)
+Add:     filters programmed in the device (device counters; the trace's add lines agree)
+Del:     filters deleted, any reason (device counters; reasons in points.json)
 Replace: filters moved to another queue in place (re-steer of a known flow)
 Reject:  ADD ops the device refused
 Thrash:  flows programmed more than twice (add + replace) during the point
@@ -758,6 +776,43 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
             errors.join("\n  ")
         ))
     }
+}
+
+/// `--render`: tables and plot again from a points.json (e.g. after a
+/// change of layout), Add/Del/Replace/Reject taken from the device counters.
+fn render_again(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut points: Vec<CollisionPoint> = serde_json::from_value(v["points"].clone())
+        .map_err(|e| format!("{}: points: {e}", path.display()))?;
+    for p in &mut points {
+        p.counts_from_device();
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tables = render_tables(&points);
+    let w = &v["workload"];
+    let header = format!(
+        "{} flows per iteration over {} rx queues, {} pps in total, {}s per point; {}\n",
+        w["flows_per_iteration"],
+        v["guest"]["queue_pairs"],
+        w["rate_pps"],
+        w["duration_s"],
+        v["machine"].as_str().unwrap_or("")
+    );
+    print!("{header}\n{tables}\n{LEGEND}");
+    let md = format!(
+        "# Slot-collision sweep, {}\n\nCommand: `{}`  \nRun time: {:.0} min. {header}\n```\n{tables}\n{LEGEND}```\n",
+        v["started"].as_str().unwrap_or(""),
+        v["command"].as_str().unwrap_or(""),
+        v["elapsed_s"].as_f64().unwrap_or(0.0) / 60.0
+    );
+    write(&dir.join("tables.md"), &md)?;
+    let title = format!(
+        "Slot collisions: {} flows over {} queues, {}s per point",
+        w["flows_per_iteration"], v["guest"]["queue_pairs"], w["duration_s"]
+    );
+    render_plot(&points, &title, &dir.join("plot.svg"))
 }
 
 /// The acceptance check of issue 6 on one-iteration points at rps_flow_cnt

@@ -18,7 +18,7 @@ use crate::procfs;
 use crate::proto::{Request, UdpFlowSpec, UdpSpec, UdpStats};
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey, L4Proto};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -37,6 +37,9 @@ pub(super) fn run(_s: &mut Session, _name: &str, _c: &mut Checks) -> Option<Resu
 pub const COLLISION_PORT: u16 = 20000;
 /// The guest port the RPS workload's single socket listens on.
 pub const RPS_PORT: u16 = 30000;
+/// Time for vnic's trace writer to flush what it has (it flushes after
+/// 50 ms without a new line).
+const TRACE_SETTLE: Duration = Duration::from_millis(500);
 /// First source address of the RPS workload (`10.0.2.100` onwards).
 pub const RPS_SRC_BASE: u8 = 100;
 
@@ -61,7 +64,8 @@ fn secs<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, 
 /// Trace-derived counts are what the device did between the start of the
 /// workload and the end of its last iteration; `module` and `device` are the
 /// deltas of the raw counters over the same window (cross-checks).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CollisionPoint {
     pub kernel: String,
     pub release: String,
@@ -76,16 +80,23 @@ pub struct CollisionPoint {
     pub duration_s: f64,
     /// Steer-C: ndo_rx_flow_steer calls (module `steer_calls`).
     pub steer_calls: u64,
-    /// Add: new filters programmed (trace `add` lines).
+    /// Add: new filters programmed (device counter `table/adds`).
     pub adds: u64,
-    /// Del: filters deleted (trace `del` lines), and by reason.
+    /// Del: filters deleted (device counters `table/deletes/*`), and by reason.
     pub dels: u64,
     pub dels_by_reason: BTreeMap<String, u64>,
-    /// Filters moved to another queue in place (trace `replace` lines).
+    /// Filters moved to another queue in place (device `table/replaces`).
     pub replaces: u64,
-    /// ADD ops refused (trace `reject` lines), and by reason.
+    /// ADD ops refused (device `table/rejects/*`), and by reason.
     pub rejects: u64,
     pub rejects_by_reason: BTreeMap<String, u64>,
+    /// The same four counted from the trace lines read for the window
+    /// (cross-check; the trace is written asynchronously, so a few lines at
+    /// the window's edges can land on the wrong side of it).
+    pub trace_adds: u64,
+    pub trace_dels: u64,
+    pub trace_replaces: u64,
+    pub trace_rejects: u64,
     /// Distinct flows that got at least one filter.
     pub flows_added: u64,
     /// Flows programmed more than twice (add + replace lines).
@@ -111,6 +122,28 @@ pub struct CollisionPoint {
     pub device: BTreeMap<String, u64>,
     /// Kernel warnings seen during the point (must be empty).
     pub kernel_problems: Vec<String>,
+}
+
+impl CollisionPoint {
+    /// Add / Del / Replace / Reject from the device counter deltas in
+    /// `device` (exact for the window: they are read synchronously at its
+    /// start and end), keeping the trace counts in `trace_*`.
+    pub fn counts_from_device(&mut self) {
+        let get = |k: &str| self.device.get(k).copied().unwrap_or(0);
+        let by = |prefix: &str| -> BTreeMap<String, u64> {
+            self.device
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), *v)))
+                .filter(|(_, v)| *v > 0)
+                .collect()
+        };
+        self.adds = get("adds");
+        self.replaces = get("replaces");
+        self.dels_by_reason = by("deletes_");
+        self.dels = self.dels_by_reason.values().sum();
+        self.rejects_by_reason = by("rejects_");
+        self.rejects = self.rejects_by_reason.values().sum();
+    }
 }
 
 fn module_deltas(a: &ModuleCounters, b: &ModuleCounters) -> BTreeMap<String, u64> {
@@ -310,6 +343,8 @@ pub fn collision_point(
     let used_idle = s.wait_table_empty(Duration::from_secs(30))?;
     let reset_s = t_reset.elapsed().as_secs_f64();
 
+    // The reset's DEL lines must be in the file before the mark moves past them.
+    std::thread::sleep(TRACE_SETTLE);
     let m0 = s.module_counters()?;
     let d0 = s.guest.ctl.stats()?;
     s.trace_since_mark()?;
@@ -363,6 +398,9 @@ pub fn collision_point(
     let duration_s = traffic.as_secs_f64();
     let m1 = s.module_counters()?;
     let d1 = s.guest.ctl.stats()?;
+    // vnic writes the trace from its own thread and flushes it when idle
+    // for 50 ms: give the window's last lines time to reach the file.
+    std::thread::sleep(TRACE_SETTLE);
     let trace = s.trace_since_mark()?;
     let live_at_end = counter(&s.guest.ctl.table()?, "/live");
     s.gen_running = false;
@@ -392,33 +430,24 @@ pub fn collision_point(
     for r in &trace {
         match r.event {
             EventKind::Add => {
-                p.adds += 1;
+                p.trace_adds += 1;
                 if let Some(f) = r.flow {
                     *programs.entry(f).or_default() += 1;
                     added.insert(f);
                 }
             }
             EventKind::Replace => {
-                p.replaces += 1;
+                p.trace_replaces += 1;
                 if let Some(f) = r.flow {
                     *programs.entry(f).or_default() += 1;
                 }
             }
-            EventKind::Del => {
-                p.dels += 1;
-                *p.dels_by_reason
-                    .entry(r.reason.clone().unwrap_or_else(|| "?".into()))
-                    .or_default() += 1;
-            }
-            EventKind::Reject => {
-                p.rejects += 1;
-                *p.rejects_by_reason
-                    .entry(r.reason.clone().unwrap_or_else(|| "?".into()))
-                    .or_default() += 1;
-            }
+            EventKind::Del => p.trace_dels += 1,
+            EventKind::Reject => p.trace_rejects += 1,
             _ => {}
         }
     }
+    p.counts_from_device();
     p.flows_added = added.len() as u64;
     p.thrashing = programs.values().filter(|&&n| n > 2).count() as u64;
     p.max_programs_per_flow = programs.values().copied().max().unwrap_or(0);
