@@ -339,7 +339,11 @@ pub fn render_panels(title: &str, panels: &[Panel], out: &Path) -> Result<String
                 }
                 .label(l.name.as_str())
                 .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    // Dashed lines get a dashed legend glyph.
+                    let gap = if dashed { 6 } else { 0 };
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (10 - gap / 2, 0)], color.stroke_width(2))
+                        + PathElement::new(vec![(10 + gap / 2, 0), (20, 0)], color.stroke_width(2))
                 });
                 c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
                     .map_err(err(out))?;
