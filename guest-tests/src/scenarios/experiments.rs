@@ -1,13 +1,641 @@
-//! Scenarios of the experiments group (see the module docs of `scenarios`).
+//! The issue-6 experiments as workloads over one booted [`Session`]:
+//!
+//! - [`collision_point`]: the 2025 slot-collision measurement (Steer-C / Add /
+//!   Del per `rps_flow_cnt`), one point per call, the table state reset
+//!   before each point so that many points run in one boot;
+//! - [`rps_phase`]: plain RPS on a single queue (no RFS, no aRFS): per-CPU
+//!   NET_RX softirqs and `/proc/net/softnet_stat` deltas for one traffic mix.
+//!
+//! The driver is the `vnic-experiment` binary; what the figures mean is in
+//! docs/experiments.md. These are measurements, not scenarios of the suite:
+//! the only verdicts are the acceptance check of the binary.
 
-use super::{Checks, Session};
-use crate::harness::Result;
+use super::{Checks, Flow, Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
+use crate::harness::ctl::counter;
+use crate::harness::{wait_for, Result};
+use crate::module::{self, ModuleCounters};
+use crate::procfs;
+use crate::proto::{Request, UdpFlowSpec, UdpSpec, UdpStats};
+use crate::{bail, ensure};
+use arfs::{EventKind, FlowKey, L4Proto};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
-/// Scenario names of this group, in canonical order.
+/// Scenario names of this group, in canonical order (none: the experiments
+/// run from their own binary, not from the suite).
 pub(super) const NAMES: &[&str] = &[];
 
 /// Run scenario `name` if it belongs to this group.
 pub(super) fn run(_s: &mut Session, _name: &str, _c: &mut Checks) -> Option<Result<String>> {
-    // No scenario yet: every name belongs to another group.
     None
+}
+
+/// First guest port of the collision workload; iteration k of the
+/// five-iteration variant uses `COLLISION_PORT + k * flows ..`.
+pub const COLLISION_PORT: u16 = 20000;
+/// The guest port the RPS workload's single socket listens on.
+pub const RPS_PORT: u16 = 30000;
+/// Time for vnic's trace writer to flush what it has (it flushes after
+/// 50 ms without a new line).
+const TRACE_SETTLE: Duration = Duration::from_millis(500);
+/// First source address of the RPS workload (`10.0.2.100` onwards).
+pub const RPS_SRC_BASE: u8 = 100;
+
+/// One collision workload: `flows` connected UDP flows with receivers
+/// spread round-robin over the guest CPUs, `rate` packets per second over
+/// all of them, for `duration`; with `iterations` > 1 the flows are replaced
+/// by new ones (other guest ports) every `duration / iterations`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CollisionWorkload {
+    pub flows: usize,
+    pub rate: u32,
+    #[serde(serialize_with = "secs")]
+    pub duration: Duration,
+    pub iterations: u32,
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+/// The figures of one point (one kernel, one rps_flow_cnt, one variant).
+/// Trace-derived counts are what the device did between the start of the
+/// workload and the end of its last iteration; `module` and `device` are the
+/// deltas of the raw counters over the same window (cross-checks).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CollisionPoint {
+    pub kernel: String,
+    pub release: String,
+    pub rps_flow_cnt: u32,
+    pub iterations: u32,
+    pub flows_per_iteration: usize,
+    pub queues: u16,
+    pub rate_pps: u32,
+    /// Traffic time (the generator ran), summed over the iterations; the
+    /// counts also include what happened while the receivers of an
+    /// iteration were being set up and torn down.
+    pub duration_s: f64,
+    /// Steer-C: ndo_rx_flow_steer calls (module `steer_calls`).
+    pub steer_calls: u64,
+    /// Add: new filters programmed (device counter `table/adds`).
+    pub adds: u64,
+    /// Del: filters deleted (device counters `table/deletes/*`), and by reason.
+    pub dels: u64,
+    pub dels_by_reason: BTreeMap<String, u64>,
+    /// Filters moved to another queue in place (device `table/replaces`).
+    pub replaces: u64,
+    /// ADD ops refused (device `table/rejects/*`), and by reason.
+    pub rejects: u64,
+    pub rejects_by_reason: BTreeMap<String, u64>,
+    /// The same four counted from the trace lines read for the window
+    /// (cross-check; the trace is written asynchronously, so a few lines at
+    /// the window's edges can land on the wrong side of it).
+    pub trace_adds: u64,
+    pub trace_dels: u64,
+    pub trace_replaces: u64,
+    pub trace_rejects: u64,
+    /// Distinct flows that got at least one filter.
+    pub flows_added: u64,
+    /// Flows programmed more than twice (add + replace lines).
+    pub thrashing: u64,
+    /// Most add/replace lines for a single flow.
+    pub max_programs_per_flow: u64,
+    /// Flows of the workload whose RSS queue is not their receiver's queue
+    /// (those that need a filter; summed over the iterations).
+    pub flows_needing_filter: u64,
+    /// Live filters in the device table at the end of the window.
+    pub live_at_end: u64,
+    /// Packets the generator sent and the guest's receivers got.
+    pub sent: u64,
+    pub received: u64,
+    /// Time spent resetting the table before the point.
+    pub reset_s: f64,
+    /// The reset needed the idle backstop (rps_may_expire_flow did not
+    /// expire every filter after the table was replaced).
+    pub reset_used_idle: bool,
+    /// Module counter deltas (steer_calls, steer_dedup, adds, resteers, busy, ...).
+    pub module: BTreeMap<String, u64>,
+    /// Device counter deltas (table adds, replaces, deletes by reason, rejects).
+    pub device: BTreeMap<String, u64>,
+    /// Kernel warnings seen during the point (must be empty).
+    pub kernel_problems: Vec<String>,
+}
+
+impl CollisionPoint {
+    /// Add / Del / Replace / Reject from the device counter deltas in
+    /// `device` (exact for the window: they are read synchronously at its
+    /// start and end), keeping the trace counts in `trace_*`.
+    pub fn counts_from_device(&mut self) {
+        let get = |k: &str| self.device.get(k).copied().unwrap_or(0);
+        let by = |prefix: &str| -> BTreeMap<String, u64> {
+            self.device
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(prefix)?.to_string(), *v)))
+                .filter(|(_, v)| *v > 0)
+                .collect()
+        };
+        self.adds = get("adds");
+        self.replaces = get("replaces");
+        self.dels_by_reason = by("deletes_");
+        self.dels = self.dels_by_reason.values().sum();
+        self.rejects_by_reason = by("rejects_");
+        self.rejects = self.rejects_by_reason.values().sum();
+    }
+}
+
+fn module_deltas(a: &ModuleCounters, b: &ModuleCounters) -> BTreeMap<String, u64> {
+    let names: Vec<String> = b
+        .raw
+        .keys()
+        .filter_map(|k| k.rsplit('/').next().map(str::to_string))
+        .collect();
+    let mut out = BTreeMap::new();
+    for n in names {
+        // Counters are monotonic; state values (live, ids, ...) are not and
+        // are skipped.
+        if matches!(
+            n.as_str(),
+            "live"
+                | "ids"
+                | "inflight"
+                | "seq_next"
+                | "seq_unacked"
+                | "generation"
+                | "capacity"
+                | "buckets"
+                | "ways"
+                | "max_ops"
+                | "latency_us"
+                | "max_queue_pairs"
+                | "enabled_queue_pairs"
+                | "hello_outstanding"
+                | "table_full"
+                | "rejected_holdoff"
+                | "rx_queues"
+                | "rmap_queues"
+                | "rto_ms"
+        ) {
+            continue;
+        }
+        out.insert(n.clone(), b.get(&n).saturating_sub(a.get(&n)));
+    }
+    out
+}
+
+fn device_deltas(a: &Value, b: &Value) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let d = |p: &str| counter(b, p).saturating_sub(counter(a, p));
+    out.insert("adds".into(), d("/table/adds"));
+    out.insert("replaces".into(), d("/table/replaces"));
+    for (group, ptr) in [("deletes", "/table/deletes"), ("rejects", "/table/rejects")] {
+        if let Some(o) = b.pointer(ptr).and_then(Value::as_object) {
+            for k in o.keys() {
+                out.insert(format!("{group}_{k}"), d(&format!("{ptr}/{k}")));
+            }
+        }
+    }
+    out
+}
+
+impl Session {
+    fn release(&self) -> String {
+        self.guest.info.kernel.clone()
+    }
+
+    /// Stop every generator set and the agent's UDP workload.
+    fn stop_experiment_workload(&mut self) -> Result<()> {
+        self.guest.ctl.gen_stop_all()?;
+        self.gen_running = false;
+        self.guest
+            .agent
+            .call_value(&Request::UdpStop, Duration::from_mins(1))
+            .map(|_| ())
+            .or_else(|e| {
+                // Nothing running is fine.
+                if e.0.contains("no UDP workload") {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+    }
+
+    /// Write rps_flow_cnt on every rx queue (and the global socket table).
+    /// The kernel allocates a new rps_dev_flow table on every write, so
+    /// every filter of the old one is now "expired" for
+    /// rps_may_expire_flow (its slot no longer holds the filter id).
+    fn set_flow_cnt(&mut self, flow_cnt: u32) -> Result<()> {
+        let entries = self.settings.sock_flow_entries.next_power_of_two();
+        self.guest.agent.req::<Value>(Request::Rfs {
+            ifname: IFNAME.into(),
+            sock_flow_entries: entries,
+            flow_cnt,
+            rps_cpus: None,
+        })?;
+        self.settings.flow_cnt = flow_cnt;
+        Ok(())
+    }
+
+    /// Wait until the device table and the module hold no filter. Returns
+    /// whether the idle backstop had to be switched on for a moment.
+    fn wait_table_empty(&mut self, timeout: Duration) -> Result<bool> {
+        let empty = |s: &mut Session| -> Result<Option<()>> {
+            let dev = counter(&s.guest.ctl.table()?, "/live");
+            let m = s.module_counters()?;
+            Ok((dev == 0 && m.get("live") == 0 && m.get("ids") == 0).then_some(()))
+        };
+        let t0 = Instant::now();
+        let mut used_idle = false;
+        loop {
+            if empty(self)?.is_some() {
+                break;
+            }
+            if t0.elapsed() > timeout && !used_idle {
+                // rps_may_expire_flow keeps a filter whose slot still holds
+                // its id and counts as active; with the flows stopped that
+                // only happens if a write did not replace the table. The
+                // idle backstop deletes what is left.
+                self.guest
+                    .agent
+                    .write_file(&format!("{}/idle_timeout_ms", module::PARAMS_DIR), "1")?;
+                used_idle = true;
+            }
+            if t0.elapsed() > timeout * 2 {
+                bail!(
+                    "the filter table did not empty within {:.0}s after the reset (device live {})",
+                    (timeout * 2).as_secs_f64(),
+                    counter(&self.guest.ctl.table()?, "/live")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if used_idle {
+            self.guest
+                .agent
+                .write_file(&format!("{}/idle_timeout_ms", module::PARAMS_DIR), "0")?;
+        }
+        Ok(used_idle)
+    }
+
+    /// `n` connected UDP flows on guest ports `base..base+n`, receivers
+    /// round-robin over the CPUs.
+    fn flows_at(&self, base: u16, n: usize) -> Vec<Flow> {
+        (0..n)
+            .map(|i| {
+                let local_port = base + i as u16;
+                let key = FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, local_port);
+                Flow {
+                    local_port,
+                    cpu: i % usize::from(self.settings.cpus),
+                    key,
+                    rss_q: usize::from(self.rss.queue_for_key(&key)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Packets generator set `id` has sent so far.
+fn gen_sent(s: &mut Session, id: u64) -> Result<u64> {
+    let l = s.guest.ctl.gen_list()?;
+    l.as_array()
+        .and_then(|a| a.iter().find(|x| x["id"].as_u64() == Some(id)))
+        .and_then(|x| x["sent"].as_u64())
+        .ok_or_else(|| format!("generator set {id} is not in the generator's list").into())
+}
+
+/// Progress lines go to stderr with this prefix.
+fn progress(msg: &str) {
+    eprintln!("[experiment] {msg}");
+}
+
+/// Network up, module loaded and attached: what every collision point
+/// needs (fails with the module build error when there is no module).
+pub fn prepare_collisions(s: &mut Session) -> Result<()> {
+    s.ensure_module()
+}
+
+/// One point of the slot-collision sweep: reset the table state, set
+/// `flow_cnt`, run the workload, count. The session's guest has the module
+/// loaded afterwards and no workload running.
+pub fn collision_point(
+    s: &mut Session,
+    w: &CollisionWorkload,
+    flow_cnt: u32,
+) -> Result<CollisionPoint> {
+    ensure!(w.iterations >= 1, "iterations must be at least 1");
+    ensure!(
+        w.flows >= 1
+            && u16::try_from(usize::from(COLLISION_PORT) + w.flows * w.iterations as usize - 1)
+                .is_ok(),
+        "{} flows x {} iterations do not fit in the guest's port range",
+        w.flows,
+        w.iterations
+    );
+    s.ensure_module()?;
+    let label = s.kernel.label.clone();
+    let t_reset = Instant::now();
+    s.stop_experiment_workload()?;
+    s.set_flow_cnt(flow_cnt)?;
+    let used_idle = s.wait_table_empty(Duration::from_secs(30))?;
+    let reset_s = t_reset.elapsed().as_secs_f64();
+
+    // The reset's DEL lines must be in the file before the mark moves past them.
+    std::thread::sleep(TRACE_SETTLE);
+    let m0 = s.module_counters()?;
+    let d0 = s.guest.ctl.stats()?;
+    s.trace_since_mark()?;
+    let per_iter = w.duration / w.iterations;
+    let mut sent = 0u64;
+    let mut received = 0u64;
+    let mut needing = 0u64;
+    let mut traffic = Duration::ZERO;
+    for k in 0..w.iterations {
+        let base = COLLISION_PORT + (k as usize * w.flows) as u16;
+        let flows = s.flows_at(base, w.flows);
+        needing += flows.iter().filter(|f| f.rss_q != f.cpu).count() as u64;
+        s.udp_start(&flows)?;
+        let spec = json!({
+            "flows": w.flows,
+            "src": GEN_IP.to_string(),
+            "sport": GEN_PORT.to_string(),
+            "dst": GUEST_IP.to_string(),
+            "dport": format!("{}-{}", base, base + w.flows as u16 - 1),
+            "count": 0,
+            "rate": w.rate,
+            "size": 128,
+        });
+        let id = s.guest.ctl.gen_start(&spec)?;
+        s.gen_running = true;
+        if w.iterations > 1 {
+            progress(&format!(
+                "{label} rps_flow_cnt={flow_cnt}: iteration {}/{} (guest ports {base}..{})",
+                k + 1,
+                w.iterations,
+                base + w.flows as u16 - 1
+            ));
+        }
+        // Each iteration gets its full share of traffic time; setting up
+        // hundreds of receivers takes seconds under TCG and is not counted.
+        let t_it = Instant::now();
+        std::thread::sleep(per_iter);
+        traffic += t_it.elapsed();
+        // This iteration's figures, then its flows go away (a stopped set
+        // leaves the generator's list: read it first).
+        sent += gen_sent(s, id)?;
+        s.guest
+            .ctl
+            .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+        let st: UdpStats = s
+            .guest
+            .agent
+            .call(&Request::UdpStop, Duration::from_mins(1))?;
+        received += st.flows.iter().map(|f| f.packets).sum::<u64>();
+    }
+    let duration_s = traffic.as_secs_f64();
+    let m1 = s.module_counters()?;
+    let d1 = s.guest.ctl.stats()?;
+    // vnic writes the trace from its own thread and flushes it when idle
+    // for 50 ms: give the window's last lines time to reach the file.
+    std::thread::sleep(TRACE_SETTLE);
+    let trace = s.trace_since_mark()?;
+    let live_at_end = counter(&s.guest.ctl.table()?, "/live");
+    s.gen_running = false;
+
+    let mut p = CollisionPoint {
+        kernel: label,
+        release: s.release(),
+        rps_flow_cnt: flow_cnt,
+        iterations: w.iterations,
+        flows_per_iteration: w.flows,
+        queues: s.settings.queues,
+        rate_pps: w.rate,
+        duration_s,
+        steer_calls: m1.get("steer_calls").saturating_sub(m0.get("steer_calls")),
+        flows_needing_filter: needing,
+        live_at_end,
+        sent,
+        received,
+        reset_s,
+        reset_used_idle: used_idle,
+        module: module_deltas(&m0, &m1),
+        device: device_deltas(&d0, &d1),
+        ..CollisionPoint::default()
+    };
+    let mut programs: HashMap<FlowKey, u64> = HashMap::new();
+    let mut added: std::collections::HashSet<FlowKey> = std::collections::HashSet::new();
+    for r in &trace {
+        match r.event {
+            EventKind::Add => {
+                p.trace_adds += 1;
+                if let Some(f) = r.flow {
+                    *programs.entry(f).or_default() += 1;
+                    added.insert(f);
+                }
+            }
+            EventKind::Replace => {
+                p.trace_replaces += 1;
+                if let Some(f) = r.flow {
+                    *programs.entry(f).or_default() += 1;
+                }
+            }
+            EventKind::Del => p.trace_dels += 1,
+            EventKind::Reject => p.trace_rejects += 1,
+            _ => {}
+        }
+    }
+    p.counts_from_device();
+    p.flows_added = added.len() as u64;
+    p.thrashing = programs.values().filter(|&&n| n > 2).count() as u64;
+    p.max_programs_per_flow = programs.values().copied().max().unwrap_or(0);
+    p.kernel_problems = s.guest.kernel_failures()?;
+    Ok(p)
+}
+
+/// Per-CPU figures of one RPS phase (deltas over the phase).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RpsCpu {
+    pub cpu: usize,
+    /// softnet_stat column 0: packets processed by this CPU's backlog/NAPI.
+    pub processed: u64,
+    /// column 1: dropped (backlog full).
+    pub dropped: u64,
+    /// column 2: time squeeze (net_rx_action ran out of budget or time).
+    pub time_squeeze: u64,
+    /// column 9: RPS IPIs this CPU received (received_rps).
+    pub rps: u64,
+    /// NET_RX softirqs run on this CPU (/proc/softirqs).
+    pub net_rx: u64,
+}
+
+/// One RPS phase: one traffic mix for a fixed time.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RpsPhase {
+    pub name: String,
+    pub kernel: String,
+    pub release: String,
+    /// Distinct source addresses of the traffic (one flow each).
+    pub sources: u32,
+    pub rate_pps: u32,
+    pub duration_s: f64,
+    pub rps_cpus: String,
+    pub sent: u64,
+    /// Packets the guest's socket read.
+    pub received: u64,
+    /// Device-side drops on rx queue 0 (no guest buffers).
+    pub device_rx_drops: u64,
+    pub cpus: Vec<RpsCpu>,
+    pub kernel_problems: Vec<String>,
+}
+
+fn cpu_counts(s: &mut Session) -> Result<(Vec<procfs::Softnet>, Vec<u64>)> {
+    let sn = s.guest.agent.read_file("/proc/net/softnet_stat")?;
+    let si = s.guest.agent.read_file("/proc/softirqs")?;
+    let softnet = procfs::parse_softnet(&sn);
+    let net_rx = procfs::parse_softirqs(&si)
+        .remove("NET_RX")
+        .unwrap_or_default();
+    ensure!(!softnet.is_empty(), "no rows in /proc/net/softnet_stat");
+    Ok((softnet, net_rx))
+}
+
+/// Set up plain RPS on every rx queue (the session has one): `rps_cpus` =
+/// every guest CPU, RFS off (rps_flow_cnt 0, rps_sock_flow_entries 0), the
+/// module not loaded. Returns the mask written.
+pub fn rps_setup(s: &mut Session) -> Result<String> {
+    s.ensure_net()?;
+    ensure!(
+        !s.module_loaded,
+        "the RPS experiment runs without the aRFS module"
+    );
+    let cpus = u32::from(s.settings.cpus);
+    ensure!((1..=32).contains(&cpus), "1..32 CPUs supported, got {cpus}");
+    let mask = format!("{:x}", (1u64 << cpus) - 1);
+    s.guest.agent.req::<Value>(Request::Rfs {
+        ifname: IFNAME.into(),
+        sock_flow_entries: 0,
+        flow_cnt: 0,
+        rps_cpus: Some(mask.clone()),
+    })?;
+    let got = s
+        .guest
+        .agent
+        .read_file(&format!("/sys/class/net/{IFNAME}/queues/rx-0/rps_cpus"))?;
+    let got_v = u64::from_str_radix(got.trim().replace(',', "").as_str(), 16).unwrap_or(0);
+    ensure!(
+        got_v == (1u64 << cpus) - 1,
+        "rx-0/rps_cpus reads {:?} after writing {mask}",
+        got.trim()
+    );
+    Ok(mask)
+}
+
+/// One RPS phase: `sources` source addresses (one UDP flow each, all to the
+/// same guest port) at `rate` packets per second for `duration`.
+pub fn rps_phase(
+    s: &mut Session,
+    name: &str,
+    sources: u32,
+    rate: u32,
+    duration: Duration,
+    mask: &str,
+) -> Result<RpsPhase> {
+    ensure!(
+        (1..=150).contains(&sources),
+        "sources must be in 1..=150 (10.0.2.100 onwards), got {sources}"
+    );
+    s.stop_experiment_workload()?;
+    // One unconnected socket receives from every source; its reader sits on
+    // the last CPU.
+    let last = usize::from(s.settings.cpus) - 1;
+    s.guest.agent.call_value(
+        &Request::UdpStart(UdpSpec {
+            peer: GEN_IP.to_string(),
+            flows: vec![UdpFlowSpec {
+                local_port: RPS_PORT,
+                peer_port: GEN_PORT,
+                cpu: last,
+            }],
+            connect: false,
+        }),
+        Duration::from_mins(1),
+    )?;
+    let src_lo = std::net::Ipv4Addr::new(10, 0, 2, RPS_SRC_BASE);
+    let src_hi = std::net::Ipv4Addr::new(10, 0, 2, RPS_SRC_BASE + (sources - 1) as u8);
+    let (sn0, si0) = cpu_counts(s)?;
+    let st0 = s.guest.ctl.stats()?;
+    let start = Instant::now();
+    let id = s.guest.ctl.gen_start(&json!({
+        "flows": sources,
+        "src": format!("{src_lo}-{src_hi}"),
+        "sport": GEN_PORT.to_string(),
+        "dst": GUEST_IP.to_string(),
+        "dport": RPS_PORT.to_string(),
+        "count": 0,
+        "rate": rate,
+        "size": 128,
+    }))?;
+    s.gen_running = true;
+    std::thread::sleep(duration);
+    let sent = gen_sent(s, id)?;
+    s.guest
+        .ctl
+        .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+    let duration_s = start.elapsed().as_secs_f64();
+    // Let the guest drain its rings and backlogs before the "after" read.
+    let agent = &mut s.guest.agent;
+    let mut last_n = u64::MAX;
+    let _ = wait_for(
+        Duration::from_secs(15),
+        "the guest to drain its receive path",
+        || {
+            let st: UdpStats = agent.req(Request::UdpStats)?;
+            let n: u64 = st.flows.iter().map(|f| f.packets).sum();
+            let done = n == last_n;
+            last_n = n;
+            std::thread::sleep(Duration::from_millis(500));
+            Ok(done.then_some(()))
+        },
+    );
+    let (sn1, si1) = cpu_counts(s)?;
+    let st1 = s.guest.ctl.stats()?;
+    let stop: UdpStats = s
+        .guest
+        .agent
+        .call(&Request::UdpStop, Duration::from_mins(1))?;
+    s.gen_running = false;
+    let mut cpus = Vec::new();
+    for (i, (a, b)) in sn0.iter().zip(&sn1).enumerate() {
+        let cpu = b.cpu.map_or(i, |c| c as usize);
+        cpus.push(RpsCpu {
+            cpu,
+            processed: b.processed.wrapping_sub(a.processed) & 0xffff_ffff,
+            dropped: b.dropped.wrapping_sub(a.dropped) & 0xffff_ffff,
+            time_squeeze: b.time_squeeze.wrapping_sub(a.time_squeeze) & 0xffff_ffff,
+            rps: b.received_rps.wrapping_sub(a.received_rps) & 0xffff_ffff,
+            net_rx: si1
+                .get(cpu)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(si0.get(cpu).copied().unwrap_or(0)),
+        });
+    }
+    let drops = |v: &Value| counter(v, "/queues/0/rx_drops");
+    Ok(RpsPhase {
+        name: name.to_string(),
+        kernel: s.kernel.label.clone(),
+        release: s.release(),
+        sources,
+        rate_pps: rate,
+        duration_s,
+        rps_cpus: mask.to_string(),
+        sent,
+        received: stop.flows.iter().map(|f| f.packets).sum(),
+        device_rx_drops: drops(&st1).saturating_sub(drops(&st0)),
+        cpus,
+        kernel_problems: s.guest.kernel_failures()?,
+    })
 }

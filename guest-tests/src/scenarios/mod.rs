@@ -34,7 +34,7 @@ pub const BASE_PORT: u16 = 20000;
 /// The issue-4 scenarios, in their canonical order.
 pub const BASIC: [&str; 4] = ["link", "steer", "migrate", "expiry"];
 
-mod experiments;
+pub mod experiments;
 mod faults;
 mod stress;
 

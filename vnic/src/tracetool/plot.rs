@@ -242,6 +242,125 @@ pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
     Ok(svg)
 }
 
+/// One line of a [`Panel`]: a name for the legend, a colour index and the
+/// points (x, y); `dashed` draws it dashed (a variant of another line).
+#[derive(Clone, Debug)]
+pub struct Line {
+    pub name: String,
+    pub color: usize,
+    pub dashed: bool,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One panel of [`render_panels`]: both axes logarithmic (sweeps over table
+/// sizes, counts spanning several orders of magnitude).
+#[derive(Clone, Debug)]
+pub struct Panel {
+    pub caption: String,
+    pub x_desc: String,
+    pub y_desc: String,
+    pub lines: Vec<Line>,
+}
+
+/// Colours of [`Line::color`], in order.
+const PALETTE: [RGBColor; 4] = [BLUE, RED, RGBColor(0, 150, 0), BLACK];
+
+/// Draws log-log panels stacked vertically as SVG text, in the style of
+/// [`render`] (used by the guest-tests experiments for sweep plots). Points
+/// with a non-positive coordinate cannot be drawn on a log axis and are left
+/// out (the caller's table still shows them).
+pub fn render_panels(title: &str, panels: &[Panel], out: &Path) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let height = 60 + 380 * panels.len().max(1) as u32;
+        let root = SVGBackend::with_string(&mut svg, (1000, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(err(out))?;
+        let root = root.titled(title, ("sans-serif", 28)).map_err(err(out))?;
+        let areas = root.split_evenly((panels.len().max(1), 1));
+        for (p, area) in panels.iter().zip(&areas) {
+            let pts = || {
+                p.lines
+                    .iter()
+                    .flat_map(|l| l.points.iter())
+                    .filter(|(x, y)| *x > 0.0 && *y > 0.0)
+            };
+            let (x0, x1) = pts().fold((f64::MAX, f64::MIN), |(a, b), (x, _)| {
+                (a.min(*x), b.max(*x))
+            });
+            let (y0, y1) = pts().fold((f64::MAX, f64::MIN), |(a, b), (_, y)| {
+                (a.min(*y), b.max(*y))
+            });
+            // x: powers of two (table sizes); y: whole decades, so that
+            // both axes always carry labelled ticks.
+            let (x0, x1) = if x0 > x1 {
+                (1.0, 16.0)
+            } else {
+                (x0 / 1.2, x1 * 1.2)
+            };
+            let (y0, y1) = if y0 > y1 {
+                (1.0, 10.0)
+            } else {
+                let lo = 10f64.powf(y0.log10().floor());
+                (lo, 10f64.powf((y1 * 1.01).log10().ceil()).max(lo * 10.0))
+            };
+            let mut c = ChartBuilder::on(area)
+                .margin(12)
+                .margin_right(30)
+                .caption(&p.caption, ("sans-serif", 24))
+                .x_label_area_size(50)
+                .y_label_area_size(90)
+                .build_cartesian_2d((x0..x1).log_scale().base(2.0), (y0..y1).log_scale())
+                .map_err(err(out))?;
+            c.configure_mesh()
+                .label_style(("sans-serif", 18))
+                .axis_desc_style(("sans-serif", 20))
+                .x_desc(p.x_desc.as_str())
+                .y_desc(p.y_desc.as_str())
+                .x_label_formatter(&|v| format!("{v:.0}"))
+                .y_label_formatter(&|v| super::summary::units(v.round() as u64))
+                .draw()
+                .map_err(err(out))?;
+            for l in &p.lines {
+                let color = PALETTE[l.color % PALETTE.len()];
+                let pts: Vec<(f64, f64)> = l
+                    .points
+                    .iter()
+                    .copied()
+                    .filter(|(x, y)| *x > 0.0 && *y > 0.0)
+                    .collect();
+                let style = color.stroke_width(2);
+                let dashed = l.dashed;
+                if dashed {
+                    c.draw_series(DashedLineSeries::new(pts.clone(), 8, 6, style))
+                        .map_err(err(out))?
+                } else {
+                    c.draw_series(LineSeries::new(pts.clone(), style))
+                        .map_err(err(out))?
+                }
+                .label(l.name.as_str())
+                .legend(move |(x, y)| {
+                    // Dashed lines get a dashed legend glyph.
+                    let gap = if dashed { 6 } else { 0 };
+                    EmptyElement::at((x, y))
+                        + PathElement::new(vec![(0, 0), (10 - gap / 2, 0)], color.stroke_width(2))
+                        + PathElement::new(vec![(10 + gap / 2, 0), (20, 0)], color.stroke_width(2))
+                });
+                c.draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+                    .map_err(err(out))?;
+            }
+            c.configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font(("sans-serif", 18))
+                .draw()
+                .map_err(err(out))?;
+        }
+        root.present().map_err(err(out))?;
+    }
+    Ok(svg)
+}
+
 /// `vnic trace plot FILE -o OUT`: returns a one-line report.
 pub fn plot(path: &Path, out: &Path) -> Result<String, String> {
     let s = bin(path)?;
@@ -282,5 +401,36 @@ mod tests {
         }
         assert_eq!(ns_text(50_000_000), "50 ms");
         assert_eq!(ns_text(2_000_000_000), "2 s");
+    }
+
+    #[test]
+    fn panels_draw_lines_and_skip_what_log_axes_cannot_show() {
+        let panel = Panel {
+            caption: "Add".into(),
+            x_desc: "rps_flow_cnt".into(),
+            y_desc: "adds".into(),
+            lines: vec![
+                Line {
+                    name: "old code".into(),
+                    color: 0,
+                    dashed: false,
+                    points: vec![(256.0, 3500.0), (512.0, 1200.0), (1024.0, 0.0)],
+                },
+                Line {
+                    name: "new code".into(),
+                    color: 1,
+                    dashed: true,
+                    points: vec![(256.0, 250.0), (512.0, 251.0)],
+                },
+            ],
+        };
+        let svg = render_panels("sweep", &[panel.clone(), panel], Path::new("x.svg")).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..40]);
+        assert!(svg.contains("old code") && svg.contains("new code"));
+        assert!(svg.contains("sweep"));
+        // Two panels x (2 + 2 drawable points) markers; the zero is left out.
+        assert_eq!(svg.matches("<circle").count(), 8, "{svg}");
+        // No panel at all still gives a valid (empty) picture.
+        assert!(render_panels("none", &[], Path::new("x.svg")).is_ok());
     }
 }

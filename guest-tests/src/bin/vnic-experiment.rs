@@ -1,0 +1,1046 @@
+//! vnic-experiment: the issue-6 experiments on real kernels under QEMU on a
+//! real `vnic serve` (docs/experiments.md).
+//!
+//! `collisions` reproduces the 2025 rps_dev_flow slot-collision measurement
+//! (Steer-C / Add / Del per rps_flow_cnt, old vs new kernel code); `rps`
+//! shows plain RPS on one queue (per-CPU softirqs and softnet_stat).
+
+use guest_tests::harness::build::{self, Kernel};
+use guest_tests::harness::{repo_root, timestamp, Artifacts};
+use guest_tests::scenarios::experiments::{self, CollisionPoint, CollisionWorkload, RpsPhase};
+use guest_tests::scenarios::{Session, Settings, Tools};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use vnic::tracetool::plot::{self, Line, Panel};
+use vnic::tracetool::summary::units;
+
+const HELP: &str = "\
+vnic-experiment: the vnic experiments (real kernels, real QEMU, real vnic)
+
+USAGE:
+    vnic-experiment collisions [OPTIONS]   rps_dev_flow slot collisions: Steer-C / Add / Del
+                                           per rps_flow_cnt, old (6.12) vs new (7.3) kernel code
+    vnic-experiment collisions --check     the short acceptance run (rps_flow_cnt 256 only)
+    vnic-experiment rps [OPTIONS]          plain RPS on one queue: per-CPU NET_RX softirqs and
+                                           softnet_stat for many sources vs one heavy flow
+
+KERNELS (both commands):
+    --kernel LIST         kernel series, comma-separated, each booted once (collisions default
+                          6.12,7.3; rps default 7.3). Built into the cache by images/build-kernel
+                          when missing.
+    --kernel-image BZIMAGE --kdir TREE
+                          also run your own kernel (TREE: its built source tree; the guest module
+                          is built against it). Alone it replaces the default list; with --kernel
+                          it runs after the listed series.
+
+COLLISIONS OPTIONS:
+    --flow-cnt LIST       rps_flow_cnt values per rx queue (default
+                          256,512,1024,2048,4096,8192,16384,32768)
+    --duration SECS       workload time per point (default 60; --check: 40)
+    --variant V           one (flows live the whole point), five (flows replaced every
+                          duration/iterations), or both (default both; --check: one)
+    --iterations N        iterations of the `five` variant (default 5)
+    --flows N             flows per iteration (default 332 = 83 per queue with 4 queues, the
+                          original's 12K flows over 144 queues)
+    --queues N            queue pairs = vCPUs (default 4)
+    --rate PPS            generator packets per second over all flows (default 2000)
+    --render POINTS.json  no guest: print the tables of an earlier run again and rewrite its
+                          tables.md / plot.svg next to it (counts from the device counters)
+    --check               acceptance: at rps_flow_cnt 256 the old kernel (first) programs at least
+                          10x the filters of the new one (second), and the new one at most 1.5x
+                          the number of flows; exits 1 with the reason otherwise
+
+RPS OPTIONS:
+    --cpus N              guest vCPUs, all in rx-0's rps_cpus (default 4)
+    --sources N           source addresses of the balanced phase (default 40)
+    --rate PPS            generator packets per second (default 20000)
+    --duration SECS       time per phase (default 20)
+
+COMMON:
+    --out DIR             results: tables.md / points.json / plot.svg (collisions), rps.md /
+                          rps.json (rps). Default target/experiments/<command>-<UTC time>
+    --artifacts DIR       guest logs, traces, snapshots (default <out>/artifacts)
+    -h, --help            this text
+
+Progress goes to stderr, tables to stdout. Guests run under TCG unless VNIC_ACCEL=kvm:
+counts per second are a few thousand packets, far below a real NIC (docs/experiments.md).
+
+ENVIRONMENT:
+    VNIC_BIN     vnic binary (default: built with cargo --release)
+    VNIC_AGENT   static guest agent (default: built into target/agent)
+    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=kvm to use KVM
+";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cmd {
+    Collisions,
+    Rps,
+}
+
+struct Args {
+    cmd: Cmd,
+    kernels: Vec<String>,
+    kernels_given: bool,
+    custom: Option<(PathBuf, PathBuf)>,
+    flow_cnts: Vec<u32>,
+    duration: Option<u64>,
+    variants: Vec<u32>,
+    iterations: u32,
+    flows: usize,
+    queues: u16,
+    cpus: u16,
+    rate: Option<u32>,
+    sources: u32,
+    check: bool,
+    out: Option<PathBuf>,
+    artifacts: Option<PathBuf>,
+    /// Re-render tables and plot from a points.json.
+    render: Option<PathBuf>,
+    /// The arguments after the command, for the record.
+    argv: Vec<String>,
+}
+
+fn num(s: &str, name: &str, lo: u64, hi: u64) -> Result<u64, String> {
+    let v: u64 = s
+        .parse()
+        .map_err(|_| format!("{name}: {s:?} is not a number"))?;
+    if v < lo || v > hi {
+        return Err(format!("{name} must be in {lo}..={hi}, got {v}"));
+    }
+    Ok(v)
+}
+
+fn parse_args() -> Result<Args, String> {
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = all.iter().cloned();
+    let cmd = match it.next().as_deref() {
+        Some("collisions") => Cmd::Collisions,
+        Some("rps") => Cmd::Rps,
+        Some("-h" | "--help") | None => {
+            print!("{HELP}");
+            std::process::exit(0);
+        }
+        Some(other) => return Err(format!("unknown command {other:?} (collisions or rps)")),
+    };
+    let argv: Vec<String> = all[1..].to_vec();
+    let mut a = Args {
+        cmd,
+        kernels: if cmd == Cmd::Rps {
+            vec!["7.3".into()]
+        } else {
+            vec!["6.12".into(), "7.3".into()]
+        },
+        kernels_given: false,
+        custom: None,
+        flow_cnts: vec![256, 512, 1024, 2048, 4096, 8192, 16384, 32768],
+        duration: None,
+        variants: Vec::new(),
+        iterations: 5,
+        flows: 332,
+        queues: 4,
+        cpus: 4,
+        rate: None,
+        sources: 40,
+        check: false,
+        out: None,
+        artifacts: None,
+        render: None,
+        argv,
+    };
+    let (mut image, mut kdir) = (None, None);
+    let mut variant = None;
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| {
+            it.next()
+                .ok_or_else(|| format!("{name} needs a value (see --help)"))
+        };
+        let coll = |name: &str| {
+            if cmd == Cmd::Collisions {
+                Ok(())
+            } else {
+                Err(format!("{name} belongs to `collisions` (see --help)"))
+            }
+        };
+        match arg.as_str() {
+            "-h" | "--help" => {
+                print!("{HELP}");
+                std::process::exit(0);
+            }
+            "--kernel" => {
+                a.kernels = val("--kernel")?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                a.kernels_given = true;
+            }
+            "--kernel-image" => image = Some(PathBuf::from(val("--kernel-image")?)),
+            "--kdir" => kdir = Some(PathBuf::from(val("--kdir")?)),
+            "--flow-cnt" => {
+                coll("--flow-cnt")?;
+                a.flow_cnts = val("--flow-cnt")?
+                    .split(',')
+                    .map(|v| num(v.trim(), "--flow-cnt", 1, 1 << 24).map(|n| n as u32))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--duration" => a.duration = Some(num(&val("--duration")?, "--duration", 1, 3600)?),
+            "--variant" => {
+                coll("--variant")?;
+                variant = Some(val("--variant")?);
+            }
+            "--iterations" => {
+                coll("--iterations")?;
+                a.iterations = num(&val("--iterations")?, "--iterations", 2, 20)? as u32;
+            }
+            "--flows" => {
+                coll("--flows")?;
+                a.flows = num(&val("--flows")?, "--flows", 1, 8000)? as usize;
+            }
+            "--queues" => {
+                coll("--queues")?;
+                a.queues = num(&val("--queues")?, "--queues", 1, 16)? as u16;
+            }
+            "--cpus" => {
+                if cmd != Cmd::Rps {
+                    return Err("--cpus belongs to `rps` (collisions: --queues)".into());
+                }
+                a.cpus = num(&val("--cpus")?, "--cpus", 1, 16)? as u16;
+            }
+            "--sources" => {
+                if cmd != Cmd::Rps {
+                    return Err("--sources belongs to `rps`".into());
+                }
+                a.sources = num(&val("--sources")?, "--sources", 2, 150)? as u32;
+            }
+            "--rate" => a.rate = Some(num(&val("--rate")?, "--rate", 1, 1_000_000)? as u32),
+            "--check" => {
+                coll("--check")?;
+                a.check = true;
+            }
+            "--out" => a.out = Some(PathBuf::from(val("--out")?)),
+            "--render" => {
+                coll("--render")?;
+                a.render = Some(PathBuf::from(val("--render")?));
+            }
+            "--artifacts" => a.artifacts = Some(PathBuf::from(val("--artifacts")?)),
+            other => return Err(format!("unknown argument {other:?} (see --help)")),
+        }
+    }
+    match (image, kdir) {
+        (Some(i), Some(k)) => {
+            a.custom = Some((i, k));
+            if !a.kernels_given {
+                a.kernels.clear();
+            }
+        }
+        (None, None) => {}
+        _ => return Err("--kernel-image and --kdir go together".into()),
+    }
+    for k in &a.kernels {
+        if !k
+            .split('.')
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        {
+            return Err(format!(
+                "--kernel {k:?}: expected a series like 6.12 or 7.3"
+            ));
+        }
+    }
+    if a.check {
+        // The acceptance figure is defined at rps_flow_cnt 256.
+        a.flow_cnts = vec![256];
+        if variant.is_some() {
+            return Err("--check runs the one-iteration variant only (no --variant)".into());
+        }
+        if a.kernels.len() + usize::from(a.custom.is_some()) != 2 {
+            return Err(
+                "--check compares exactly two kernels: old code first, new code second".into(),
+            );
+        }
+    }
+    a.variants = match variant.as_deref() {
+        None if a.check => vec![1],
+        None | Some("both") => vec![1, a.iterations],
+        Some("one") => vec![1],
+        Some("five") => vec![a.iterations],
+        Some(v) => return Err(format!("--variant {v:?}: one, five or both")),
+    };
+    if a.cmd == Cmd::Collisions
+        && 20000 + a.flows * a.variants.iter().copied().max().unwrap_or(1) as usize > 65535
+    {
+        return Err(format!(
+            "{} flows x {} iterations do not fit in the guest port range 20000..65535",
+            a.flows, a.iterations
+        ));
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(path) = &args.render {
+        return match render_again(path) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let name = match args.cmd {
+        Cmd::Collisions if args.check => "collisions-check",
+        Cmd::Collisions => "collisions",
+        Cmd::Rps => "rps",
+    };
+    let out = args.out.clone().unwrap_or_else(|| {
+        repo_root()
+            .join("target/experiments")
+            .join(format!("{name}-{}", timestamp()))
+    });
+    if let Err(e) = std::fs::create_dir_all(&out) {
+        eprintln!("error: cannot create {}: {e}", out.display());
+        return ExitCode::from(2);
+    }
+    // Absolute paths: the module is built with `make M=<artifacts>/...`,
+    // which kbuild resolves from the kernel tree.
+    let out = std::fs::canonicalize(&out).unwrap_or(out);
+    let art = args
+        .artifacts
+        .clone()
+        .unwrap_or_else(|| out.join("artifacts"));
+    if let Err(e) = std::fs::create_dir_all(&art) {
+        eprintln!("error: cannot create {}: {e}", art.display());
+        return ExitCode::from(2);
+    }
+    let art = std::fs::canonicalize(&art).unwrap_or(art);
+    eprintln!(
+        "[experiment] results in {}, guest artifacts in {}",
+        out.display(),
+        art.display()
+    );
+    let r = match args.cmd {
+        Cmd::Collisions => collisions(&args, &out, &art),
+        Cmd::Rps => rps(&args, &out, &art),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("[experiment] FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn tools() -> Result<Tools, String> {
+    Ok(Tools {
+        agent: build::agent().map_err(|e| e.0)?,
+        vnic_bin: build::vnic_bin().map_err(|e| e.0)?,
+    })
+}
+
+/// The kernels to boot, in order: (label, kernel).
+fn kernels(args: &Args) -> Result<Vec<Kernel>, String> {
+    let mut out = Vec::new();
+    for k in &args.kernels {
+        out.push(
+            build::kernel_series(k, "default")
+                .map_err(|e| format!("kernel {k} unavailable: {e}"))?,
+        );
+    }
+    if let Some((i, k)) = &args.custom {
+        out.push(build::kernel_custom(i, k).map_err(|e| e.0)?);
+    }
+    if out.is_empty() {
+        return Err("no kernel selected".into());
+    }
+    Ok(out)
+}
+
+fn boot(kernel: Kernel, tools: &Tools, settings: Settings, art: &Path) -> Result<Session, String> {
+    let label = kernel.label.clone();
+    let a = Artifacts::new(art.join(&label)).map_err(|e| e.0)?;
+    eprintln!(
+        "[experiment] booting {label} ({}) with {} vCPUs / {} queue pairs",
+        kernel.bzimage.display(),
+        settings.cpus,
+        settings.queues
+    );
+    let s = Session::boot(kernel, tools, settings, a).map_err(|e| format!("{label}: boot: {e}"))?;
+    eprintln!(
+        "[experiment] {label}: guest up in {:.1}s (kernel {})",
+        s.guest.boot_time.as_secs_f64(),
+        s.guest.info.kernel
+    );
+    Ok(s)
+}
+
+/// What the results were obtained on.
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let n = std::thread::available_parallelism().map_or(0, usize::from);
+    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let accel = if std::env::var("VNIC_ACCEL").as_deref() == Ok("kvm") {
+        "KVM"
+    } else {
+        "TCG (software emulation, no KVM)"
+    };
+    format!(
+        "host: {n} CPUs ({model}), {} GiB RAM; guests under QEMU {accel}",
+        mem_kb / (1 << 20)
+    )
+}
+
+fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+// ---- collisions ---------------------------------------------------------
+
+fn variant_name(iterations: u32) -> String {
+    if iterations == 1 {
+        "One iteration".into()
+    } else if iterations == 5 {
+        "Five iterations".into()
+    } else {
+        format!("{iterations} iterations")
+    }
+}
+
+/// "Original code" / "New code" for the two stock series, else the release.
+fn code_name(label: &str, release: &str) -> String {
+    match label {
+        "6.12" => format!("Original code ({release}: no slot-collision fix)"),
+        "7.3" => format!("New code ({release}: with the slot-collision fix)"),
+        _ => format!("kernel {release}"),
+    }
+}
+
+/// One table in the layout of the patch (Latency and Steer-L, which need
+/// the E810 driver, are replaced by what the device trace adds).
+fn table(title: &str, points: &[&CollisionPoint]) -> String {
+    let mut s = String::new();
+    let head = "| RPS | Add | Del | Steer-C | Replace | Reject | Thrash | Flows |";
+    let width = head.len().max(title.len() + 12);
+    let rule = "-".repeat(width);
+    let pad = (width - title.len() - 2) / 2;
+    let _ = writeln!(
+        s,
+        "{} {title} {}",
+        "-".repeat(pad),
+        "-".repeat(width - title.len() - 2 - pad)
+    );
+    let _ = writeln!(s, "{head}");
+    let _ = writeln!(s, "{rule}");
+    for p in points {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            p.rps_flow_cnt,
+            units(p.adds),
+            units(p.dels),
+            units(p.steer_calls),
+            units(p.replaces),
+            units(p.rejects),
+            p.thrashing,
+            p.flows_per_iteration as u64 * u64::from(p.iterations),
+        );
+    }
+    let _ = writeln!(s, "{rule}");
+    s
+}
+
+const LEGEND: &str = "\
+Steer-C: ndo_rx_flow_steer calls (the guest module's steer_calls)
+Add:     filters programmed in the device (device counters; the trace's add lines agree)
+Del:     filters deleted, any reason (device counters; reasons in points.json)
+Replace: filters moved to another queue in place (re-steer of a known flow)
+Reject:  ADD ops the device refused
+Thrash:  flows programmed more than twice (add + replace) during the point
+Flows:   flows run (x iterations)
+Units:   K = 1,000, M = 1,000,000 (below 10,000 exact)
+";
+
+fn render_tables(points: &[CollisionPoint]) -> String {
+    let mut out = String::new();
+    let mut variants: Vec<u32> = points.iter().map(|p| p.iterations).collect();
+    variants.dedup();
+    variants.sort_unstable();
+    variants.dedup();
+    let mut kernels: Vec<(String, String)> = Vec::new();
+    for p in points {
+        if !kernels.iter().any(|(l, _)| *l == p.kernel) {
+            kernels.push((p.kernel.clone(), p.release.clone()));
+        }
+    }
+    for v in &variants {
+        for (label, release) in &kernels {
+            let ps: Vec<&CollisionPoint> = points
+                .iter()
+                .filter(|p| p.iterations == *v && p.kernel == *label)
+                .collect();
+            if ps.is_empty() {
+                continue;
+            }
+            let title = format!("{}, {}", variant_name(*v), code_name(label, release));
+            out.push_str(&table(&title, &ps));
+        }
+    }
+    out
+}
+
+fn render_plot(points: &[CollisionPoint], title: &str, out: &Path) -> Result<(), String> {
+    let mut keys: Vec<(String, String, u32)> = Vec::new();
+    for p in points {
+        let k = (p.kernel.clone(), p.release.clone(), p.iterations);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let mut kernel_order: Vec<String> = Vec::new();
+    for (l, _, _) in &keys {
+        if !kernel_order.contains(l) {
+            kernel_order.push(l.clone());
+        }
+    }
+    let line = |f: &dyn Fn(&CollisionPoint) -> u64| -> Vec<Line> {
+        keys.iter()
+            .map(|(label, release, it)| Line {
+                name: format!("{release}, {}", variant_name(*it).to_lowercase()),
+                color: kernel_order.iter().position(|k| k == label).unwrap_or(0),
+                dashed: *it > 1,
+                points: points
+                    .iter()
+                    .filter(|p| p.kernel == *label && p.iterations == *it)
+                    .map(|p| (f64::from(p.rps_flow_cnt), f(p) as f64))
+                    .collect(),
+            })
+            .collect()
+    };
+    let x = "rps_flow_cnt (slots per rx queue)".to_string();
+    let panels = [
+        Panel {
+            caption: "Add: filters programmed".into(),
+            x_desc: x.clone(),
+            y_desc: "adds".into(),
+            lines: line(&|p| p.adds),
+        },
+        Panel {
+            caption: "Steer-C: ndo_rx_flow_steer calls".into(),
+            x_desc: x,
+            y_desc: "calls".into(),
+            lines: line(&|p| p.steer_calls),
+        },
+    ];
+    let svg = plot::render_panels(title, &panels, out)?;
+    write(out, &svg)
+}
+
+fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
+    let duration = Duration::from_secs(args.duration.unwrap_or(if args.check { 40 } else { 60 }));
+    let rate = args.rate.unwrap_or(2000);
+    let settings = Settings {
+        cpus: args.queues,
+        queues: args.queues,
+        flows: args.flows,
+        rate,
+        flow_cnt: args.flow_cnts[0],
+        // Large enough that two flows rarely share a global socket-table
+        // entry (332 flows in 2^20 entries): the experiment is about the
+        // per-queue rps_dev_flow slots.
+        sock_flow_entries: 1 << 20,
+        ..Settings::default()
+    };
+    let kernels = kernels(args)?;
+    let tools = tools()?;
+    let npoints = kernels.len() * args.variants.len() * args.flow_cnts.len();
+    let est = npoints as u64 * (duration.as_secs() + 15) + kernels.len() as u64 * 120;
+    eprintln!(
+        "[experiment] collisions: {} kernel(s) x {} variant(s) x {} rps_flow_cnt = {npoints} points of {}s ({} flows, {} queues, {rate} pps); about {} min",
+        kernels.len(),
+        args.variants.len(),
+        args.flow_cnts.len(),
+        duration.as_secs(),
+        args.flows,
+        args.queues,
+        est.div_ceil(60)
+    );
+    let started = utc_now();
+    let t0 = Instant::now();
+    let mut points: Vec<CollisionPoint> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    let json_path = out.join("points.json");
+    let meta = |points: &[CollisionPoint], errors: &[String], finished: bool| {
+        serde_json::json!({
+            "command": format!("scripts/experiment collisions {}", args.argv.join(" ")).trim_end(),
+            "machine": machine(),
+            "started": started,
+            "finished": finished,
+            "elapsed_s": t0.elapsed().as_secs_f64(),
+            "guest": {"vcpus": args.queues, "queue_pairs": args.queues,
+                      "rps_sock_flow_entries": settings.sock_flow_entries,
+                      "module": {"interval_ms": settings.module.interval_ms,
+                                 "expire_quota": settings.module.expire_quota,
+                                 "idle_timeout_ms": 0}},
+            "workload": {"flows_per_iteration": args.flows, "rate_pps": rate,
+                         "duration_s": duration.as_secs(), "variants": args.variants},
+            "errors": errors,
+            "points": points,
+        })
+    };
+    let mut done = 0usize;
+    for kernel in kernels {
+        let label = kernel.label.clone();
+        let mut s = match boot(kernel, &tools, settings.clone(), art) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("[experiment] {e}");
+                errors.push(e);
+                done += args.variants.len() * args.flow_cnts.len();
+                continue;
+            }
+        };
+        // Without the module there is nothing to measure on this kernel.
+        if let Err(e) = experiments::prepare_collisions(&mut s) {
+            let msg = format!("{label}: {e}; its points are skipped");
+            eprintln!("[experiment] {msg}");
+            errors.push(msg);
+            done += args.variants.len() * args.flow_cnts.len();
+            for p in s.finish() {
+                errors.push(format!("{label} teardown: {p}"));
+            }
+            continue;
+        }
+        // Both variants of a size back to back: a problem with either
+        // shows in the first minutes of a long run.
+        'points: for &cnt in &args.flow_cnts {
+            for &iters in &args.variants {
+                let w = CollisionWorkload {
+                    flows: args.flows,
+                    rate,
+                    duration,
+                    iterations: iters,
+                };
+                done += 1;
+                eprintln!(
+                    "[experiment] ({done}/{npoints}, {:.0} min so far) {label} {} rps_flow_cnt={cnt}: running {}s",
+                    t0.elapsed().as_secs_f64() / 60.0,
+                    variant_name(iters).to_lowercase(),
+                    duration.as_secs()
+                );
+                match experiments::collision_point(&mut s, &w, cnt) {
+                    Ok(p) => {
+                        eprintln!(
+                            "[experiment]   Add {} Del {} Steer-C {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received){}",
+                            p.adds,
+                            p.dels,
+                            p.steer_calls,
+                            p.replaces,
+                            p.rejects,
+                            p.thrashing,
+                            p.reset_s,
+                            if p.reset_used_idle { ", idle backstop used" } else { "" },
+                            p.sent,
+                            p.received,
+                            if p.kernel_problems.is_empty() {
+                                String::new()
+                            } else {
+                                format!("; KERNEL PROBLEMS: {:?}", p.kernel_problems)
+                            }
+                        );
+                        if !p.kernel_problems.is_empty() {
+                            errors.push(format!(
+                                "{label} rps_flow_cnt={cnt}: kernel reported {:?}",
+                                p.kernel_problems
+                            ));
+                        }
+                        points.push(p);
+                    }
+                    Err(e) => {
+                        let msg = format!(
+                            "{label} {} rps_flow_cnt={cnt}: {e}",
+                            variant_name(iters).to_lowercase()
+                        );
+                        eprintln!("[experiment]   ERROR {msg}");
+                        errors.push(msg);
+                        if s.guest.qemu.exited().is_some() {
+                            errors.push(format!(
+                                "{label}: the guest is gone, skipping its other points"
+                            ));
+                            break 'points;
+                        }
+                    }
+                }
+                write(
+                    &json_path,
+                    &serde_json::to_string_pretty(&meta(&points, &errors, false))
+                        .map_err(|e| e.to_string())?,
+                )?;
+            }
+        }
+        s.guest
+            .collect("final-experiment", Some(guest_tests::module::DEBUGFS_DIR));
+        let problems = s.finish();
+        for p in problems {
+            eprintln!("[experiment] {label} teardown: {p}");
+            errors.push(format!("{label} teardown: {p}"));
+        }
+    }
+    write(
+        &json_path,
+        &serde_json::to_string_pretty(&meta(&points, &errors, true)).map_err(|e| e.to_string())?,
+    )?;
+    let tables = render_tables(&points);
+    let header = format!(
+        "{} flows per iteration over {} rx queues ({} per queue), {rate} pps in total, {}s per point; {}\n",
+        args.flows,
+        args.queues,
+        args.flows / usize::from(args.queues),
+        duration.as_secs(),
+        machine()
+    );
+    print!("{header}\n{tables}\n{LEGEND}");
+    let mut md = String::new();
+    let _ = writeln!(md, "# Slot-collision sweep, {started}\n");
+    let _ = writeln!(
+        md,
+        "Command: `scripts/experiment collisions {}`  ",
+        args.argv.join(" ")
+    );
+    let _ = writeln!(
+        md,
+        "Run time: {:.0} min. {header}",
+        t0.elapsed().as_secs_f64() / 60.0
+    );
+    let _ = writeln!(md, "```\n{tables}\n{LEGEND}```");
+    if !errors.is_empty() {
+        let _ = writeln!(md, "\nErrors:\n");
+        for e in &errors {
+            let _ = writeln!(md, "- {e}");
+        }
+    }
+    write(&out.join("tables.md"), &md)?;
+    if !points.is_empty() {
+        let title = format!(
+            "Slot collisions: {} flows over {} queues, {}s per point",
+            args.flows,
+            args.queues,
+            duration.as_secs()
+        );
+        if let Err(e) = render_plot(&points, &title, &out.join("plot.svg")) {
+            errors.push(format!("plot: {e}"));
+        }
+    }
+    eprintln!(
+        "[experiment] done in {:.1} min: {}/tables.md, points.json, plot.svg",
+        t0.elapsed().as_secs_f64() / 60.0,
+        out.display()
+    );
+    if args.check {
+        return check(&points, args.flows, &errors);
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} problem(s):\n  {}",
+            errors.len(),
+            errors.join("\n  ")
+        ))
+    }
+}
+
+/// `--render`: tables and plot again from a points.json (e.g. after a
+/// change of layout), Add/Del/Replace/Reject taken from the device counters.
+fn render_again(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut points: Vec<CollisionPoint> = serde_json::from_value(v["points"].clone())
+        .map_err(|e| format!("{}: points: {e}", path.display()))?;
+    for p in &mut points {
+        p.counts_from_device();
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tables = render_tables(&points);
+    let w = &v["workload"];
+    let header = format!(
+        "{} flows per iteration over {} rx queues, {} pps in total, {}s per point; {}\n",
+        w["flows_per_iteration"],
+        v["guest"]["queue_pairs"],
+        w["rate_pps"],
+        w["duration_s"],
+        v["machine"].as_str().unwrap_or("")
+    );
+    print!("{header}\n{tables}\n{LEGEND}");
+    let md = format!(
+        "# Slot-collision sweep, {}\n\nCommand: `{}`  \nRun time: {:.0} min. {header}\n```\n{tables}\n{LEGEND}```\n",
+        v["started"].as_str().unwrap_or(""),
+        v["command"].as_str().unwrap_or(""),
+        v["elapsed_s"].as_f64().unwrap_or(0.0) / 60.0
+    );
+    write(&dir.join("tables.md"), &md)?;
+    let title = format!(
+        "Slot collisions: {} flows over {} queues, {}s per point",
+        w["flows_per_iteration"], v["guest"]["queue_pairs"], w["duration_s"]
+    );
+    render_plot(&points, &title, &dir.join("plot.svg"))
+}
+
+/// The acceptance check of issue 6 on one-iteration points at rps_flow_cnt
+/// 256: old/new Add ratio >= 10 and new Add <= 1.5 x flows.
+fn check(points: &[CollisionPoint], flows: usize, errors: &[String]) -> Result<(), String> {
+    let mut fails: Vec<String> = errors.to_vec();
+    let at = |i: usize| -> Option<&CollisionPoint> {
+        let mut labels: Vec<&str> = Vec::new();
+        for p in points {
+            if !labels.contains(&p.kernel.as_str()) {
+                labels.push(&p.kernel);
+            }
+        }
+        let l = labels.get(i)?;
+        points
+            .iter()
+            .find(|p| p.kernel == *l && p.rps_flow_cnt == 256 && p.iterations == 1)
+    };
+    match (at(0), at(1)) {
+        (Some(old), Some(new)) => {
+            let ratio = if new.adds == 0 {
+                f64::INFINITY
+            } else {
+                old.adds as f64 / new.adds as f64
+            };
+            println!(
+                "check: rps_flow_cnt 256, {flows} flows: Add {} ({}) / Add {} ({}) = {ratio:.1} (needs >= 10); new-code Add {} vs 1.5 x flows = {:.0}",
+                old.adds, old.release, new.adds, new.release, new.adds, 1.5 * flows as f64
+            );
+            if new.adds == 0 {
+                fails.push(format!(
+                    "{} programmed no filter at all: the workload did not steer (see the artifacts)",
+                    new.release
+                ));
+            } else if ratio < 10.0 {
+                fails.push(format!(
+                    "Add({}) / Add({}) = {} / {} = {ratio:.1}, below 10: the old code's slot thrash did not show (thrashing flows: {} vs {})",
+                    old.release, new.release, old.adds, new.adds, old.thrashing, new.thrashing
+                ));
+            }
+            if new.adds as f64 > 1.5 * flows as f64 {
+                fails.push(format!(
+                    "{} programmed {} filters for {flows} flows (more than 1.5x): the new code re-programs",
+                    new.release, new.adds
+                ));
+            }
+        }
+        _ => fails.push("the check needs a one-iteration point at rps_flow_cnt 256 on both kernels; some are missing".into()),
+    }
+    if fails.is_empty() {
+        println!("check: PASS");
+        Ok(())
+    } else {
+        println!("check: FAIL");
+        for f in &fails {
+            println!("  - {f}");
+        }
+        Err(format!("acceptance check failed: {}", fails.join("; ")))
+    }
+}
+
+// ---- rps ----------------------------------------------------------------
+
+fn rps_block(p: &RpsPhase) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "- {} ({}): {} sources, {} pkts sent, {} received by the socket, {} dropped by the device (no rx buffers), {:.0}s, rps_cpus={}:",
+        p.name, p.release, p.sources, p.sent, p.received, p.device_rx_drops, p.duration_s, p.rps_cpus
+    );
+    for c in &p.cpus {
+        let _ = writeln!(
+            s,
+            "{}: ok={:08} drop={:08} time={:08} rps={:08}  NET_RX={}",
+            c.cpu, c.processed, c.dropped, c.time_squeeze, c.rps, c.net_rx
+        );
+    }
+    s
+}
+
+fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
+    let duration = Duration::from_secs(args.duration.unwrap_or(20));
+    let rate = args.rate.unwrap_or(20000);
+    let settings = Settings {
+        cpus: args.cpus,
+        queues: 1,
+        ..Settings::default()
+    };
+    let kernels = kernels(args)?;
+    let tools = tools()?;
+    let started = utc_now();
+    let t0 = Instant::now();
+    let mut phases: Vec<RpsPhase> = Vec::new();
+    let mut errors: Vec<String> = Vec::new();
+    for kernel in kernels {
+        let label = kernel.label.clone();
+        let mut s = boot(kernel, &tools, settings.clone(), art)?;
+        let r = (|| -> Result<(), String> {
+            let mask = experiments::rps_setup(&mut s).map_err(|e| e.0)?;
+            for (name, sources) in [
+                (
+                    format!("{} source IP addresses (balanced)", args.sources),
+                    args.sources,
+                ),
+                ("1 source IP address (one heavy flow)".to_string(), 1),
+            ] {
+                eprintln!(
+                    "[experiment] {label}: {name}, {rate} pps for {}s",
+                    duration.as_secs()
+                );
+                let p = experiments::rps_phase(&mut s, &name, sources, rate, duration, &mask)
+                    .map_err(|e| format!("{label} {name}: {e}"))?;
+                if !p.kernel_problems.is_empty() {
+                    errors.push(format!("{label}: kernel reported {:?}", p.kernel_problems));
+                }
+                eprint!("{}", rps_block(&p));
+                phases.push(p);
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            eprintln!("[experiment] {e}");
+            errors.push(e);
+        }
+        s.guest.collect("final-experiment", None);
+        for p in s.finish() {
+            errors.push(format!("{label} teardown: {p}"));
+        }
+    }
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "Plain RPS on one rx queue over {} vCPUs (RFS off, no aRFS), {rate} pps of 128-byte UDP frames per phase; per-CPU deltas of /proc/net/softnet_stat (columns 0 processed, 1 dropped, 2 time squeeze, 9 rps; decimal) and NET_RX softirqs. {}\n",
+        args.cpus,
+        machine()
+    );
+    for p in &phases {
+        text.push_str(&rps_block(p));
+    }
+    print!("{text}");
+    let json = serde_json::json!({
+        "command": format!("scripts/experiment rps {}", args.argv.join(" ")).trim_end(),
+        "machine": machine(),
+        "started": started,
+        "elapsed_s": t0.elapsed().as_secs_f64(),
+        "errors": errors,
+        "phases": phases,
+    });
+    write(
+        &out.join("rps.json"),
+        &serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?,
+    )?;
+    write(
+        &out.join("rps.md"),
+        &format!(
+            "# RPS, {started}\n\nCommand: `scripts/experiment rps {}`\n\n```\n{text}```\n",
+            args.argv.join(" ")
+        ),
+    )?;
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} problem(s):\n  {}",
+            errors.len(),
+            errors.join("\n  ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(kernel: &str, cnt: u32, iterations: u32, adds: u64) -> CollisionPoint {
+        CollisionPoint {
+            kernel: kernel.into(),
+            release: format!("{kernel}.0"),
+            rps_flow_cnt: cnt,
+            iterations,
+            flows_per_iteration: 332,
+            adds,
+            steer_calls: adds * 3,
+            ..CollisionPoint::default()
+        }
+    }
+
+    #[test]
+    fn check_verdicts() {
+        let ok = [point("6.12", 256, 1, 3000), point("7.3", 256, 1, 250)];
+        assert!(check(&ok, 332, &[]).is_ok());
+        // Ratio below 10.
+        let low = [point("6.12", 256, 1, 2400), point("7.3", 256, 1, 250)];
+        let e = check(&low, 332, &[]).unwrap_err();
+        assert!(e.contains("below 10"), "{e}");
+        // New code re-programs: ratio fine but Add > 1.5 x flows.
+        let many = [point("6.12", 256, 1, 60000), point("7.3", 256, 1, 600)];
+        let e = check(&many, 332, &[]).unwrap_err();
+        assert!(e.contains("more than 1.5x"), "{e}");
+        // Nothing steered on the new kernel is a failure, not an infinite ratio.
+        let none = [point("6.12", 256, 1, 3000), point("7.3", 256, 1, 0)];
+        assert!(check(&none, 332, &[]).is_err());
+        // Only the five-iteration variant or another size: no verdict.
+        let other = [point("6.12", 512, 1, 3000), point("7.3", 256, 5, 250)];
+        assert!(check(&other, 332, &[]).is_err());
+        // Errors during the run fail the check even with good figures.
+        assert!(check(&ok, 332, &["boot failed".to_string()]).is_err());
+    }
+
+    #[test]
+    fn tables_follow_the_patch_layout() {
+        let pts = [
+            point("6.12", 256, 1, 3_500_000),
+            point("6.12", 512, 1, 12_345),
+            point("7.3", 256, 1, 250),
+            point("6.12", 256, 5, 900),
+        ];
+        let t = render_tables(&pts);
+        let one = t.find("One iteration, Original code").unwrap();
+        let new = t.find("One iteration, New code").unwrap();
+        let five = t.find("Five iterations, Original code").unwrap();
+        assert!(one < new && new < five, "{t}");
+        assert!(t.contains("| RPS | Add | Del | Steer-C |"), "{t}");
+        assert!(t.contains("| 256 | 3.5 M | 0 | 10.5 M |"), "{t}");
+        assert!(t.contains("| 512 | 12.3 K |"), "{t}");
+        assert!(
+            t.contains("| 256 | 900 | 0 | 2700 | 0 | 0 | 0 | 1660 |"),
+            "{t}"
+        );
+    }
+}
