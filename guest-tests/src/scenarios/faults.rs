@@ -1158,9 +1158,17 @@ impl Session {
         std::thread::sleep(Duration::from_secs(2));
         let t_off = self.trace_since_mark()?;
         let live_off = counter(&self.guest.ctl.table()?, "/live");
-        let adds_off = t_off
+        // Trace lines are written asynchronously: records from before the
+        // switch may come first. Nothing may be added after the flush.
+        let last_flush = t_off
             .iter()
-            .skip_while(|r| !matches!(r.event, EventKind::Del | EventKind::Flush))
+            .rposition(|r| {
+                matches!(r.event, EventKind::Del | EventKind::Flush)
+                    && r.reason.as_deref() == Some("flush")
+            })
+            .unwrap_or(0);
+        let adds_off = t_off[last_flush..]
+            .iter()
             .filter(|r| matches!(r.event, EventKind::Add | EventKind::Replace))
             .count();
         c.check(live_off == 0 && adds_off == 0, || {
@@ -1178,8 +1186,9 @@ impl Session {
         // (set_rps_cpu), and the kernel does not learn that the driver
         // dropped its filters with NTUPLE: established flows stay on RSS +
         // software RFS until they move or the RFS tables are reset. Both
-        // are measured; the scenario then resets the tables (rps_flow_cnt
-        // rewritten) and requires every flow to be steered again.
+        // are measured; the scenario then moves every receiver to the next
+        // CPU (which makes any kernel ask) and requires every flow to be
+        // steered again.
         let t_on = Instant::now();
         let warmup = self.settings.warmup_timeout;
         self.settings.warmup_timeout = Duration::from_secs(10);
@@ -1197,12 +1206,22 @@ impl Session {
             }
         }
         let resume_t = t_on.elapsed();
-        self.guest.agent.req::<Value>(Request::Rfs {
-            ifname: super::IFNAME.into(),
-            sock_flow_entries: st.sock_flow_entries.next_power_of_two(),
-            flow_cnt: st.flow_cnt,
-            rps_cpus: None,
-        })?;
+        let ncpu = usize::from(self.settings.cpus);
+        let moves: Vec<(usize, usize)> = self
+            .flows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (i, (f.cpu + 1) % ncpu))
+            .collect();
+        self.guest.agent.call_value(
+            &Request::UdpMigrate {
+                moves: moves.clone(),
+            },
+            Duration::from_secs(30),
+        )?;
+        for (i, cpu) in moves {
+            self.flows[i].cpu = cpu;
+        }
         let again = self.wait_steered(&BTreeSet::new())?;
         let s1 = self.guest.ctl.stats()?;
         let m = self.module_counters()?;
@@ -1217,7 +1236,7 @@ impl Session {
             )
         });
         Ok(format!(
-            "filters={} to_q>={low_q}={} deleted_after_-L{low_q}={} filters_on_{low_q}q={low_filters} resteered_on_{full_q}q_in={:.1}s ntuple_off_live={live_off} resumed_by_itself={resumed_by_itself}/{} in {:.1}s after_rfs_reset_in={:.1}s queue_flushes={} ntuple_flushes={} bad_queue_rejects={bad_q}",
+            "filters={} to_q>={low_q}={} deleted_after_-L{low_q}={} filters_on_{low_q}q={low_filters} resteered_on_{full_q}q_in={:.1}s ntuple_off_live={live_off} resumed_by_itself={resumed_by_itself}/{} in {:.1}s after_migration_in={:.1}s queue_flushes={} ntuple_flushes={} bad_queue_rejects={bad_q}",
             before.len(),
             doomed.len(),
             deleted.intersection(&doomed).count(),
