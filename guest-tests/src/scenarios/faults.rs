@@ -841,8 +841,17 @@ impl Session {
             format!("module learned latency {lat} us from CAPS, device has 10000")
         });
         let s0 = self.guest.ctl.stats()?;
-        let flows = self.make_flows(self.settings.flows);
-        let need = flows.iter().filter(|f| f.rss_q != f.cpu).count();
+        // 12 flows that all need a filter, sharing the whole rate: a packet
+        // every 6 ms per flow, so packets keep arriving on the RSS queue
+        // while an ADD is pending (10 ms + the work item + the frame's way):
+        // on 6.12 each of them makes a steer call the module must dedup.
+        let flows: Vec<Flow> = self
+            .make_flows(self.settings.flows)
+            .into_iter()
+            .filter(|f| f.rss_q != f.cpu)
+            .take(12)
+            .collect();
+        let need = flows.len();
         self.fault_start(flows)?;
         let conv = self.wait_steered(&BTreeSet::new())?;
         std::thread::sleep(Duration::from_secs(1));
@@ -1180,31 +1189,22 @@ impl Session {
             on: true,
         })?;
         c.check(on, || "rx-ntuple-filter did not turn on again".into());
-        // 6.12 asks to steer every packet that arrives on the wrong queue, so
-        // steering resumes by itself. 7.3 does not ask again for a flow
-        // whose rps_dev_flow slot still records a filter and is active
-        // (set_rps_cpu), and the kernel does not learn that the driver
-        // dropped its filters with NTUPLE: established flows stay on RSS +
-        // software RFS until they move or the RFS tables are reset. Both
-        // are measured; the scenario then moves every receiver to the next
-        // CPU (which makes any kernel ask) and requires every flow to be
-        // steered again.
+        // Neither kernel asks again by itself for an established flow: while
+        // NTUPLE was off, set_rps_cpu recorded the flow's CPU in the slot of
+        // the queue RSS delivers it to (software RFS), so once NTUPLE is on
+        // the flow looks settled and no steer call comes until the flow
+        // moves (what a hardware driver sees as well). Measured and
+        // reported; then every receiver moves to the next CPU, which makes
+        // the kernel ask, and every flow must get its filter again.
         let t_on = Instant::now();
         let warmup = self.settings.warmup_timeout;
-        self.settings.warmup_timeout = Duration::from_secs(10);
+        self.settings.warmup_timeout = Duration::from_secs(4);
         let resumed = self.wait_steered(&BTreeSet::new());
         self.settings.warmup_timeout = warmup;
         let resumed_by_itself = match &resumed {
             Ok(_) => need_count(self),
             Err(_) => self.steered_count()?,
         };
-        if self.kernel.label.starts_with("6.") {
-            if let Err(e) = &resumed {
-                c.check(false, || {
-                    format!("6.12: steering did not resume after NTUPLE on: {e}")
-                });
-            }
-        }
         let resume_t = t_on.elapsed();
         let ncpu = usize::from(self.settings.cpus);
         let moves: Vec<(usize, usize)> = self
