@@ -411,9 +411,21 @@ impl Session {
     /// per packet, and the 16 accepted flows are steered as well as ever.
     fn table_full(&mut self, c: &mut Checks) -> Result<String> {
         const CAP: u64 = 16;
-        self.ensure_module()?;
+        // The module's keepalive HELLO would fetch a CAPS with the new
+        // capacity and the module would then cap itself at 16 (-EBUSY
+        // without asking the device): off, so the device is what refuses.
+        let extra = self.settings.module.extra.clone();
+        self.settings.module.extra = format!("{extra} keepalive_ms=0");
+        let loaded = self.ensure_module();
+        self.settings.module.extra = extra;
+        loaded?;
         self.guest.ctl.set("table_capacity", &json!(CAP))?;
         let m0 = self.module_counters()?;
+        let believed = m0.get("capacity");
+        ensure!(
+            believed == u64::from(BOOT_CAPACITY),
+            "the module believes the capacity is {believed}, not {BOOT_CAPACITY}"
+        );
         let s0 = self.guest.ctl.stats()?;
         let flows = self.make_flows(self.settings.flows);
         let need = flows.iter().filter(|f| f.rss_q != f.cpu).count() as u64;
