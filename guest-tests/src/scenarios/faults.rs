@@ -410,6 +410,25 @@ impl Session {
             .count())
     }
 
+    /// Wait until the module's rmap covers exactly `n` rx queues.
+    fn wait_rmap(&mut self, n: u16) -> Result<Duration> {
+        let t0 = Instant::now();
+        let mut last = (0, 0);
+        let r = wait_for(
+            Duration::from_secs(10),
+            "the module to rebuild its rmap",
+            || {
+                let m = self.module_counters()?;
+                last = (m.get("rx_queues"), m.get("rmap_queues"));
+                Ok((last == (u64::from(n), u64::from(n))).then(|| t0.elapsed()))
+            },
+        );
+        match r {
+            Ok(t) => Ok(t),
+            Err(e) => bail!("{e}: rx_queues/rmap_queues {last:?}, want {n}"),
+        }
+    }
+
     // ---- 1. table full ---------------------------------------------------
 
     /// 64 flows against a device table of 16 that the module believes has
@@ -1086,6 +1105,7 @@ impl Session {
             "ethtool -L {low_q}: device has {got}"
         );
         self.rss = Rss::new(low_q);
+        let rmap_low = self.wait_rmap(low_q)?;
         let ctl = &mut self.guest.ctl;
         let mut last = String::new();
         let r = wait_for(
@@ -1169,6 +1189,10 @@ impl Session {
             "ethtool -L {full_q}: device has {got}"
         );
         self.rss = Rss::new(full_q);
+        // The module rebuilds its CPU -> queue rmap in its work item; until
+        // then the kernel maps CPUs to the old queues and marks flows as
+        // settled on them (no steer call later). Traffic resumes after.
+        let rmap_full = self.wait_rmap(full_q)?;
         for f in &mut self.flows {
             f.rss_q = usize::from(self.rss.queue_for_key(&f.key));
         }
@@ -1273,9 +1297,11 @@ impl Session {
             )
         });
         Ok(format!(
-            "filters={} to_q>={low_q}={} deleted_after_-L{low_q}={} filters_on_{low_q}q={low_filters} resteered_on_{full_q}q_in={:.1}s ntuple_off_live={live_off} resumed_by_itself={resumed_by_itself}/{} in {:.1}s after_migration_in={:.1}s queue_flushes={} ntuple_flushes={} bad_queue_rejects={bad_q}",
+            "filters={} to_q>={low_q}={} rmap_rebuilt_in={:.1}s/{:.1}s deleted_after_-L{low_q}={} filters_on_{low_q}q={low_filters} resteered_on_{full_q}q_in={:.1}s ntuple_off_live={live_off} resumed_by_itself={resumed_by_itself}/{} in {:.1}s after_migration_in={:.1}s queue_flushes={} ntuple_flushes={} bad_queue_rejects={bad_q}",
             before.len(),
             doomed.len(),
+            rmap_low.as_secs_f64(),
+            rmap_full.as_secs_f64(),
             deleted.intersection(&doomed).count(),
             back.as_secs_f64(),
             need_count(self),
