@@ -174,6 +174,19 @@ impl Session {
             Duration::from_secs(10),
             "the device table to be flushed on rmmod",
             || Ok((counter(&ctl.table()?, "/live") == 0).then_some(())),
+        )?;
+        // The trace is written asynchronously: consume it up to the FLUSH
+        // record, so that the deletes of this unload (with their hits) do
+        // not show up in the next scenario's part of the trace.
+        wait_for(
+            Duration::from_secs(10),
+            "the trace to record the unload FLUSH",
+            || {
+                let t = self.trace_since_mark()?;
+                Ok(t.iter()
+                    .any(|r| r.event == EventKind::Flush && r.reason.as_deref() == Some("unload"))
+                    .then_some(()))
+            },
         )
     }
 
