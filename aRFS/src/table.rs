@@ -531,6 +531,41 @@ impl FilterTable {
         Ok(())
     }
 
+    /// Changes the capacity and the placement model of an empty table (no
+    /// live filter, no pending request); the counters are kept. Fails
+    /// without changing anything on an invalid geometry or when the table
+    /// is not empty (a real device cannot re-partition a table in use
+    /// either).
+    pub fn reshape(
+        &mut self,
+        capacity: u32,
+        buckets: Option<(u32, u16)>,
+    ) -> Result<(), ConfigError> {
+        let mut cfg = self.cfg.clone();
+        cfg.capacity = capacity;
+        cfg.buckets = buckets;
+        cfg.validate()?;
+        if !self.is_empty() || !self.pending.is_empty() {
+            let field = if capacity == self.cfg.capacity {
+                "buckets"
+            } else {
+                "capacity"
+            };
+            return Err(cfg_err(
+                field,
+                format!(
+                    "the table is in use ({} live filters, {} pending requests): it can only change while empty",
+                    self.len(),
+                    self.pending.len()
+                ),
+            ));
+        }
+        self.index = FlowIndex::new(capacity as usize);
+        self.bucket_fill = vec![0; buckets.map_or(0, |(b, _)| b as usize)];
+        self.cfg = cfg;
+        Ok(())
+    }
+
     /// Reseeds both fault-injection streams.
     pub fn reseed(&mut self, seed: u64) {
         self.cfg.seed = seed;

@@ -458,6 +458,55 @@ fn flush_and_clear() {
 }
 
 #[test]
+fn reshape_only_while_empty_and_keeps_counters() {
+    let mut t = table(TableConfig::default());
+    run(&mut t, 1, Request::Add(vec![add(1, 0, &flow(1))]), 4);
+    // In use: refused, nothing changes.
+    let e = t.reshape(16, Some((64, 2))).unwrap_err();
+    assert_eq!(e.field, "capacity");
+    assert!(e.message.contains("1 live filters"), "{e}");
+    assert_eq!(t.capacity(), 1024);
+    assert_eq!(t.config().buckets, None);
+    run(&mut t, 2, Request::Flush(DelReason::Unload), 4);
+    // A pending request counts as in use too.
+    t.set_latency_ns(500).unwrap();
+    t.submit(0, 3, Request::Flush(DelReason::Flush));
+    assert!(t.reshape(16, None).is_err());
+    let mut ev = Vec::new();
+    t.advance(1_000, 4, &mut |e| ev.push(e));
+    t.set_latency_ns(0).unwrap();
+    // Invalid geometry: refused with the field named.
+    assert_eq!(t.reshape(0, None).unwrap_err().field, "capacity");
+    assert_eq!(t.reshape(16, Some((0, 2))).unwrap_err().field, "buckets");
+    // Empty: the new geometry applies, the counters are kept.
+    t.reshape(2, Some((64, 1))).unwrap();
+    assert_eq!(t.capacity(), 2);
+    assert_eq!(t.counters().adds, 1);
+    assert_eq!(t.counters().flushes, 2);
+    let (st, _) = run(
+        &mut t,
+        4,
+        Request::Add((10..13).map(|i| add(i, 0, &flow(i))).collect()),
+        4,
+    );
+    assert_eq!(st.len(), 3);
+    assert!(st.contains(&OpStatus::TableFull) || st.contains(&OpStatus::BucketFull));
+    assert_eq!(t.len(), st.iter().filter(|s| **s == OpStatus::Ok).count());
+    assert!(t.len() <= 2);
+    // Growing back works and capacity is honoured.
+    run(&mut t, 5, Request::Flush(DelReason::Flush), 4);
+    t.reshape(8, None).unwrap();
+    let (st, _) = run(
+        &mut t,
+        6,
+        Request::Add((20..30).map(|i| add(i, 0, &flow(i))).collect()),
+        4,
+    );
+    assert_eq!(st.iter().filter(|s| **s == OpStatus::Ok).count(), 8);
+    assert_eq!(st.iter().filter(|s| **s == OpStatus::TableFull).count(), 2);
+}
+
+#[test]
 fn caps_and_requests_from_messages() {
     use arfs::proto::Message;
     let t = table(TableConfig {

@@ -57,10 +57,14 @@ pub struct Mgmt {
     timer: TimerFd,
     armed_for: Option<u64>,
     pub max_ops: u16,
+    /// The capacity the table started with: the workers' replicas are sized
+    /// for it, so a runtime `table_capacity` may not exceed it.
+    replica_capacity: u32,
 }
 
 impl Mgmt {
     pub fn new(cfg: TableConfig) -> Result<Self, String> {
+        let cfg_capacity = cfg.capacity;
         let table = FilterTable::new(cfg).map_err(|e| e.to_string())?;
         let timer = TimerFd::new().map_err(|e| format!("timerfd: {e}"))?;
         {
@@ -79,6 +83,7 @@ impl Mgmt {
             timer,
             armed_for: None,
             max_ops: proto::MAX_ADD_OPS,
+            replica_capacity: cfg_capacity,
         })
     }
 
@@ -436,8 +441,28 @@ impl Mgmt {
                     .set_latency_ns(v.as_nanos() as u64)
                     .map_err(|e| e.to_string())
             }
+            "table_capacity" => {
+                let v = crate::config::parse_capacity(value)?;
+                if v > self.replica_capacity {
+                    return Err(format!(
+                        "{v} exceeds the capacity the daemon started with ({}): restart it with a larger --table-capacity",
+                        self.replica_capacity
+                    ));
+                }
+                let buckets = self.table.config().buckets;
+                self.table.reshape(v, buckets).map_err(|e| {
+                    format!("{e}; unload the guest driver (its FLUSH empties the table) and retry")
+                })
+            }
+            "buckets" => {
+                let v = crate::config::parse_buckets(value)?;
+                let cap = self.table.capacity();
+                self.table.reshape(cap, v).map_err(|e| {
+                    format!("{e}; unload the guest driver (its FLUSH empties the table) and retry")
+                })
+            }
             _ => Err(format!(
-                "unknown knob {key:?}: expected add_fail_rate, mgmt_loss_rate or program_latency"
+                "unknown knob {key:?}: expected add_fail_rate, mgmt_loss_rate, program_latency, table_capacity or buckets"
             )),
         }
     }

@@ -1,0 +1,249 @@
+//! Faults on the daemon side (issue 5): a lossy management channel both ways
+//! with a go-back-N client that retransmits, and the filter table's capacity
+//! and bucket geometry changed at run time through `ctl set`.
+
+// Test code: d = daemon, g = guest, c = control client.
+#![allow(clippy::many_single_char_names)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use arfs::proto::{AddOp, DelOp};
+use arfs::{DelReason, FlowKey, Message, OpStatus, Toeplitz};
+use common::*;
+use serde_json::json;
+use vnic::frontend::guest::Guest;
+
+fn st(v: &[OpStatus]) -> Vec<u8> {
+    v.iter().map(|s| *s as u8).collect()
+}
+
+/// A go-back-N sender as PROTOCOL.md's "Reliable delivery" describes the
+/// driver: up to `window` requests outstanding, every outstanding request
+/// sent again (same sequence numbers) when the oldest is not acknowledged
+/// within `rto`. Returns the ACK statuses of every request, in order, and
+/// the number of retransmitted frames.
+fn go_back_n(
+    g: &mut Guest,
+    reqs: &[Message],
+    window: usize,
+    rto: Duration,
+    deadline: Duration,
+) -> (Vec<Vec<u8>>, u64) {
+    let base = g.seq;
+    let mut acks: Vec<Option<Vec<u8>>> = vec![None; reqs.len()];
+    let (mut una, mut next) = (0usize, 0usize);
+    let mut retransmits = 0u64;
+    let end = Instant::now() + deadline;
+    let mut sent_at = Instant::now();
+    while una < reqs.len() {
+        assert!(
+            Instant::now() < end,
+            "no convergence within {deadline:?}: {una} of {} requests acknowledged",
+            reqs.len()
+        );
+        while next < reqs.len() && next < una + window {
+            let seq = base.wrapping_add(next as u32);
+            let f = g.encode_mgmt(seq, &reqs[next]);
+            let q = g.mgmt_txq;
+            g.send(q, &f);
+            if next == una {
+                sent_at = Instant::now();
+            }
+            next += 1;
+        }
+        // Collect whatever replies arrived (duplicated ACKs are harmless).
+        let _ = g.wait_until(Duration::from_millis(20), "replies", |g| {
+            !g.replies.is_empty()
+        });
+        for r in g.replies.drain(..) {
+            let i = r.header.seq.wrapping_sub(base) as usize;
+            if let (Some(slot), Message::Ack(a)) = (acks.get_mut(i), &r.message) {
+                assert_eq!(a.frame_status, 0, "request {i} NAKed: {a:?}");
+                slot.get_or_insert_with(|| a.statuses.clone());
+            }
+        }
+        let before = una;
+        while una < reqs.len() && acks[una].is_some() {
+            una += 1;
+        }
+        if una != before {
+            sent_at = Instant::now();
+        } else if sent_at.elapsed() >= rto {
+            // Go back: everything from the oldest unacknowledged again.
+            retransmits += (next - una) as u64;
+            next = una;
+        }
+    }
+    g.seq = base.wrapping_add(reqs.len() as u32);
+    (
+        acks.into_iter().map(Option::unwrap_or_default).collect(),
+        retransmits,
+    )
+}
+
+/// 20% loss of requests and of replies: a retransmitting client converges,
+/// every op is applied exactly once (duplicates are re-ACKed from the cache,
+/// not applied again), and the device table equals the client's model.
+#[test]
+fn lossy_management_both_ways_converges_to_the_client_model() {
+    let d = daemon(&["--queues", "4", "--seed", "5"]);
+    let mut g = guest(&d, 4, 4);
+    let mut c = ctl(&d);
+    g.hello(T).expect("HELLO");
+    c.set("mgmt_loss_rate", &json!(0.2)).unwrap();
+
+    // 60 single-op ADDs (some re-steer a flow already added), then DELs of
+    // every third id: enough frames that both directions lose some.
+    let mut model: BTreeMap<u16, (FlowKey, u16)> = BTreeMap::new();
+    let mut reqs = Vec::new();
+    for i in 0..60u16 {
+        let id = i % 40;
+        let flow = gen_flow(14000 + id, 5001);
+        let rxq = i % 4;
+        reqs.push(Message::Add(vec![AddOp::new(id, rxq, &flow)]));
+        model.insert(id, (flow, rxq));
+    }
+    for id in (0..40u16).step_by(3) {
+        reqs.push(Message::Del(vec![DelOp {
+            id,
+            reason: DelReason::Expired,
+        }]));
+        model.remove(&id);
+    }
+    let (acks, retransmits) = go_back_n(
+        &mut g,
+        &reqs,
+        4,
+        Duration::from_millis(150),
+        Duration::from_mins(2),
+    );
+    for (i, a) in acks.iter().enumerate() {
+        assert_eq!(a, &st(&[OpStatus::Ok]), "request {i}: {:?}", reqs[i]);
+    }
+    assert!(retransmits > 0, "20% loss but nothing was retransmitted");
+
+    let s = c.stats().unwrap();
+    let lost_in = counter(&s, "mgmt.dropped_by_loss");
+    let lost_out = counter(&s, "mgmt.replies_dropped_by_loss");
+    assert!(
+        lost_in > 0 && lost_out > 0,
+        "loss in {lost_in}, out {lost_out}"
+    );
+    assert!(counter(&s, "mgmt.duplicates") > 0);
+    // Each op was applied once: 60 ADD ops (40 adds, 20 in-place re-steers
+    // of a live id) and 14 deletes.
+    assert_eq!(
+        counter(&s, "table.adds") + counter(&s, "table.replaces"),
+        60,
+        "{s}"
+    );
+    assert_eq!(counter(&s, "table.deletes.expired"), 14, "{s}");
+
+    let t = c.table().unwrap();
+    let dev: BTreeMap<u16, (FlowKey, u16)> = t["filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let flow: FlowKey = serde_json::from_value(f["flow"].clone()).unwrap();
+            (
+                f["id"].as_u64().unwrap() as u16,
+                (flow, f["rxq"].as_u64().unwrap() as u16),
+            )
+        })
+        .collect();
+    assert_eq!(dev, model, "device table differs from the client's model");
+    assert!(g.faults.is_empty(), "{:?}", g.faults);
+    assert!(g.bad_replies.is_empty(), "{:?}", g.bad_replies);
+}
+
+/// `table_capacity` and `buckets` change at run time only while the table
+/// is empty; the next HELLO's CAPS carries the new geometry and the table
+/// enforces it. Counters survive the change.
+#[test]
+fn capacity_and_buckets_change_at_runtime_while_empty() {
+    let d = daemon(&["--queues", "2", "--table-capacity", "64"]);
+    let mut g = guest(&d, 2, 2);
+    let mut c = ctl(&d);
+    assert_eq!(g.hello(T).unwrap().capacity, 64);
+
+    // Bad values and more than the replicas were sized for are refused.
+    for (k, v) in [
+        ("table_capacity", json!(0)),
+        ("table_capacity", json!(65)),
+        ("buckets", json!("4")),
+        ("buckets", json!("0x2")),
+    ] {
+        let e = c.set(k, &v).unwrap_err().to_string();
+        assert!(e.contains(k), "{k}={v}: {e}");
+    }
+    let e = c.set("table_capacity", &json!(65)).unwrap_err().to_string();
+    assert!(e.contains("--table-capacity"), "{e}");
+
+    let k = c.set("table_capacity", &json!(4)).unwrap();
+    assert_eq!(k["knobs"]["capacity"], json!(4));
+    assert_eq!(g.hello(T).unwrap().capacity, 4);
+    let ops: Vec<AddOp> = (0..6)
+        .map(|i| AddOp::new(i, i % 2, &gen_flow(15000 + i, 5001)))
+        .collect();
+    let ack = g.add(ops, T).unwrap();
+    assert_eq!(
+        ack.statuses,
+        st(&[
+            OpStatus::Ok,
+            OpStatus::Ok,
+            OpStatus::Ok,
+            OpStatus::Ok,
+            OpStatus::TableFull,
+            OpStatus::TableFull
+        ])
+    );
+    // In use: refused, with the way out in the message; nothing changed.
+    for (k, v) in [("table_capacity", json!(16)), ("buckets", json!("64x2"))] {
+        let e = c.set(k, &v).unwrap_err().to_string();
+        assert!(
+            e.contains("4 live filters") && e.contains("unload"),
+            "{k}: {e}"
+        );
+    }
+    assert_eq!(c.table().unwrap()["capacity"], json!(4));
+
+    // A FLUSH (what an unloading driver sends) empties it: now it may change.
+    let r = g.request(&Message::Flush(DelReason::Unload), T).unwrap();
+    assert!(matches!(r.message, Message::Ack(_)), "{r:?}");
+    let k = c.set("buckets", &json!("4x1")).unwrap();
+    assert_eq!(
+        (k["knobs"]["buckets"].clone(), k["knobs"]["ways"].clone()),
+        (json!(4), json!(1))
+    );
+    let caps = g.hello(T).unwrap();
+    assert_eq!((caps.capacity, caps.buckets, caps.ways), (4, 4, 1));
+    let tp = Toeplitz::default();
+    let flows: Vec<FlowKey> = (16000..16100).map(|p| gen_flow(p, 5001)).collect();
+    let b0 = tp.hash_flow(&flows[0]) % 4;
+    let same = flows
+        .iter()
+        .find(|k| tp.hash_flow(k) % 4 == b0 && **k != flows[0])
+        .unwrap();
+    let ack = g
+        .add(vec![AddOp::new(1, 0, &flows[0]), AddOp::new(2, 1, same)], T)
+        .unwrap();
+    assert_eq!(ack.statuses, st(&[OpStatus::Ok, OpStatus::BucketFull]));
+    let t = c.table().unwrap();
+    assert_eq!(t["filters"][0]["bucket"], json!(b0));
+
+    // Back to the boot geometry once empty again; totals were kept.
+    g.request(&Message::Flush(DelReason::Unload), T).unwrap();
+    c.set("buckets", &json!("none")).unwrap();
+    let k = c.set("table_capacity", &json!(64)).unwrap();
+    assert_eq!(k["knobs"]["capacity"], json!(64));
+    assert_eq!(k["knobs"]["buckets"], json!(0));
+    let s = c.stats().unwrap();
+    assert_eq!(counter(&s, "table.adds"), 5);
+    assert_eq!(counter(&s, "table.rejects.table_full"), 2);
+    assert_eq!(counter(&s, "table.rejects.bucket_full"), 1);
+    assert_eq!(counter(&s, "table.capacity"), 64);
+}
