@@ -8,7 +8,7 @@
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{repo_root, timestamp, Artifacts};
 use guest_tests::scenarios::experiments::{self, CollisionPoint, CollisionWorkload, RpsPhase};
-use guest_tests::scenarios::{Session, Settings, Tools};
+use guest_tests::scenarios::{BootKind, Session, Settings, Tools};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -373,7 +373,8 @@ fn boot(kernel: Kernel, tools: &Tools, settings: Settings, art: &Path) -> Result
         settings.cpus,
         settings.queues
     );
-    let s = Session::boot(kernel, tools, settings, a).map_err(|e| format!("{label}: boot: {e}"))?;
+    let s = Session::boot(kernel, tools, settings, a, BootKind::Default)
+        .map_err(|e| format!("{label}: boot: {e}"))?;
     eprintln!(
         "[experiment] {label}: guest up in {:.1}s (kernel {})",
         s.guest.boot_time.as_secs_f64(),
