@@ -1,5 +1,5 @@
 //! vnic-guest-suite: boots real kernels under QEMU on a real `vnic serve`
-//! and runs the guest scenarios (link, steer, migrate, expiry), or the demo.
+//! and runs the guest scenarios (`--list`), or the demo.
 //!
 //! Prints one line per scenario and kernel, then `N passed, M failed`;
 //! exits non-zero on any failure.
@@ -33,7 +33,7 @@ OPTIONS:
                           7.3; `none` for none). Other kernels run unload-reload in their
                           default boot: same cycles and checks, without KASAN/kmemleak
                           (the report says which). A debug build takes ~20 min CPU.
-    --flows N             flows in steer/migrate/expiry (default 64; demo 256)
+    --flows N             flows in steer/migrate/expiry and the stress workloads (default 64; demo 256)
     --rate PPS            generator packets per second over all flows (default 2000; demo 4000)
     --measure SECS        measurement window after warm-up (default 5)
     --flow-cnt N          rps_flow_cnt per rx queue (default 262144, demo 1048576: low slot-collision odds)
