@@ -816,26 +816,11 @@ impl Session {
         // handful of frames. Every receiver moves on to the next CPU, round
         // after round (re-steers), until both directions lost frames and
         // the module retransmitted (at least 3 rounds, at most 12).
-        let ncpu = usize::from(self.settings.cpus);
         let mut rounds = 0;
         let mut warm2 = Duration::ZERO;
         loop {
             let had: BTreeSet<FlowKey> = self.device_filters()?.keys().copied().collect();
-            let moves: Vec<(usize, usize)> = self
-                .flows
-                .iter()
-                .enumerate()
-                .map(|(i, f)| (i, (f.cpu + 1) % ncpu))
-                .collect();
-            self.guest.agent.call_value(
-                &Request::UdpMigrate {
-                    moves: moves.clone(),
-                },
-                Duration::from_secs(30),
-            )?;
-            for (i, cpu) in moves {
-                self.flows[i].cpu = cpu;
-            }
+            self.rotate_receivers()?;
             warm2 = warm2.max(self.wait_steered(&had)?);
             rounds += 1;
             let m = self.module_counters()?;
@@ -1286,22 +1271,7 @@ impl Session {
             Err(_) => self.steered_count()?,
         };
         let resume_t = t_on.elapsed();
-        let ncpu = usize::from(self.settings.cpus);
-        let moves: Vec<(usize, usize)> = self
-            .flows
-            .iter()
-            .enumerate()
-            .map(|(i, f)| (i, (f.cpu + 1) % ncpu))
-            .collect();
-        self.guest.agent.call_value(
-            &Request::UdpMigrate {
-                moves: moves.clone(),
-            },
-            Duration::from_secs(30),
-        )?;
-        for (i, cpu) in moves {
-            self.flows[i].cpu = cpu;
-        }
+        self.rotate_receivers()?;
         let again = self.wait_steered(&BTreeSet::new())?;
         let s1 = self.guest.ctl.stats()?;
         let m = self.module_counters()?;

@@ -754,6 +754,27 @@ impl Session {
         )
     }
 
+    /// Move every receiver to the next CPU (flow i: cpu -> (cpu + 1) % cpus).
+    fn rotate_receivers(&mut self) -> Result<()> {
+        let ncpu = usize::from(self.settings.cpus);
+        let moves: Vec<(usize, usize)> = self
+            .flows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (i, (f.cpu + 1) % ncpu))
+            .collect();
+        self.guest.agent.call_value(
+            &Request::UdpMigrate {
+                moves: moves.clone(),
+            },
+            Duration::from_secs(30),
+        )?;
+        for (i, cpu) in moves {
+            self.flows[i].cpu = cpu;
+        }
+        Ok(())
+    }
+
     fn module_counters(&mut self) -> Result<ModuleCounters> {
         let files: crate::proto::DirContents = self.guest.agent.req(Request::ReadDir {
             path: module::DEBUGFS_DIR.into(),
@@ -1000,22 +1021,7 @@ impl Session {
             .collect();
         self.trace_since_mark()?;
         // Every receiver moves to the next CPU.
-        let ncpu = usize::from(self.settings.cpus);
-        let moves: Vec<(usize, usize)> = self
-            .flows
-            .iter()
-            .enumerate()
-            .map(|(i, f)| (i, (f.cpu + 1) % ncpu))
-            .collect();
-        self.guest.agent.call_value(
-            &Request::UdpMigrate {
-                moves: moves.clone(),
-            },
-            Duration::from_secs(30),
-        )?;
-        for (i, cpu) in moves {
-            self.flows[i].cpu = cpu;
-        }
+        self.rotate_receivers()?;
         let warm = self.wait_steered(&had)?;
         std::thread::sleep(Duration::from_secs(1));
         let w = self.measure()?;
