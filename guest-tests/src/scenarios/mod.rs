@@ -754,6 +754,25 @@ impl Session {
         )
     }
 
+    /// Wait until the device delivers no more frames to the guest (its rx
+    /// counters stay still for 300 ms), up to 10 s.
+    fn wait_rx_quiet(&mut self) -> Result<()> {
+        let ctl = &mut self.guest.ctl;
+        let mut last = u64::MAX;
+        let mut still_since = Instant::now();
+        wait_for(Duration::from_secs(10), "rx to go quiet", || {
+            let st = ctl.stats()?;
+            let n: u64 = st["queues"]
+                .as_array()
+                .map_or(0, |qs| qs.iter().map(|q| counter(q, "/rx_packets")).sum());
+            if n != last {
+                last = n;
+                still_since = Instant::now();
+            }
+            Ok((still_since.elapsed() >= Duration::from_millis(300)).then_some(()))
+        })
+    }
+
     /// Move every receiver to the next CPU (flow i: cpu -> (cpu + 1) % cpus).
     fn rotate_receivers(&mut self) -> Result<()> {
         let ncpu = usize::from(self.settings.cpus);
@@ -1088,14 +1107,18 @@ impl Session {
         // The flows stop; the receivers stay (sockets open, threads idle).
         // rps_may_expire_flow counts packets, so on idle CPUs only the
         // module's idle backstop can delete these filters: it is switched on
-        // now (it was off while the flows ran, see ModuleParams).
+        // once no frame is in flight any more (it was off while the flows
+        // ran, see ModuleParams). Switched on earlier, it deletes filters of
+        // flows whose last frames are still arriving, and those frames make
+        // the kernel steer (ADD) the flows again.
+        self.guest.ctl.gen_stop_all()?;
+        self.gen_running = false;
+        self.wait_rx_quiet()?;
         self.guest.agent.write_file(
             &format!("{}/idle_timeout_ms", module::PARAMS_DIR),
             &self.settings.module.idle_timeout_ms.to_string(),
         )?;
         let t0 = Instant::now();
-        self.guest.ctl.gen_stop_all()?;
-        self.gen_running = false;
         let ctl = &mut self.guest.ctl;
         let emptied = wait_for(
             bound + Duration::from_secs(30),
