@@ -768,15 +768,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
     if args.check {
         return check(&points, args.flows, &errors);
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{} problem(s):\n  {}",
-            errors.len(),
-            errors.join("\n  ")
-        ))
-    }
+    problems(&errors)
 }
 
 /// `--render`: tables and plot again from a points.json (e.g. after a
@@ -973,6 +965,11 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
             args.argv.join(" ")
         ),
     )?;
+    problems(&errors)
+}
+
+/// `Ok` when nothing went wrong, else one error listing every problem.
+fn problems(errors: &[String]) -> Result<(), String> {
     if errors.is_empty() {
         Ok(())
     } else {

@@ -10,14 +10,14 @@
 //! docs/experiments.md. These are measurements, not scenarios of the suite:
 //! the only verdicts are the acceptance check of the binary.
 
-use super::{Checks, Flow, Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
+use super::{Checks, Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module::{self, ModuleCounters};
 use crate::procfs;
 use crate::proto::{Request, UdpFlowSpec, UdpSpec, UdpStats};
 use crate::{bail, ensure};
-use arfs::{EventKind, FlowKey, L4Proto};
+use arfs::{EventKind, FlowKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -278,23 +278,6 @@ impl Session {
                 .write_file(&format!("{}/idle_timeout_ms", module::PARAMS_DIR), "0")?;
         }
         Ok(used_idle)
-    }
-
-    /// `n` connected UDP flows on guest ports `base..base+n`, receivers
-    /// round-robin over the CPUs.
-    fn flows_at(&self, base: u16, n: usize) -> Vec<Flow> {
-        (0..n)
-            .map(|i| {
-                let local_port = base + i as u16;
-                let key = FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, local_port);
-                Flow {
-                    local_port,
-                    cpu: i % usize::from(self.settings.cpus),
-                    key,
-                    rss_q: usize::from(self.rss.queue_for_key(&key)),
-                }
-            })
-            .collect()
     }
 }
 

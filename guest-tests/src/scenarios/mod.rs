@@ -476,9 +476,15 @@ impl Session {
     }
 
     fn make_flows(&self, n: usize) -> Vec<Flow> {
+        self.flows_at(BASE_PORT, n)
+    }
+
+    /// `n` connected UDP flows on guest ports `base..base+n`, receivers
+    /// round-robin over the CPUs.
+    fn flows_at(&self, base: u16, n: usize) -> Vec<Flow> {
         (0..n)
             .map(|i| {
-                let local_port = BASE_PORT + i as u16;
+                let local_port = base + i as u16;
                 let key = FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, local_port);
                 Flow {
                     local_port,
