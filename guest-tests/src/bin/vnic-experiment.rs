@@ -6,7 +6,7 @@
 //! shows plain RPS on one queue (per-CPU softirqs and softnet_stat).
 
 use guest_tests::harness::build::{self, Kernel};
-use guest_tests::harness::{repo_root, timestamp, Artifacts};
+use guest_tests::harness::{repo_root, timestamp};
 use guest_tests::scenarios::experiments::{self, CollisionPoint, CollisionWorkload, RpsPhase};
 use guest_tests::scenarios::{BootKind, Session, Settings, Tools};
 use std::fmt::Write as _;
@@ -366,15 +366,21 @@ fn kernels(args: &Args) -> Result<Vec<Kernel>, String> {
 
 fn boot(kernel: Kernel, tools: &Tools, settings: Settings, art: &Path) -> Result<Session, String> {
     let label = kernel.label.clone();
-    let a = Artifacts::new(art.join(&label)).map_err(|e| e.0)?;
     eprintln!(
         "[experiment] booting {label} ({}) with {} vCPUs / {} queue pairs",
         kernel.bzimage.display(),
         settings.cpus,
         settings.queues
     );
-    let s = Session::boot(kernel, tools, settings, a, BootKind::Default)
-        .map_err(|e| format!("{label}: boot: {e}"))?;
+    let s = Session::boot_in(
+        kernel,
+        tools,
+        settings,
+        &art.join(&label),
+        BootKind::Default,
+        |why| eprintln!("[experiment] {label}: {why}"),
+    )
+    .map_err(|e| format!("{label}: boot: {e}"))?;
     eprintln!(
         "[experiment] {label}: guest up in {:.1}s (kernel {})",
         s.guest.boot_time.as_secs_f64(),

@@ -318,34 +318,18 @@ fn run_boot(
         }
     };
     kernel.label = blabel.to_string();
-    let art = match Artifacts::new(art_root.join(blabel)) {
-        Ok(a) => a,
-        Err(e) => {
-            fail_all(&e.0, outcomes);
-            return;
-        }
-    };
     eprintln!(
         "[guest-tests] booting {blabel} ({})",
         kernel.bzimage.display()
     );
-    let art_dir = art_root.join(blabel);
-    let first = Session::boot(kernel.clone(), tools, args.settings.clone(), art, kind);
-    // QEMU's TCG itself sometimes aborts on an internal assertion early in a
-    // boot under load (seen: iotlb_to_section, msix_table_mmio_read). That
-    // is not vnic's doing: boot once more, into `retry/`, and say so. A
-    // boot that fails any other way, or twice, fails the scenarios.
-    let first = match first {
-        Err(e) if qemu_aborted(&art_dir).is_some() => {
-            let why = qemu_aborted(&art_dir).unwrap_or_default();
-            eprintln!(
-                "[guest-tests] {blabel}: QEMU aborted during boot ({why}); booting once more ({e})"
-            );
-            Artifacts::new(art_dir.join("retry"))
-                .and_then(|a| Session::boot(kernel, tools, args.settings.clone(), a, kind))
-        }
-        r => r,
-    };
+    let first = Session::boot_in(
+        kernel,
+        tools,
+        args.settings.clone(),
+        &art_root.join(blabel),
+        kind,
+        |why| eprintln!("[guest-tests] {blabel}: {why}"),
+    );
     let mut session = match first {
         Ok(s) => s,
         Err(e) => {
@@ -373,15 +357,6 @@ fn run_boot(
             println!("    - {p}");
         }
     }
-}
-
-/// The assertion line of a QEMU that aborted in the boot whose artifacts
-/// are in `dir`, if it did.
-fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
-    let log = std::fs::read_to_string(dir.join("qemu.log")).ok()?;
-    log.lines()
-        .find(|l| l.contains("Assertion") && l.contains("failed"))
-        .map(str::to_string)
 }
 
 fn tools() -> guest_tests::harness::Result<Tools> {

@@ -290,6 +290,36 @@ impl Session {
         Ok(s)
     }
 
+    /// [`Session::boot`] with its artifacts in `dir`, and once more into
+    /// `dir/retry` when QEMU itself aborted on an internal assertion (TCG
+    /// under load sometimes does early in a boot: seen iotlb_to_section,
+    /// msix_table_mmio_read). That is not vnic's doing; `say` is told why
+    /// the boot is repeated. Any other failure, or a second abort, is
+    /// returned.
+    pub fn boot_in(
+        kernel: Kernel,
+        tools: &Tools,
+        settings: Settings,
+        dir: &std::path::Path,
+        kind: BootKind,
+        say: impl Fn(&str),
+    ) -> Result<Self> {
+        let art = Artifacts::new(dir.to_path_buf())?;
+        match Self::boot(kernel.clone(), tools, settings.clone(), art, kind) {
+            Err(e) => match qemu_aborted(dir) {
+                Some(why) => {
+                    say(&format!(
+                        "QEMU aborted during boot ({why}); booting once more ({e})"
+                    ));
+                    let art = Artifacts::new(dir.join("retry"))?;
+                    Self::boot(kernel, tools, settings, art, kind)
+                }
+                None => Err(e),
+            },
+            ok => ok,
+        }
+    }
+
     /// Run one scenario, never panicking; the outcome carries the verdict.
     pub fn run(&mut self, name: &str) -> Outcome {
         let start = Instant::now();
@@ -1253,4 +1283,32 @@ pub fn table_summary(s: &mut Session) -> Result<String> {
         if pk == 0 { 0.0 } else { 100.0 * on as f64 / pk as f64 }
     );
     Ok(out)
+}
+
+/// The assertion line of a QEMU that aborted in the boot whose artifacts
+/// are in `dir`, if it did.
+fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
+    let log = std::fs::read_to_string(dir.join("qemu.log")).ok()?;
+    log.lines()
+        .find(|l| l.contains("Assertion") && l.contains("failed"))
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qemu_aborted;
+
+    #[test]
+    fn qemu_abort_is_told_from_other_boot_failures() {
+        let dir = std::env::temp_dir().join(format!("vnic-qemu-aborted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(qemu_aborted(&dir), None, "no qemu.log: not an abort");
+        let log = dir.join("qemu.log");
+        std::fs::write(&log, "qemu-system-x86_64: terminating on signal 15\n").unwrap();
+        assert_eq!(qemu_aborted(&dir), None);
+        let line = "qemu-system-x86_64: ../system/physmem.c:2678: iotlb_to_section: Assertion `section_index < d->map.sections_nb' failed.";
+        std::fs::write(&log, format!("VNC server running\n{line}\n")).unwrap();
+        assert_eq!(qemu_aborted(&dir).as_deref(), Some(line));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
