@@ -29,9 +29,6 @@ pub(super) const NAMES: &[&str] = &[
     "reconfig",
 ];
 
-/// The table capacity the suite's vnic starts with (its `--table-capacity`
-/// default: `VnicOptions` passes none). Restored after each scenario.
-const BOOT_CAPACITY: u32 = 8192;
 /// The module's `reject_holdoff_ms` default: how long a flow the device
 /// refused gets -EBUSY before the module asks again.
 const REJECT_HOLDOFF: Duration = Duration::from_secs(1);
@@ -228,7 +225,7 @@ impl Session {
         }
         for (k, v) in [
             ("buckets", json!("none")),
-            ("table_capacity", json!(BOOT_CAPACITY)),
+            ("table_capacity", json!(self.boot_capacity)),
         ] {
             if let Err(e) = self.guest.ctl.set(k, &v) {
                 errs.push(e.0);
@@ -463,8 +460,9 @@ impl Session {
         let m0 = self.module_counters()?;
         let believed = m0.get("capacity");
         ensure!(
-            believed == u64::from(BOOT_CAPACITY),
-            "the module believes the capacity is {believed}, not {BOOT_CAPACITY}"
+            believed == u64::from(self.boot_capacity),
+            "the module believes the capacity is {believed}, not {}",
+            self.boot_capacity
         );
         let s0 = self.guest.ctl.stats()?;
         let flows = self.make_flows(self.settings.flows);
@@ -611,7 +609,7 @@ impl Session {
         const W: usize = 2;
         self.guest.ctl.set("buckets", &json!(format!("{B}x{W}")))?;
         let model = FilterTable::new(TableConfig {
-            capacity: BOOT_CAPACITY,
+            capacity: self.boot_capacity,
             buckets: Some((B, W as u16)),
             ..TableConfig::default()
         })

@@ -218,6 +218,9 @@ pub struct Session {
     tapnet: Option<stress::TapNet>,
     /// What this boot is (a debug boot runs the debug kernel variant).
     kind: BootKind,
+    /// The table capacity vnic started with (fault scenarios shrink it and
+    /// put this back).
+    boot_capacity: u32,
 }
 
 /// Paths of the host-side pieces shared by all kernels.
@@ -261,7 +264,12 @@ impl Session {
             },
             boot_timeout: settings.boot_timeout,
         };
-        let guest = Guest::boot(&spec, art)?;
+        let mut guest = Guest::boot(&spec, art)?;
+        let capacity = counter(&guest.ctl.stats()?, "/table/capacity");
+        let boot_capacity = u32::try_from(capacity)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| format!("vnic reports a table capacity of {capacity}"))?;
         let mut s = Session {
             rss: Rss::new(settings.queues),
             kernel,
@@ -277,6 +285,7 @@ impl Session {
             trace_mark: 0,
             tapnet,
             kind,
+            boot_capacity,
         };
         if let Some(t) = &s.tapnet {
             t.configure()?;
