@@ -281,13 +281,37 @@ impl Session {
     }
 }
 
-/// Packets generator set `id` has sent so far.
-fn gen_sent(s: &mut Session, id: u64) -> Result<u64> {
-    let l = s.guest.ctl.gen_list()?;
-    l.as_array()
-        .and_then(|a| a.iter().find(|x| x["id"].as_u64() == Some(id)))
-        .and_then(|x| x["sent"].as_u64())
-        .ok_or_else(|| format!("generator set {id} is not in the generator's list").into())
+/// Frames vnic's generator has sent so far, all sets together.
+fn gen_total(s: &mut Session) -> Result<u64> {
+    Ok(counter(&s.guest.ctl.stats()?, "/peer/gen_sent"))
+}
+
+/// Stop generator set `id`, the only one running, and return the frames
+/// sent since the generator's total was `before`. A set's own counter
+/// leaves with the set, and a worker adds a batch to the total only after
+/// sending it, so the total is read once it stands still.
+fn gen_stop_counted(s: &mut Session, id: u64, before: u64) -> Result<u64> {
+    s.guest
+        .ctl
+        .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+    let others = s.guest.ctl.gen_list()?;
+    ensure!(
+        others.as_array().is_none_or(Vec::is_empty),
+        "other generator sets are running, the sent count would include them: {others}"
+    );
+    let mut last = gen_total(s)?;
+    wait_for(
+        Duration::from_secs(5),
+        "the generator's sent count to stand still",
+        || {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = gen_total(s)?;
+            let still = now == last;
+            last = now;
+            Ok(still.then_some(()))
+        },
+    )?;
+    Ok(last.saturating_sub(before))
 }
 
 /// Progress lines go to stderr with this prefix.
@@ -351,6 +375,7 @@ pub fn collision_point(
             "rate": w.rate,
             "size": 128,
         });
+        let before = gen_total(s)?;
         let id = s.guest.ctl.gen_start(&spec)?;
         s.gen_running = true;
         if w.iterations > 1 {
@@ -366,12 +391,9 @@ pub fn collision_point(
         let t_it = Instant::now();
         std::thread::sleep(per_iter);
         traffic += t_it.elapsed();
-        // This iteration's figures, then its flows go away (a stopped set
-        // leaves the generator's list: read it first).
-        sent += gen_sent(s, id)?;
-        s.guest
-            .ctl
-            .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+        // The generator stops for good before the receivers close, so
+        // every frame sent had its chance to arrive.
+        sent += gen_stop_counted(s, id, before)?;
         let st: UdpStats = s
             .guest
             .agent
@@ -550,6 +572,7 @@ pub fn rps_phase(
     let src_hi = std::net::Ipv4Addr::new(10, 0, 2, RPS_SRC_BASE + (sources - 1) as u8);
     let (sn0, si0) = cpu_counts(s)?;
     let st0 = s.guest.ctl.stats()?;
+    let before = counter(&st0, "/peer/gen_sent");
     let start = Instant::now();
     let id = s.guest.ctl.gen_start(&json!({
         "flows": sources,
@@ -563,11 +586,8 @@ pub fn rps_phase(
     }))?;
     s.gen_running = true;
     std::thread::sleep(duration);
-    let sent = gen_sent(s, id)?;
-    s.guest
-        .ctl
-        .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
     let duration_s = start.elapsed().as_secs_f64();
+    let sent = gen_stop_counted(s, id, before)?;
     // Let the guest drain its rings and backlogs before the "after" read.
     let agent = &mut s.guest.agent;
     let mut last_n = u64::MAX;
