@@ -156,22 +156,8 @@ impl Session {
         if !self.module_loaded {
             return Ok(());
         }
-        self.guest
-            .agent
-            .call_value(
-                &Request::ModuleUnload {
-                    name: module::NAME.into(),
-                },
-                Duration::from_mins(1),
-            )
-            .ctx("rmmod vnic_arfs")?;
-        self.module_loaded = false;
-        let ctl = &mut self.guest.ctl;
-        wait_for(
-            Duration::from_secs(10),
-            "the device table to be flushed on rmmod",
-            || Ok((counter(&ctl.table()?, "/live") == 0).then_some(())),
-        )?;
+        self.rmmod(Duration::from_mins(1)).ctx("rmmod vnic_arfs")?;
+        self.wait_device_empty("the device table to be flushed on rmmod")?;
         // The trace is written asynchronously: consume it up to the FLUSH
         // record, so that the deletes of this unload (with their hits) do
         // not show up in the next scenario's part of the trace.
@@ -247,24 +233,7 @@ impl Session {
     }
 
     fn fault_start_gen(&mut self) -> Result<()> {
-        let per_flow = (self.settings.rate / self.flows.len().max(1) as u32).max(1);
-        self.gen_sets.clear();
-        for i in 0..self.flows.len() {
-            let spec = json!({
-                "flows": 1,
-                "src": GEN_IP.to_string(),
-                "sport": GEN_PORT.to_string(),
-                "dst": GUEST_IP.to_string(),
-                "dport": self.flows[i].local_port.to_string(),
-                "count": 0,
-                "rate": per_flow,
-                "size": 128,
-            });
-            let id = self.guest.ctl.gen_start(&spec)?;
-            self.gen_sets.push(id);
-            self.gen_running = true;
-        }
-        Ok(())
+        self.start_gen_per_flow(self.settings.rate)
     }
 
     /// Stop the generator (receivers stay); returns what it sent per flow.

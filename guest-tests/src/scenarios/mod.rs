@@ -329,6 +329,49 @@ impl Session {
         }
     }
 
+    /// One generator set per workload flow (exact per-flow send counts),
+    /// `rate` packets per second over all of them.
+    fn start_gen_per_flow(&mut self, rate: u32) -> Result<()> {
+        let per_flow = (rate / self.flows.len().max(1) as u32).max(1);
+        self.gen_sets.clear();
+        for i in 0..self.flows.len() {
+            let spec = json!({
+                "flows": 1,
+                "src": GEN_IP.to_string(),
+                "sport": GEN_PORT.to_string(),
+                "dst": GUEST_IP.to_string(),
+                "dport": self.flows[i].local_port.to_string(),
+                "count": 0,
+                "rate": per_flow,
+                "size": 128,
+            });
+            let id = self.guest.ctl.gen_start(&spec)?;
+            self.gen_sets.push(id);
+            self.gen_running = true;
+        }
+        Ok(())
+    }
+
+    /// `rmmod` the guest module (its FLUSH empties the device table).
+    fn rmmod(&mut self, timeout: Duration) -> Result<()> {
+        self.guest.agent.call_value(
+            &Request::ModuleUnload {
+                name: module::NAME.into(),
+            },
+            timeout,
+        )?;
+        self.module_loaded = false;
+        Ok(())
+    }
+
+    /// Wait (up to 10 s) until the device holds no filter.
+    fn wait_device_empty(&mut self, what: &str) -> Result<()> {
+        let ctl = &mut self.guest.ctl;
+        wait_for(Duration::from_secs(10), what, || {
+            Ok((counter(&ctl.table()?, "/live") == 0).then_some(()))
+        })
+    }
+
     /// Run one scenario, never panicking; the outcome carries the verdict.
     pub fn run(&mut self, name: &str) -> Outcome {
         let start = Instant::now();
@@ -409,24 +452,13 @@ impl Session {
             .agent
             .call_value(&Request::UdpStop, Duration::from_secs(30));
         if self.module_loaded {
-            if let Err(e) = self.guest.agent.call_value(
-                &Request::ModuleUnload {
-                    name: module::NAME.into(),
-                },
-                Duration::from_secs(30),
-            ) {
+            if let Err(e) = self.rmmod(Duration::from_secs(30)) {
                 problems.push(format!("rmmod {}: {e}", module::NAME));
-            } else {
+            } else if let Err(e) =
                 // Unloading flushes the device table.
-                let ctl = &mut self.guest.ctl;
-                let r = wait_for(
-                    Duration::from_secs(10),
-                    "the device table to be flushed on rmmod",
-                    || Ok((counter(&ctl.table()?, "/live") == 0).then_some(())),
-                );
-                if let Err(e) = r {
-                    problems.push(e.0);
-                }
+                self.wait_device_empty("the device table to be flushed on rmmod")
+            {
+                problems.push(e.0);
             }
         }
         match self.guest.kernel_failures() {
@@ -988,25 +1020,7 @@ impl Session {
         self.udp_start(&flows)?;
         self.flows = flows;
         self.trace_since_mark()?; // everything before the workload
-                                  // One generator set per flow: exact per-flow send counts, and the
-                                  // same total rate as one set of n flows.
-        let per_flow = (self.settings.rate / self.flows.len() as u32).max(1);
-        self.gen_sets.clear();
-        for f in &self.flows {
-            let spec = json!({
-                "flows": 1,
-                "src": GEN_IP.to_string(),
-                "sport": GEN_PORT.to_string(),
-                "dst": GUEST_IP.to_string(),
-                "dport": f.local_port.to_string(),
-                "count": 0,
-                "rate": per_flow,
-                "size": 128,
-            });
-            let id = self.guest.ctl.gen_start(&spec)?;
-            self.gen_sets.push(id);
-            self.gen_running = true;
-        }
+        self.start_gen_per_flow(self.settings.rate)?;
         let t = self.wait_steered(&BTreeSet::new())?;
         std::thread::sleep(Duration::from_secs(1));
         Ok(t)

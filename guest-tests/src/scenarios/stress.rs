@@ -19,7 +19,7 @@ use crate::proto::{hex_decode, hex_encode, PingResult, RawTxReport, RawTxSpec, R
 use crate::{bail, ensure, module};
 use arfs::proto::{self as wire, FrameError, Message};
 use arfs::{EventKind, FlowKey, L4Proto, TraceRecord};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::{SocketAddrV4, TcpStream};
@@ -80,40 +80,9 @@ fn drop_module(s: &mut Session) -> Result<()> {
         s.flows.clear();
     }
     if s.module_loaded {
-        s.guest.agent.call_value(
-            &Request::ModuleUnload {
-                name: module::NAME.into(),
-            },
-            Duration::from_mins(1),
-        )?;
-        s.module_loaded = false;
+        s.rmmod(Duration::from_mins(1))?;
     }
-    let ctl = &mut s.guest.ctl;
-    wait_for(Duration::from_secs(10), "the device table to empty", || {
-        Ok((counter(&ctl.table()?, "/live") == 0).then_some(()))
-    })
-}
-
-/// One generator set per flow, `rate` packets/s over all of them.
-fn start_gen(s: &mut Session, rate: u32) -> Result<()> {
-    let per_flow = (rate / s.flows.len().max(1) as u32).max(1);
-    s.gen_sets.clear();
-    for i in 0..s.flows.len() {
-        let spec = json!({
-            "flows": 1,
-            "src": GEN_IP.to_string(),
-            "sport": GEN_PORT.to_string(),
-            "dst": GUEST_IP.to_string(),
-            "dport": s.flows[i].local_port.to_string(),
-            "count": 0,
-            "rate": per_flow,
-            "size": 128,
-        });
-        let id = s.guest.ctl.gen_start(&spec)?;
-        s.gen_sets.push(id);
-        s.gen_running = true;
-    }
-    Ok(())
+    s.wait_device_empty("the device table to empty")
 }
 
 /// The device's filters as `id rxq proto src:sport dst:dport` lines.
@@ -788,7 +757,7 @@ fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("the new daemon's trace has {adds} ADDs, the module had {before} filters")
     });
     // Steering resumes: the generator starts again on the new daemon.
-    start_gen(s, s.settings.rate)?;
+    s.start_gen_per_flow(s.settings.rate)?;
     let warm = s.wait_steered(&BTreeSet::new())?;
     std::thread::sleep(Duration::from_secs(1));
     let w = s.measure()?;
@@ -1240,7 +1209,7 @@ fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
     if !s.gen_running {
         // A KASAN kernel under TCG handles a few hundred packets/s: at the
         // steer rate (2000/s) its rx rings overflow and the agent starves.
-        start_gen(s, DEBUG_RATE.min(s.settings.rate))?;
+        s.start_gen_per_flow(DEBUG_RATE.min(s.settings.rate))?;
     }
     s.trace_since_mark()?;
     let st0 = s.guest.ctl.stats()?;
@@ -1259,13 +1228,7 @@ fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         )
         .ctx(format!("cycle {cycle}"))?;
         let t = Instant::now();
-        s.guest.agent.call_value(
-            &Request::ModuleUnload {
-                name: module::NAME.into(),
-            },
-            Duration::from_mins(1),
-        )?;
-        s.module_loaded = false;
+        s.rmmod(Duration::from_mins(1))?;
         unload_ms.push(t.elapsed().as_millis() as u64);
         // rmmod returns after the device acknowledged the FLUSH.
         let after = counter(&s.guest.ctl.table()?, "/live");
