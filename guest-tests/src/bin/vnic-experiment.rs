@@ -6,7 +6,7 @@
 //! shows plain RPS on one queue (per-CPU softirqs and softnet_stat).
 
 use guest_tests::harness::build::{self, Kernel};
-use guest_tests::harness::{repo_root, timestamp};
+use guest_tests::harness::{parse_num as num, repo_root, timestamp};
 use guest_tests::scenarios::experiments::{self, CollisionPoint, CollisionWorkload, RpsPhase};
 use guest_tests::scenarios::{BootKind, Session, Settings, Tools};
 use std::fmt::Write as _;
@@ -100,16 +100,6 @@ struct Args {
     render: Option<PathBuf>,
     /// The arguments after the command, for the record.
     argv: Vec<String>,
-}
-
-fn num(s: &str, name: &str, lo: u64, hi: u64) -> Result<u64, String> {
-    let v: u64 = s
-        .parse()
-        .map_err(|_| format!("{name}: {s:?} is not a number"))?;
-    if v < lo || v > hi {
-        return Err(format!("{name} must be in {lo}..={hi}, got {v}"));
-    }
-    Ok(v)
 }
 
 fn parse_args() -> Result<Args, String> {

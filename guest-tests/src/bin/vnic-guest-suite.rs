@@ -5,7 +5,7 @@
 //! exits non-zero on any failure.
 
 use guest_tests::harness::build::{self, Kernel};
-use guest_tests::harness::{repo_root, timestamp, Artifacts};
+use guest_tests::harness::{parse_num as num, repo_root, timestamp, Artifacts};
 use guest_tests::scenarios::{self, report_line, BootKind, Outcome, Session, Settings, Tools};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -171,16 +171,6 @@ fn parse_args() -> Result<Args, String> {
         a.debug_kernels.clone_from(&a.kernels);
     }
     Ok(a)
-}
-
-fn num(s: &str, name: &str, lo: u64, hi: u64) -> Result<u64, String> {
-    let v: u64 = s
-        .parse()
-        .map_err(|_| format!("{name}: {s:?} is not a number"))?;
-    if v < lo || v > hi {
-        return Err(format!("{name} must be in {lo}..={hi}"));
-    }
-    Ok(v)
 }
 
 fn main() -> ExitCode {

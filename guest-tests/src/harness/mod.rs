@@ -142,6 +142,17 @@ impl Artifacts {
 }
 
 /// Seconds since the Unix epoch as `YYYYmmdd-HHMMSS` (UTC), for directory names.
+/// A command-line number `s` for option `name`, within `lo..=hi`.
+pub fn parse_num(s: &str, name: &str, lo: u64, hi: u64) -> std::result::Result<u64, String> {
+    let v: u64 = s
+        .parse()
+        .map_err(|_| format!("{name}: {s:?} is not a number"))?;
+    if v < lo || v > hi {
+        return Err(format!("{name} must be in {lo}..={hi}, got {v}"));
+    }
+    Ok(v)
+}
+
 pub fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
