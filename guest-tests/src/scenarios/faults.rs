@@ -62,14 +62,14 @@ pub(super) fn run(s: &mut Session, name: &str, c: &mut Checks) -> Option<Result<
 
 /// A module filter as debugfs `filters` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct ModFilter {
+pub(super) struct ModFilter {
     rxq: u16,
     flow: FlowKey,
     state: String,
 }
 
 /// Device filters by id: (flow, rxq).
-type DevTable = BTreeMap<u16, (FlowKey, u16)>;
+pub(super) type DevTable = BTreeMap<u16, (FlowKey, u16)>;
 
 /// Per-queue delivery accounting of a workload (see `account`).
 #[derive(Debug, Default)]
@@ -84,7 +84,7 @@ struct Accounting {
     drops: u64,
 }
 
-fn table_of(v: &Value) -> Result<DevTable> {
+pub(super) fn table_of(v: &Value) -> Result<DevTable> {
     let mut m = BTreeMap::new();
     for f in v["filters"].as_array().cloned().unwrap_or_default() {
         let key: FlowKey =
@@ -243,6 +243,19 @@ impl Session {
         self.gen_running = false;
         self.gen_sets.clear();
         Ok(sent)
+    }
+
+    /// The module's filters in the steady `active` state, as a [`DevTable`],
+    /// and how many others it holds (being added, re-steered or deleted).
+    pub(super) fn module_table(&mut self) -> Result<(DevTable, usize)> {
+        let all = self.module_filters()?;
+        let active: DevTable = all
+            .iter()
+            .filter(|(_, f)| f.state == "active")
+            .map(|(id, f)| (*id, (f.flow, f.rxq)))
+            .collect();
+        let unsettled = all.len() - active.len();
+        Ok((active, unsettled))
     }
 
     /// The module's filters (debugfs `filters`), by id.

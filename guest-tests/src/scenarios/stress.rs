@@ -11,12 +11,13 @@
 //!   module unload/reload cycles under traffic; the table is flushed on
 //!   every unload and the kernel reports nothing.
 
+use super::faults::{table_of, DevTable};
 use super::{BootKind, Checks, Flow, Session, Window, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::vnic::VnicOptions;
 use crate::harness::{wait_for, Context, Result};
 use crate::proto::{hex_decode, hex_encode, PingResult, RawTxReport, RawTxSpec, Request, TcpStats};
-use crate::{bail, ensure, module};
+use crate::{bail, ensure};
 use arfs::proto::{self as wire, FrameError, Message};
 use arfs::{EventKind, FlowKey, L4Proto, TraceRecord};
 use serde_json::Value;
@@ -85,67 +86,31 @@ fn drop_module(s: &mut Session) -> Result<()> {
     s.wait_device_empty("the device table to empty")
 }
 
-/// The device's filters as `id rxq proto src:sport dst:dport` lines.
-fn device_entries(s: &mut Session) -> Result<BTreeSet<String>> {
-    let t = s.guest.ctl.table()?;
-    let mut out = BTreeSet::new();
-    for f in t["filters"].as_array().cloned().unwrap_or_default() {
-        let fl = &f["flow"];
-        out.insert(format!(
-            "{} {} {} {}:{} {}:{}",
-            f["id"],
-            f["rxq"],
-            fl["proto"].as_str().unwrap_or("?"),
-            fl["src"].as_str().unwrap_or("?"),
-            fl["sport"],
-            fl["dst"].as_str().unwrap_or("?"),
-            fl["dport"]
-        ));
-    }
-    Ok(out)
-}
-
-/// The module's filters (debugfs `eth0/filters`) in the same form, and
-/// how many are not in the steady `active` state.
-fn module_entries(s: &mut Session) -> Result<(BTreeSet<String>, usize)> {
-    let text = s
-        .guest
-        .agent
-        .read_file(&format!("{}/{IFNAME}/filters", module::DEBUGFS_DIR))?;
-    let mut out = BTreeSet::new();
-    let mut unsettled = 0;
-    for l in text.lines().filter(|l| !l.starts_with('#')) {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        if w.len() < 7 {
-            continue;
-        }
-        if w[6] == "active" {
-            out.insert(w[..5].join(" "));
-        } else {
-            unsettled += 1;
-        }
-    }
-    Ok((out, unsettled))
-}
-
 /// Wait until the device table equals the module's, entry for entry, with
 /// nothing in flight. Returns the number of entries, or the differences.
 fn tables_agree(s: &mut Session, timeout: Duration) -> Result<std::result::Result<usize, String>> {
     let start = Instant::now();
     loop {
-        let (m, unsettled) = module_entries(s)?;
-        let d = device_entries(s)?;
+        let (m, unsettled) = s.module_table()?;
+        let d = table_of(&s.guest.ctl.table()?)?;
         if unsettled == 0 && m == d {
             return Ok(Ok(d.len()));
         }
         if start.elapsed() >= timeout {
-            let only_m: Vec<&String> = m.difference(&d).take(4).collect();
-            let only_d: Vec<&String> = d.difference(&m).take(4).collect();
+            let only = |a: &DevTable, b: &DevTable| -> Vec<String> {
+                a.iter()
+                    .filter(|(id, e)| b.get(id) != Some(e))
+                    .take(4)
+                    .map(|(id, (flow, rxq))| format!("{id} q{rxq} {flow}"))
+                    .collect()
+            };
             return Ok(Err(format!(
-                "device table ({} entries) != module table ({} active, {unsettled} in flight) after {:.0}s; only in module: {only_m:?}; only on device: {only_d:?}",
+                "device table ({} entries) != module table ({} active, {unsettled} in flight) after {:.0}s; only in module: {:?}; only on device: {:?}",
                 d.len(),
                 m.len(),
-                timeout.as_secs_f64()
+                timeout.as_secs_f64(),
+                only(&m, &d),
+                only(&d, &m)
             )));
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -670,7 +635,7 @@ fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
         Ok(n) => n,
         Err(e) => bail!("before the restart: {e}"),
     };
-    let (m_before, _) = module_entries(s)?;
+    let (m_before, _) = s.module_table()?;
     let st0 = s.guest.ctl.stats()?;
     let gen0 = counter(&st0, "/generation");
     let m0 = s.module_counters()?;
@@ -745,8 +710,11 @@ fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
     if let Err(e) = &agree {
         c.check(false, || e.clone());
     }
-    let (m_after, _) = module_entries(s)?;
-    let kept = m_before.intersection(&m_after).count();
+    let (m_after, _) = s.module_table()?;
+    let kept = m_before
+        .iter()
+        .filter(|(id, e)| m_after.get(id) == Some(e))
+        .count();
     let replayed = m1.get("replayed_filters") - m0.get("replayed_filters");
     c.check(replayed >= before as u64, || {
         format!("module replayed {replayed} filters, it had {before}")
