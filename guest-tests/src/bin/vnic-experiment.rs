@@ -329,13 +329,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn tools() -> Result<Tools, String> {
-    Ok(Tools {
-        agent: build::agent().map_err(|e| e.0)?,
-        vnic_bin: build::vnic_bin().map_err(|e| e.0)?,
-    })
-}
-
 /// The kernels to boot, in order: (label, kernel).
 fn kernels(args: &Args) -> Result<Vec<Kernel>, String> {
     let mut out = Vec::new();
@@ -577,7 +570,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         ..Settings::default()
     };
     let kernels = kernels(args)?;
-    let tools = tools()?;
+    let tools = Tools::build().map_err(|e| e.0)?;
     let npoints = kernels.len() * args.variants.len() * args.flow_cnts.len();
     let est = npoints as u64 * (duration.as_secs() + 15) + kernels.len() as u64 * 120;
     eprintln!(
@@ -891,7 +884,7 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         ..Settings::default()
     };
     let kernels = kernels(args)?;
-    let tools = tools()?;
+    let tools = Tools::build().map_err(|e| e.0)?;
     let started = utc_now();
     let t0 = Instant::now();
     let mut phases: Vec<RpsPhase> = Vec::new();

@@ -202,7 +202,7 @@ fn main() -> ExitCode {
     eprintln!("[guest-tests] artifacts in {}", art_root.display());
     let mut outcomes: Vec<Outcome> = Vec::new();
     let mut extra_failures = 0usize;
-    let tools = match tools() {
+    let tools = match Tools::build() {
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("[guest-tests] cannot build the host tools: {e}");
@@ -355,16 +355,9 @@ fn run_boot(
     }
 }
 
-fn tools() -> guest_tests::harness::Result<Tools> {
-    Ok(Tools {
-        agent: build::agent()?,
-        vnic_bin: build::vnic_bin()?,
-    })
-}
-
 fn demo(args: &Args, art_root: &std::path::Path) -> ExitCode {
     let run = || -> guest_tests::harness::Result<()> {
-        let tools = tools()?;
+        let tools = Tools::build()?;
         let kernel = match &args.custom {
             Some((i, k)) => build::kernel_custom(i, k)?,
             None => build::kernel_series(&args.kernels[0], "default")?,

@@ -229,6 +229,16 @@ pub struct Tools {
     pub agent: PathBuf,
 }
 
+impl Tools {
+    /// Build (or find up to date) the vnic daemon and the static agent.
+    pub fn build() -> Result<Self> {
+        Ok(Tools {
+            agent: build::agent()?,
+            vnic_bin: build::vnic_bin()?,
+        })
+    }
+}
+
 impl Session {
     /// Build the module and initramfs for `kernel`, boot it on a fresh vnic.
     pub fn boot(
