@@ -95,7 +95,7 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    pub fn into_config(self) -> Config {
+    pub(crate) fn into_config(self) -> Config {
         let ctl = self.ctl.unwrap_or_else(|| {
             let mut s = self.socket.clone().into_os_string();
             s.push(".ctl");
@@ -244,6 +244,11 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 }
 
 /// Runs `vnic ctl`.
+/// `vnic serve`: runs the daemon until a signal ends the process.
+pub fn serve(args: ServeArgs) -> Result<(), String> {
+    crate::serve::run(args.into_config()).map_err(|e| e.to_string())
+}
+
 pub fn run_ctl(args: &CtlArgs) -> Result<(), String> {
     let req = match &args.cmd {
         CtlCmd::Stats => json!({"cmd": "stats"}),

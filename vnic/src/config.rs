@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Default generator (peer) address.
+#[cfg(test)]
 pub const DEFAULT_GEN_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 1);
 /// Default guest address the generator sends to.
+#[cfg(test)]
 pub const DEFAULT_GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
 /// Default MAC of the generator peer (locally administered).
+#[cfg(test)]
 pub const DEFAULT_GEN_MAC: [u8; 6] = [0x02, 0x76, 0x6e, 0x69, 0x63, 0x01];
 
 /// The far side of the NIC.
@@ -87,7 +90,7 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     Ok(m)
 }
 
-pub fn fmt_mac(m: &[u8; 6]) -> String {
+pub fn fmt_mac(m: [u8; 6]) -> String {
     format!(
         "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
         m[0], m[1], m[2], m[3], m[4], m[5]
@@ -245,6 +248,34 @@ pub fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), String> {
         ));
     }
     Ok((lo, hi))
+}
+
+/// A fault knob the control socket sets at run time (`set KEY VALUE`),
+/// parsed and checked before the management lock is taken.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Knob {
+    AddFailRate(f64),
+    MgmtLossRate(f64),
+    ProgramLatency(Duration),
+    TableCapacity(u32),
+    Buckets(Option<(u32, u16)>),
+}
+
+impl Knob {
+    /// The knob names, as `set` takes them.
+    pub const NAMES: &'static str =
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity or buckets";
+
+    pub fn parse(key: &str, value: &str) -> Result<Self, String> {
+        Ok(match key {
+            "add_fail_rate" => Self::AddFailRate(parse_rate(value)?),
+            "mgmt_loss_rate" => Self::MgmtLossRate(parse_rate(value)?),
+            "program_latency" => Self::ProgramLatency(parse_duration(value)?),
+            "table_capacity" => Self::TableCapacity(parse_capacity(value)?),
+            "buckets" => Self::Buckets(parse_buckets(value)?),
+            _ => return Err(format!("unknown knob {key:?}: expected {}", Self::NAMES)),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -12,9 +12,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::config::PeerKind;
-use crate::gen::{FlowSet, FlowSpec};
-use crate::shared::Shared;
+use arfs::proto::FrameError;
+
+use crate::config::{Knob, PeerKind};
+use crate::daemon::Shared;
+use crate::mgmt::Snapshot;
+use crate::peer::flows::{FlowSet, FlowSpec};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,8 +47,11 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
     };
     match req.cmd.as_str() {
         "stats" => json!({"ok": true, "stats": stats_json(sh)}),
-        "table" => json!({"ok": true, "table": sh.lock_mgmt().table_json(sh)}),
-        "knobs" => json!({"ok": true, "knobs": sh.lock_mgmt().knobs_json()}),
+        "table" => {
+            let snap = sh.lock_mgmt().snapshot(true);
+            json!({"ok": true, "table": table_json(sh, &snap)})
+        }
+        "knobs" => json!({"ok": true, "knobs": knobs_json(&sh.lock_mgmt().snapshot(false))}),
         "set" => {
             let Some(key) = req.key else {
                 return err("set needs \"key\"");
@@ -55,11 +61,19 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
                 Some(Value::Number(n)) => n.to_string(),
                 _ => return err("set needs \"value\" (string or number)"),
             };
-            let mut m = sh.lock_mgmt();
-            match m.set_knob(&key, &value) {
-                Ok(()) => {
+            let knob = match Knob::parse(&key, &value) {
+                Ok(k) => k,
+                Err(e) if e.starts_with("unknown knob") => return err(e),
+                Err(e) => return err(format!("{key}: {e}")),
+            };
+            let r = {
+                let mut m = sh.lock_mgmt();
+                m.set_knob(knob).map(|()| m.snapshot(false))
+            };
+            match r {
+                Ok(snap) => {
                     log::info!("knob {key} = {value}");
-                    json!({"ok": true, "knobs": m.knobs_json()})
+                    json!({"ok": true, "knobs": knobs_json(&snap)})
                 }
                 Err(e) => err(format!("{key}: {e}")),
             }
@@ -147,9 +161,7 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
     };
     g.bump();
     if let Some(c) = sh.current_conn() {
-        for ib in &*c.inbox {
-            ib.wake();
-        }
+        c.lanes.wake_all();
     }
     reply
 }
@@ -157,10 +169,7 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
 /// The `stats` object (shape in CTL.md).
 pub fn stats_json(sh: &Shared) -> Value {
     let conn = sh.current_conn();
-    let (mgmt, table) = {
-        let m = sh.lock_mgmt();
-        (m.stats_json(sh), m.table_stats_json())
-    };
+    let snap = sh.lock_mgmt().snapshot(false);
     let kind = match &sh.cfg.peer {
         PeerKind::Gen => "gen".to_string(),
         PeerKind::Tap(n) => format!("tap:{n}"),
@@ -171,13 +180,82 @@ pub fn stats_json(sh: &Shared) -> Value {
         "connected": sh.connected.load(Ordering::Relaxed),
         "connections": sh.connections.load(Ordering::Relaxed),
         "queue_pairs": sh.cfg.queues,
-        // Pairs RSS spreads over now (vrings enabled and started).
-        "enabled_pairs": conn.as_ref().map_or(0, |c| c.rss_pairs()),
-        "queues": sh.qstats.iter().enumerate().map(|(i, q)| q.to_json(i)).collect::<Vec<_>>(),
-        "mgmt": mgmt,
-        "table": table,
-        "peer": sh.peer_stats.to_json(&kind),
+        // Pairs RSS spreads over, CAPS reports and ops are checked against.
+        "enabled_pairs": conn.as_ref().map_or(0, |c| c.pairs.count()),
+        "queues": sh.stats.queues.iter().enumerate().map(|(i, q)| q.to_json(i)).collect::<Vec<_>>(),
+        "mgmt": mgmt_json(sh, &snap),
+        "table": table_stats_json(&snap),
+        "peer": sh.stats.peer.to_json(&kind),
         "trace": sh.tracer.to_json(),
+    })
+}
+
+fn knobs_json(s: &Snapshot) -> Value {
+    let c = &s.table;
+    json!({
+        "add_fail_rate": c.add_fail_rate,
+        "mgmt_loss_rate": c.mgmt_loss_rate,
+        "program_latency_us": c.latency_ns as f64 / 1000.0,
+        "capacity": c.capacity,
+        "buckets": c.buckets.map_or(0, |b| b.0),
+        "ways": c.buckets.map_or(0, |b| b.1),
+        "max_ops": s.max_ops,
+    })
+}
+
+fn mgmt_json(sh: &Shared, s: &Snapshot) -> Value {
+    let c = &s.counters;
+    let mut bad = serde_json::Map::new();
+    let mut bad_total = 0;
+    for code in 1..=10u8 {
+        if let Some(k) = FrameError::from_code(code) {
+            bad.insert(k.name().to_string(), json!(c.bad[usize::from(code)]));
+            bad_total += c.bad[usize::from(code)];
+        }
+    }
+    json!({
+        "frames_rx": c.frames_rx,
+        "frames_ok": c.frames_ok,
+        "frames_bad_total": bad_total,
+        "frames_bad": bad,
+        "acks_sent": c.acks_sent,
+        "caps_sent": c.caps_sent,
+        "naks_sent": c.naks_sent,
+        "dropped_by_loss": c.dropped_by_loss,
+        "replies_dropped_by_loss": c.replies_dropped_by_loss,
+        "replies_dropped_no_buffers": sh.stats.replies_dropped_no_buffers.load(Ordering::Relaxed),
+        "out_of_order": c.out_of_order,
+        "duplicates": c.duplicates,
+        "duplicate_reacks": c.duplicate_reacks,
+        "pending_requests": s.pending,
+        "expected_seq": s.expected_seq,
+    })
+}
+
+fn table_stats_json(s: &Snapshot) -> Value {
+    let mut v = serde_json::to_value(s.table_counters).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("live".into(), json!(s.live));
+        m.insert("capacity".into(), json!(s.capacity));
+        m.insert(
+            "generation_changes".into(),
+            json!(s.counters.generation_changes),
+        );
+    }
+    v
+}
+
+fn table_json(sh: &Shared, s: &Snapshot) -> Value {
+    let filters: Vec<Value> = s
+        .filters
+        .iter()
+        .map(|(e, hits)| json!({"id": e.id, "rxq": e.rxq, "flow": e.flow, "hits": hits, "installed_ns": e.installed_ns, "bucket": e.bucket}))
+        .collect();
+    json!({
+        "generation": sh.generation(),
+        "live": s.live,
+        "capacity": s.capacity,
+        "filters": filters,
     })
 }
 

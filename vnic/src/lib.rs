@@ -1,19 +1,27 @@
 //! vnic: a multi-queue vhost-user virtio-net device whose receive side holds an
 //! aRFS flow filter table programmed by the guest through in-band management
 //! frames (see `aRFS/PROTOCOL.md`). Architecture: `vnic/README.md`.
+//!
+//! The library is the daemon's binary split for testing; only the CLI is
+//! public.
 
+mod backend;
 pub mod cli;
-pub mod config;
-pub mod ctl;
-pub mod device;
+mod clock;
+mod config;
+mod conn;
+mod ctl;
+mod daemon;
+mod error;
 pub mod frontend;
-pub mod gen;
-pub mod mgmt;
-pub mod relay;
-pub mod rxbuf;
-pub mod serve;
-pub mod shared;
-pub mod stats;
-pub mod tap;
-pub mod trace;
+mod handoff;
+mod mgmt;
+mod pairs;
+mod peer;
+mod relay;
+mod serve;
+mod stats;
+mod trace;
 pub mod tracetool;
+mod virtq;
+mod worker;

@@ -9,7 +9,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let r = match cli.command {
-        Command::Serve(args) => vnic::serve::run(args.into_config()),
+        Command::Serve(args) => vnic::cli::serve(args),
         Command::Ctl(args) => vnic::cli::run_ctl(&args),
         Command::Trace(args) => vnic::tracetool::run(&args),
     };

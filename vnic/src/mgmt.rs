@@ -2,20 +2,31 @@
 //! sequence state of `PROTOCOL.md` ("Reliable delivery"), the ACK cache, the
 //! loss knob, and the distribution of table events to the worker replicas.
 //!
-//! It runs under one mutex ([`crate::shared::Shared::mgmt`]), taken by a
-//! worker that received a management frame and by the management thread
-//! when delayed requests come due. The packet path never takes it.
+//! It runs under one mutex (`daemon::Shared::mgmt`), taken by a worker that
+//! received a management frame, by the management thread when delayed
+//! requests come due, and by the control socket for a snapshot or a knob.
+//! It holds protocol state only: the control socket renders its JSON from
+//! a [`Snapshot`] after the lock is released. The packet path never takes
+//! it.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arfs::proto::{self, Caps, Direction, FrameError, MsgType};
-use arfs::{DropCause, FilterTable, Message, Request, TableConfig, TableEvent, TraceRecord};
-use serde_json::{json, Value};
+use arfs::proto::{self, Ack, Caps, Direction, FrameMeta, DEVICE_MAC};
+use arfs::{
+    DropCause, FilterTable, Message, OpStatus, Request, TableConfig, TableEvent, TraceRecord,
+};
 use vmm_sys_util::timerfd::TimerFd;
 
-use crate::shared::{next_generation, Conn, Shared, ID_SPACE};
+use crate::clock::{next_generation, now_ns};
+use crate::config::Knob;
+use crate::conn::Conn;
+use crate::handoff::Reply;
+use crate::stats::ID_SPACE;
+use crate::trace::Tracer;
+use crate::virtq::NET_HDR_LEN;
 
 /// ACKs kept for duplicate requests.
 pub const ACK_CACHE: usize = 256;
@@ -46,9 +57,17 @@ struct Route {
 
 pub struct Mgmt {
     pub table: FilterTable,
+    tracer: Arc<Tracer>,
+    generation: Arc<AtomicU32>,
+    max_pairs: u16,
+    /// The worker handling a frame, while it holds the lock: its own
+    /// replies go to `own` instead of its inbox.
+    caller: Option<usize>,
+    own: Vec<Reply>,
     /// Next expected sequence number; `None` before the first request of a
     /// generation (the first request then starts the window).
     expected: Option<u32>,
+    /// Replies as sent (header space included), by sequence number.
     cache: VecDeque<(u32, Vec<u8>)>,
     pending: HashMap<u32, Route>,
     pub c: MgmtCounters,
@@ -63,17 +82,22 @@ pub struct Mgmt {
 }
 
 impl Mgmt {
-    pub fn new(cfg: TableConfig) -> Result<Self, String> {
+    pub fn new(
+        cfg: TableConfig,
+        tracer: Arc<Tracer>,
+        generation: Arc<AtomicU32>,
+        max_pairs: u16,
+    ) -> Result<Self, crate::error::Error> {
         let cfg_capacity = cfg.capacity;
-        let table = FilterTable::new(cfg).map_err(|e| e.to_string())?;
-        let timer = TimerFd::new().map_err(|e| format!("timerfd: {e}"))?;
-        {
-            use std::os::fd::AsRawFd;
-            crate::shared::set_nonblocking(timer.as_raw_fd())
-                .map_err(|e| format!("timerfd: {e}"))?;
-        }
+        let table = FilterTable::new(cfg)?;
+        let timer = crate::clock::timer().map_err(crate::error::Error::Timer)?;
         Ok(Self {
             table,
+            tracer,
+            generation,
+            max_pairs,
+            caller: None,
+            own: Vec::new(),
             expected: None,
             cache: VecDeque::with_capacity(ACK_CACHE),
             pending: HashMap::new(),
@@ -93,31 +117,35 @@ impl Mgmt {
         self.timer.as_raw_fd()
     }
 
-    pub fn conn(&self) -> Option<&Arc<Conn>> {
-        self.conn.as_ref()
+    fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Enabled queue pairs of the current connection.
+    fn enabled_pairs(&self) -> u16 {
+        self.conn.as_ref().map_or(0, |c| c.pairs.count())
     }
 
     /// Hits of filter `id` since it was (re)installed.
     pub fn hits(&self, id: u16) -> u64 {
-        let h = self.conn.as_ref().map_or(0, |c| c.hits(id));
+        let h = self.conn.as_ref().map_or(0, |c| c.hits.sum(id));
         h.saturating_sub(self.hits_base[usize::from(id)])
     }
 
     /// A device reset or a new connection: new generation, empty table,
     /// no session. `conn` becomes the connection replies go to.
-    pub fn reset(&mut self, sh: &Shared, conn: Option<Arc<Conn>>, cause: &str) {
-        let now = sh.now_ns();
-        let prev = sh.generation();
+    pub fn reset(&mut self, conn: Option<Arc<Conn>>, cause: &str) {
+        let now = now_ns();
+        let prev = self.generation();
         let gen = next_generation(prev);
-        sh.generation
-            .store(gen, std::sync::atomic::Ordering::Relaxed);
+        self.generation.store(gen, Ordering::Relaxed);
         self.c.generation_changes += 1;
-        sh.tracer
+        self.tracer
             .emit(TraceRecord::gen_change(now, prev, gen, cause));
         let mut evs = Vec::new();
         self.table.clear(&mut |e| evs.push(e));
         for e in evs {
-            self.publish(sh, now, e);
+            self.publish(now, e);
         }
         if let Some(c) = conn {
             self.conn = Some(c);
@@ -125,7 +153,7 @@ impl Mgmt {
         self.hits_base.fill(0);
         if let Some(c) = &self.conn {
             for i in 0..ID_SPACE {
-                self.hits_base[i] = c.hits(i as u16);
+                self.hits_base[i] = c.hits.sum(i as u16);
             }
         }
         self.expected = None;
@@ -135,22 +163,24 @@ impl Mgmt {
         log::info!("generation {prev:#x} -> {gen:#x} ({cause})");
     }
 
-    /// The connection closed. Its state is kept until the next reset
-    /// (so the evictions of that reset still report their hits); replies
-    /// queued meanwhile go nowhere.
-    pub fn detach(&mut self) {}
-
     /// Handles one management frame sent by the guest on pair `worker`.
-    /// Replies are queued on the worker's inbox; other workers are woken,
-    /// `worker` itself is expected to drain its inbox afterwards.
-    pub fn handle_frame(&mut self, sh: &Shared, worker: usize, frame: &[u8]) {
-        let now = sh.now_ns();
-        let gen = sh.generation();
+    /// Replies for other pairs go to their inboxes; the replies for
+    /// `worker` itself are appended to `own`, for it to deliver.
+    pub fn handle_frame(&mut self, worker: usize, frame: &[u8], own: &mut Vec<Reply>) {
+        self.caller = Some(worker);
+        self.frame(worker, frame);
+        self.caller = None;
+        own.append(&mut self.own);
+    }
+
+    fn frame(&mut self, worker: usize, frame: &[u8]) {
+        let now = now_ns();
+        let gen = self.generation();
         self.c.frames_rx += 1;
         let hdr = proto::peek_header(frame);
         if self.table.mgmt_loss() {
             self.c.dropped_by_loss += 1;
-            sh.tracer.emit(TraceRecord::mgmt_drop(
+            self.tracer.emit(TraceRecord::mgmt_drop(
                 now,
                 gen,
                 Direction::ToDevice,
@@ -166,19 +196,23 @@ impl Mgmt {
         match proto::decode_frame_limited(frame, self.max_ops) {
             Err(e) => {
                 self.c.bad[usize::from(e.kind.code()).min(10)] += 1;
-                sh.tracer.emit(TraceRecord::bad_frame(now, gen, &e));
+                self.tracer.emit(TraceRecord::bad_frame(now, gen, &e));
                 log::debug!("pair {worker}: {e}");
                 let Some(h) = e.nak_header().copied() else {
                     return;
                 };
-                if !self.in_order(sh, now, gen, h.seq, h.msg_type, route) {
+                if !self.in_order(now, gen, h.seq, h.msg_type, route) {
                     return;
                 }
-                let mut out = Vec::new();
-                if matches!(proto::encode_nak(&mut out, dst, gen, &e), Ok(true)) {
+                let nak = Message::Ack(Ack {
+                    acked_type: h.msg_type,
+                    frame_status: e.kind.code(),
+                    statuses: Vec::new(),
+                });
+                if let Some(pkt) = encode_reply(dst, h.seq, gen, &nak) {
                     self.c.naks_sent += 1;
-                    self.remember(h.seq, &out);
-                    self.send(sh, now, route, out, Some(worker));
+                    self.remember(h.seq, &pkt);
+                    self.send(now, route, pkt);
                 }
             }
             Ok((h, msg)) => {
@@ -188,27 +222,26 @@ impl Mgmt {
                         // HELLO (re)starts the session whatever its seq.
                         self.expected = Some(h.seq.wrapping_add(1));
                         self.cache.clear();
-                        let caps = self.caps(sh);
-                        let mut out = Vec::new();
+                        let caps = self.caps();
                         let dst = if hello.mac == [0; 6] || hello.mac[0] & 1 != 0 {
                             dst
                         } else {
                             hello.mac
                         };
-                        if proto::encode_caps(&mut out, dst, h.seq, gen, &caps).is_ok() {
+                        if let Some(pkt) = encode_reply(dst, h.seq, gen, &Message::Caps(caps)) {
                             self.c.caps_sent += 1;
-                            self.remember(h.seq, &out);
-                            self.send(sh, now, Route { worker, dst }, out, Some(worker));
+                            self.remember(h.seq, &pkt);
+                            self.send(now, Route { worker, dst }, pkt);
                         }
                     }
                     Message::Add(ops) => {
-                        self.request(sh, now, gen, h.seq, Request::Add(ops), route);
+                        self.request(now, gen, h.seq, Request::Add(ops), route);
                     }
                     Message::Del(ops) => {
-                        self.request(sh, now, gen, h.seq, Request::Del(ops), route);
+                        self.request(now, gen, h.seq, Request::Del(ops), route);
                     }
                     Message::Flush(r) => {
-                        self.request(sh, now, gen, h.seq, Request::Flush(r), route);
+                        self.request(now, gen, h.seq, Request::Flush(r), route);
                     }
                     // decode_frame rejects device->driver types.
                     Message::Caps(_) | Message::Ack(_) => {}
@@ -217,26 +250,18 @@ impl Mgmt {
         }
     }
 
-    fn request(&mut self, sh: &Shared, now: u64, gen: u32, seq: u32, req: Request, route: Route) {
-        if !self.in_order(sh, now, gen, seq, req.kind().code(), route) {
+    fn request(&mut self, now: u64, gen: u32, seq: u32, req: Request, route: Route) {
+        if !self.in_order(now, gen, seq, req.kind().code(), route) {
             return;
         }
         self.pending.insert(seq, route);
         self.table.submit(now, seq, req);
-        self.advance(sh, now, Some(route.worker));
+        self.advance(now);
     }
 
     /// Go-back-N window check. Returns true when `seq` is the expected one
     /// (and advances the window); handles duplicates and out-of-order.
-    fn in_order(
-        &mut self,
-        sh: &Shared,
-        now: u64,
-        gen: u32,
-        seq: u32,
-        ty: u8,
-        route: Route,
-    ) -> bool {
+    fn in_order(&mut self, now: u64, gen: u32, seq: u32, ty: u8, route: Route) -> bool {
         let exp = *self.expected.get_or_insert(seq);
         let d = seq.wrapping_sub(exp).cast_signed();
         if d == 0 {
@@ -245,7 +270,7 @@ impl Mgmt {
         }
         if d < 0 {
             self.c.duplicates += 1;
-            sh.tracer.emit(TraceRecord::mgmt_drop(
+            self.tracer.emit(TraceRecord::mgmt_drop(
                 now,
                 gen,
                 Direction::ToDevice,
@@ -256,13 +281,13 @@ impl Mgmt {
             if let Some((_, f)) = self.cache.iter().rev().find(|(s, _)| *s == seq) {
                 let mut f = f.clone();
                 // Replies go to the sender of the duplicate.
-                f[0..6].copy_from_slice(&route.dst);
+                f[NET_HDR_LEN..NET_HDR_LEN + 6].copy_from_slice(&route.dst);
                 self.c.duplicate_reacks += 1;
-                self.send(sh, now, route, f, Some(route.worker));
+                self.send(now, route, f);
             }
         } else {
             self.c.out_of_order += 1;
-            sh.tracer.emit(TraceRecord::mgmt_drop(
+            self.tracer.emit(TraceRecord::mgmt_drop(
                 now,
                 gen,
                 Direction::ToDevice,
@@ -282,12 +307,11 @@ impl Mgmt {
     }
 
     /// Applies what is due at `now`, sends the ACKs, re-arms the timer.
-    /// `self_worker` is the worker calling (not woken).
-    pub fn advance(&mut self, sh: &Shared, now: u64, self_worker: Option<usize>) {
-        let enabled = self.conn.as_ref().map_or(0, |c| c.enabled_pairs());
+    pub fn advance(&mut self, now: u64) {
+        let enabled = self.enabled_pairs();
         let mut evs = Vec::new();
         self.table.advance(now, enabled, &mut |e| evs.push(e));
-        let gen = sh.generation();
+        let gen = self.generation();
         for e in evs {
             if let TableEvent::Completed {
                 seq,
@@ -296,26 +320,30 @@ impl Mgmt {
                 ..
             } = &e
             {
-                sh.tracer.emit(TraceRecord::from_event(now, gen, &e));
+                self.tracer.emit(TraceRecord::from_event(now, gen, &e));
                 let Some(route) = self.pending.remove(seq) else {
                     continue;
                 };
-                let mut out = Vec::new();
-                if proto::encode_ack(&mut out, route.dst, *seq, gen, *kind, statuses).is_ok() {
+                let ack = Message::Ack(Ack {
+                    acked_type: kind.code(),
+                    frame_status: 0,
+                    statuses: statuses.iter().map(|s: &OpStatus| s.code()).collect(),
+                });
+                if let Some(pkt) = encode_reply(route.dst, *seq, gen, &ack) {
                     self.c.acks_sent += 1;
-                    self.remember(*seq, &out);
-                    self.send(sh, now, route, out, self_worker);
+                    self.remember(*seq, &pkt);
+                    self.send(now, route, pkt);
                 }
             } else {
-                self.publish(sh, now, e);
+                self.publish(now, e);
             }
         }
         self.rearm();
     }
 
     /// Traces a table event and hands it to every worker replica.
-    fn publish(&mut self, sh: &Shared, now: u64, e: TableEvent) {
-        let gen = sh.generation();
+    fn publish(&mut self, now: u64, e: TableEvent) {
+        let gen = self.generation();
         let mut rec = TraceRecord::from_event(now, gen, &e);
         match &e {
             TableEvent::Added { id, .. } => {
@@ -330,7 +358,7 @@ impl Mgmt {
             }
             _ => {}
         }
-        sh.tracer.emit(rec);
+        self.tracer.emit(rec);
         let replica_relevant = matches!(
             e,
             TableEvent::Added { .. }
@@ -340,33 +368,25 @@ impl Mgmt {
         );
         if replica_relevant {
             if let Some(c) = &self.conn {
-                let e = Arc::new(e);
-                for ib in &*c.inbox {
-                    ib.updates.push(e.clone());
-                }
+                c.lanes.publish(e);
             }
         }
     }
 
     fn rebase(&mut self, id: u16) {
-        let cur = self.conn.as_ref().map_or(0, |c| c.hits(id));
+        let cur = self.conn.as_ref().map_or(0, |c| c.hits.sum(id));
         self.hits_base[usize::from(id)] = cur;
     }
 
-    fn send(
-        &mut self,
-        sh: &Shared,
-        now: u64,
-        route: Route,
-        frame: Vec<u8>,
-        self_worker: Option<usize>,
-    ) {
+    /// Sends a reply (unless the loss knob drops it) to the worker of its
+    /// route; see `handoff::Lanes::reply` for when it leaves.
+    fn send(&mut self, now: u64, route: Route, pkt: Vec<u8>) {
         if self.table.mgmt_loss() {
             self.c.replies_dropped_by_loss += 1;
-            let h = proto::peek_header(&frame);
-            sh.tracer.emit(TraceRecord::mgmt_drop(
+            let h = proto::peek_header(&pkt[NET_HDR_LEN..]);
+            self.tracer.emit(TraceRecord::mgmt_drop(
                 now,
-                sh.generation(),
+                self.generation(),
                 Direction::ToDriver,
                 h.map(|h| h.seq),
                 h.map(|h| h.msg_type),
@@ -375,26 +395,16 @@ impl Mgmt {
             return;
         }
         if let Some(c) = &self.conn {
-            if let Some(ib) = c.inbox.get(route.worker) {
-                ib.replies.push(frame);
-                if self_worker != Some(route.worker) {
-                    ib.wake();
-                }
+            if let Some(r) = c.lanes.reply(route.worker, pkt, self.caller) {
+                self.own.push(r);
             }
         }
     }
 
-    fn caps(&self, sh: &Shared) -> Caps {
-        let cfg = self.table.config();
-        Caps {
-            max_queue_pairs: sh.cfg.queues,
-            enabled_queue_pairs: self.conn.as_ref().map_or(0, |c| c.enabled_pairs()),
-            capacity: cfg.capacity,
-            buckets: cfg.buckets.map_or(0, |b| b.0),
-            ways: cfg.buckets.map_or(0, |b| b.1),
-            max_ops: self.max_ops,
-            latency_us: (cfg.latency_ns / 1000) as u32,
-        }
+    fn caps(&self) -> Caps {
+        let mut caps = self.table.caps(self.max_pairs, self.enabled_pairs());
+        caps.max_ops = self.max_ops;
+        caps
     }
 
     fn rearm(&mut self) {
@@ -406,7 +416,7 @@ impl Mgmt {
         // Relative timer: the management thread calls advance() on expiry.
         let res = match due {
             Some(d) => {
-                let now = crate::shared::process_now_ns();
+                let now = now_ns();
                 let wait = d.saturating_sub(now).max(1_000);
                 self.timer.reset(Duration::from_nanos(wait), None)
             }
@@ -418,31 +428,22 @@ impl Mgmt {
     }
 
     /// Called by the management thread when its timer fired.
-    pub fn on_timer(&mut self, sh: &Shared) {
+    pub fn on_timer(&mut self) {
         let _ = self.timer.wait();
         self.armed_for = None;
-        self.advance(sh, sh.now_ns(), None);
+        self.advance(now_ns());
     }
 
-    /// Sets a knob; returns an error message naming the problem.
-    pub fn set_knob(&mut self, key: &str, value: &str) -> Result<(), String> {
-        match key {
-            "add_fail_rate" => {
-                let v = crate::config::parse_rate(value)?;
-                self.table.set_add_fail_rate(v).map_err(|e| e.to_string())
-            }
-            "mgmt_loss_rate" => {
-                let v = crate::config::parse_rate(value)?;
-                self.table.set_mgmt_loss_rate(v).map_err(|e| e.to_string())
-            }
-            "program_latency" => {
-                let v = crate::config::parse_duration(value)?;
-                self.table
-                    .set_latency_ns(v.as_nanos() as u64)
-                    .map_err(|e| e.to_string())
-            }
-            "table_capacity" => {
-                let v = crate::config::parse_capacity(value)?;
+    /// Sets a knob (parsed by the caller, see [`Knob::parse`]).
+    pub fn set_knob(&mut self, knob: Knob) -> Result<(), String> {
+        match knob {
+            Knob::AddFailRate(v) => self.table.set_add_fail_rate(v).map_err(|e| e.to_string()),
+            Knob::MgmtLossRate(v) => self.table.set_mgmt_loss_rate(v).map_err(|e| e.to_string()),
+            Knob::ProgramLatency(v) => self
+                .table
+                .set_latency_ns(v.as_nanos() as u64)
+                .map_err(|e| e.to_string()),
+            Knob::TableCapacity(v) => {
                 if v > self.replica_capacity {
                     return Err(format!(
                         "{v} exceeds the capacity the daemon started with ({}): restart it with a larger --table-capacity",
@@ -454,93 +455,70 @@ impl Mgmt {
                     format!("{e}; unload the guest driver (its FLUSH empties the table) and retry")
                 })
             }
-            "buckets" => {
-                let v = crate::config::parse_buckets(value)?;
+            Knob::Buckets(v) => {
                 let cap = self.table.capacity();
                 self.table.reshape(cap, v).map_err(|e| {
                     format!("{e}; unload the guest driver (its FLUSH empties the table) and retry")
                 })
             }
-            _ => Err(format!(
-                "unknown knob {key:?}: expected add_fail_rate, mgmt_loss_rate, program_latency, table_capacity or buckets"
-            )),
         }
     }
 
-    pub fn knobs_json(&self) -> Value {
-        let c = self.table.config();
-        json!({
-            "add_fail_rate": c.add_fail_rate,
-            "mgmt_loss_rate": c.mgmt_loss_rate,
-            "program_latency_us": c.latency_ns as f64 / 1000.0,
-            "capacity": c.capacity,
-            "buckets": c.buckets.map_or(0, |b| b.0),
-            "ways": c.buckets.map_or(0, |b| b.1),
-            "max_ops": self.max_ops,
-        })
-    }
-
-    pub fn stats_json(&self, sh: &Shared) -> Value {
-        let c = &self.c;
-        let mut bad = serde_json::Map::new();
-        let mut bad_total = 0;
-        for code in 1..=10u8 {
-            if let Some(k) = FrameError::from_code(code) {
-                bad.insert(k.name().to_string(), json!(c.bad[usize::from(code)]));
-                bad_total += c.bad[usize::from(code)];
-            }
+    /// What the control socket shows, copied out under the lock.
+    /// `filters`: include every live filter with its hits.
+    pub fn snapshot(&self, filters: bool) -> Snapshot {
+        Snapshot {
+            counters: self.c.clone(),
+            table_counters: self.table.counters(),
+            table: self.table.config().clone(),
+            live: self.table.len(),
+            capacity: self.table.capacity(),
+            pending: self.table.pending(),
+            expected_seq: self.expected,
+            max_ops: self.max_ops,
+            filters: if filters {
+                self.table
+                    .entries()
+                    .into_iter()
+                    .map(|e| {
+                        let hits = self.hits(e.id);
+                        (e, hits)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
-        json!({
-            "frames_rx": c.frames_rx,
-            "frames_ok": c.frames_ok,
-            "frames_bad_total": bad_total,
-            "frames_bad": bad,
-            "acks_sent": c.acks_sent,
-            "caps_sent": c.caps_sent,
-            "naks_sent": c.naks_sent,
-            "dropped_by_loss": c.dropped_by_loss,
-            "replies_dropped_by_loss": c.replies_dropped_by_loss,
-            "replies_dropped_no_buffers": sh.replies_dropped_no_buffers.load(std::sync::atomic::Ordering::Relaxed),
-            "out_of_order": c.out_of_order,
-            "duplicates": c.duplicates,
-            "duplicate_reacks": c.duplicate_reacks,
-            "pending_requests": self.table.pending(),
-            "expected_seq": self.expected,
-        })
     }
+}
 
-    pub fn table_stats_json(&self) -> Value {
-        let mut v = serde_json::to_value(self.table.counters()).unwrap_or(Value::Null);
-        if let Value::Object(m) = &mut v {
-            m.insert("live".into(), json!(self.table.len()));
-            m.insert("capacity".into(), json!(self.table.capacity()));
-            m.insert(
-                "generation_changes".into(),
-                json!(self.c.generation_changes),
-            );
-        }
-        v
-    }
+/// The management state as the control socket shows it.
+pub struct Snapshot {
+    pub counters: MgmtCounters,
+    pub table_counters: arfs::table::Counters,
+    pub table: TableConfig,
+    pub live: usize,
+    pub capacity: u32,
+    pub pending: usize,
+    pub expected_seq: Option<u32>,
+    pub max_ops: u16,
+    /// Live filters and their hits (when asked for).
+    pub filters: Vec<(arfs::table::Entry, u64)>,
+}
 
-    pub fn table_json(&self, sh: &Shared) -> Value {
-        let filters: Vec<Value> = self
-            .table
-            .entries()
-            .into_iter()
-            .map(|e| json!({"id": e.id, "rxq": e.rxq, "flow": e.flow, "hits": self.hits(e.id), "installed_ns": e.installed_ns, "bucket": e.bucket}))
-            .collect();
-        json!({
-            "generation": sh.generation(),
-            "live": self.table.len(),
-            "capacity": self.table.capacity(),
-            "filters": filters,
-        })
-    }
-
-    /// The message type name for a code (for logs).
-    pub fn type_name(code: u8) -> String {
-        MsgType::from_code(code).map_or_else(|| code.to_string(), |t| t.name().to_string())
-    }
+/// A reply frame from the device, with the virtio-net header space in
+/// front (delivered as is).
+fn encode_reply(dst: [u8; 6], seq: u32, generation: u32, msg: &Message) -> Option<Vec<u8>> {
+    let meta = FrameMeta {
+        dst,
+        src: DEVICE_MAC,
+        seq,
+        generation,
+    };
+    let mut pkt = vec![0u8; NET_HDR_LEN + proto::encoded_len(msg)];
+    let n = proto::encode_into(&mut pkt[NET_HDR_LEN..], &meta, msg).ok()?;
+    pkt.truncate(NET_HDR_LEN + n);
+    Some(pkt)
 }
 
 #[cfg(test)]
@@ -548,11 +526,12 @@ mod tests {
     use std::net::Ipv4Addr;
     use std::time::Duration;
 
-    use arfs::proto::{decode_frame_driver, encode, FrameMeta, Hello, BROADCAST_MAC};
+    use arfs::proto::{decode_frame_driver, encode, FrameError, FrameMeta, Hello, BROADCAST_MAC};
     use arfs::{AddOp, FlowKey, L4Proto, Message, OpStatus};
 
     use super::*;
     use crate::config::{Config, PeerKind, DEFAULT_GEN_IP, DEFAULT_GEN_MAC, DEFAULT_GUEST_IP};
+    use crate::daemon::Shared;
 
     const GUEST: [u8; 6] = [2, 0, 0, 0, 0, 0x15];
 
@@ -574,12 +553,12 @@ mod tests {
             seed: 1,
             trace: None,
         };
-        let sh = crate::serve::build(cfg).unwrap();
+        let sh = Shared::build(cfg).unwrap();
         let conn = Arc::new(Conn::new(2).unwrap());
         // Both pairs enabled.
-        conn.enabled_mask
-            .store(0b11, std::sync::atomic::Ordering::Relaxed);
-        sh.lock_mgmt().reset(&sh, Some(conn.clone()), "test");
+        conn.pairs.observe(0, true, true);
+        conn.pairs.observe(1, true, true);
+        sh.lock_mgmt().reset(Some(conn.clone()), "test");
         (sh, conn)
     }
 
@@ -610,14 +589,34 @@ mod tests {
         Message::Add(vec![AddOp::new(id, 1, &k)])
     }
 
-    fn replies(conn: &Conn, worker: usize) -> Vec<(u32, Message)> {
+    /// A management frame handled by worker `w` with the lock held, as
+    /// a worker does; its own replies are returned.
+    fn handle(sh: &Shared, w: usize, f: &[u8]) -> Vec<Reply> {
+        let mut own = Vec::new();
+        sh.lock_mgmt().handle_frame(w, f, &mut own);
+        own
+    }
+
+    /// Decodes replies (header space in front, addressed to the guest).
+    fn decode(rs: Vec<Reply>) -> Vec<(u32, Message)> {
+        rs.into_iter()
+            .map(|r| {
+                let f = &r.pkt[NET_HDR_LEN..];
+                assert_eq!(&f[0..6], &GUEST);
+                let (hdr, msg) = decode_frame_driver(f).unwrap();
+                (hdr.seq, msg)
+            })
+            .collect()
+    }
+
+    /// Replies queued on worker `w`'s inbox.
+    fn queued(conn: &Conn, w: usize) -> Vec<(u32, Message)> {
+        let ib = conn.lanes.get(w).unwrap();
         let mut out = Vec::new();
-        while let Some(f) = conn.inbox[worker].replies.pop() {
-            assert_eq!(&f[0..6], &GUEST);
-            let (hdr, msg) = decode_frame_driver(&f).unwrap();
-            out.push((hdr.seq, msg));
+        while let Some(r) = ib.replies.pop() {
+            out.push(r);
         }
-        out
+        decode(out)
     }
 
     #[test]
@@ -628,27 +627,27 @@ mod tests {
             driver_version: 1,
             mac: GUEST,
         });
-        sh.lock_mgmt().handle_frame(&sh, 1, &frame(10, &hello));
-        let r = replies(&c, 1);
+        let r = decode(handle(&sh, 1, &frame(10, &hello)));
         assert!(
             matches!(r.as_slice(), [(10, Message::Caps(caps))] if caps.max_queue_pairs == 2 && caps.enabled_queue_pairs == 2)
         );
         // In order: applied and acknowledged, the replica update is queued.
-        sh.lock_mgmt().handle_frame(&sh, 1, &frame(11, &add(7, 1)));
-        let r = replies(&c, 1);
+        let own = handle(&sh, 1, &frame(11, &add(7, 1)));
+        // The ACK may leave only once every replica applied the ADD.
+        assert!(own.iter().all(|r| r.needs == 1));
+        let r = decode(own);
         assert!(
             matches!(r.as_slice(), [(11, Message::Ack(a))] if a.statuses == vec![OpStatus::Ok.code()])
         );
         assert_eq!(sh.lock_mgmt().table.len(), 1);
-        assert!(c.inbox[0].updates.pop().is_some());
+        assert!(c.lanes.get(0).unwrap().updates.pop().is_some());
         // Duplicate: same ACK again, nothing applied.
-        sh.lock_mgmt().handle_frame(&sh, 1, &frame(11, &add(8, 2)));
-        let r = replies(&c, 1);
+        let r = decode(handle(&sh, 1, &frame(11, &add(8, 2))));
         assert!(matches!(r.as_slice(), [(11, Message::Ack(_))]));
         assert_eq!(sh.lock_mgmt().table.len(), 1);
         // Ahead of the window: dropped silently.
-        sh.lock_mgmt().handle_frame(&sh, 1, &frame(13, &add(9, 3)));
-        assert!(replies(&c, 1).is_empty());
+        assert!(handle(&sh, 1, &frame(13, &add(9, 3))).is_empty());
+        assert!(queued(&c, 1).is_empty());
         let m = sh.lock_mgmt();
         assert_eq!(
             (m.c.duplicates, m.c.duplicate_reacks, m.c.out_of_order),
@@ -665,16 +664,15 @@ mod tests {
         // body_len mismatch -> NAK with the frame status, nothing applied.
         f[14 + 14] = 0;
         f[14 + 15] = 40;
-        sh.lock_mgmt().handle_frame(&sh, 0, &f);
-        let r = replies(&c, 0);
+        let r = decode(handle(&sh, 0, &f));
         assert!(
             matches!(r.as_slice(), [(5, Message::Ack(a))] if a.frame_status == FrameError::BadLength.code() && a.statuses.is_empty())
         );
         // Bad magic: silent.
         let mut f = frame(6, &add(1, 1));
         f[14] = 0;
-        sh.lock_mgmt().handle_frame(&sh, 0, &f);
-        assert!(replies(&c, 0).is_empty());
+        assert!(handle(&sh, 0, &f).is_empty());
+        assert!(queued(&c, 0).is_empty());
         let m = sh.lock_mgmt();
         assert_eq!(m.c.bad[usize::from(FrameError::BadLength.code())], 1);
         assert_eq!(m.c.bad[usize::from(FrameError::BadMagic.code())], 1);
@@ -684,35 +682,37 @@ mod tests {
     #[test]
     fn latency_delays_effect_and_ack() {
         let (sh, c) = setup(Duration::from_hours(1));
-        sh.lock_mgmt().handle_frame(&sh, 0, &frame(1, &add(7, 1)));
-        assert!(replies(&c, 0).is_empty(), "ACK before the ops took effect");
+        assert!(
+            handle(&sh, 0, &frame(1, &add(7, 1))).is_empty(),
+            "ACK before the ops took effect"
+        );
+        assert!(queued(&c, 0).is_empty());
         assert_eq!(sh.lock_mgmt().table.len(), 0);
-        assert!(c.inbox[0].updates.pop().is_none());
-        // Time passes (the management timer calls advance).
-        let later = sh.now_ns() + 3_700_000_000_000;
-        sh.lock_mgmt().advance(&sh, later, None);
-        let r = replies(&c, 0);
+        assert!(c.lanes.get(0).unwrap().updates.pop().is_none());
+        // Time passes (the management timer calls advance): the ACK goes
+        // to the inbox of the pair the request came on.
+        let later = now_ns() + 3_700_000_000_000;
+        sh.lock_mgmt().advance(later);
+        let r = queued(&c, 0);
         assert!(matches!(r.as_slice(), [(1, Message::Ack(_))]));
         assert_eq!(sh.lock_mgmt().table.len(), 1);
-        assert!(c.inbox[1].updates.pop().is_some());
+        assert!(c.lanes.get(1).unwrap().updates.pop().is_some());
     }
 
     #[test]
     fn reset_bumps_generation_and_empties_the_table() {
         let (sh, c) = setup(Duration::ZERO);
-        sh.lock_mgmt().handle_frame(&sh, 0, &frame(1, &add(7, 1)));
-        let _ = replies(&c, 0);
-        while c.inbox[0].updates.pop().is_some() {}
+        let _ = handle(&sh, 0, &frame(1, &add(7, 1)));
+        while c.lanes.get(0).unwrap().updates.pop().is_some() {}
         let g = sh.generation();
-        sh.lock_mgmt().reset(&sh, None, "reset");
+        sh.lock_mgmt().reset(None, "reset");
         assert_ne!(sh.generation(), g);
         assert_ne!(sh.generation(), 0);
         assert_eq!(sh.lock_mgmt().table.len(), 0);
         // The replicas hear about the eviction.
-        let e = c.inbox[0].updates.pop().expect("evict event");
+        let e = c.lanes.get(0).unwrap().updates.pop().expect("evict event");
         assert!(matches!(*e, TableEvent::Evicted { id: 7, .. }));
         // A request of the old session starts a new window and carries the new generation.
-        sh.lock_mgmt().handle_frame(&sh, 0, &frame(2, &add(7, 1)));
-        assert_eq!(replies(&c, 0).len(), 1);
+        assert_eq!(handle(&sh, 0, &frame(2, &add(7, 1))).len(), 1);
     }
 }

@@ -14,6 +14,11 @@
 //! VHOST_USER_F_PROTOCOL_FEATURES (no reply requested). The frontend's own
 //! SET_FEATURES later replaces it. Only control messages cross the relay:
 //! the rings live in shared memory and the kicks/calls are eventfds.
+//!
+//! It stays an adapter: it is the one place that knows about that QEMU /
+//! `vhost` ordering, it keeps no state another module reads, and it only
+//! reports each SET_VRING_ENABLE to the hook it is given (the owner of the
+//! enabled pairs, `pairs::Pairs`).
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -228,7 +233,7 @@ fn pump(
 pub fn start(
     frontend: UnixStream,
     backend: UnixStream,
-    on_enable: Option<EnableHook>,
+    on_enable: EnableHook,
 ) -> io::Result<[JoinHandle<()>; 2]> {
     let (f2, b2) = (frontend.try_clone()?, backend.try_clone()?);
     let down = |a: &UnixStream, b: &UnixStream| {
@@ -238,7 +243,7 @@ pub fn start(
     let t1 = std::thread::Builder::new()
         .name("vnic-relay-req".into())
         .spawn(move || {
-            if let Err(e) = pump(&frontend, &backend, true, on_enable.as_ref()) {
+            if let Err(e) = pump(&frontend, &backend, true, Some(&on_enable)) {
                 log::debug!("vhost-user relay (requests): {e}");
             }
             down(&frontend, &backend);
@@ -262,7 +267,7 @@ mod tests {
     fn relays_messages_with_fds_and_fixes_early_enable() {
         let (qemu, relay_out) = UnixStream::pair().unwrap();
         let (relay_in, backend) = UnixStream::pair().unwrap();
-        let _t = start(relay_out, relay_in, None).unwrap();
+        let _t = start(relay_out, relay_in, Box::new(|_, _| {})).unwrap();
         // A message with an fd.
         let file = std::fs::File::open("/dev/null").unwrap();
         let mut m = vec![13u8, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0];

@@ -9,11 +9,10 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use arfs::{TableConfig, TraceRecord, DEFAULT_KEY};
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
@@ -21,14 +20,12 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::timerfd::TimerFd;
 
+use crate::backend::VnicBackend;
 use crate::config::{Config, PeerKind};
+use crate::conn::Conn;
 use crate::ctl;
-use crate::device::VnicBackend;
-use crate::gen::GenControl;
-use crate::mgmt::Mgmt;
-use crate::shared::{initial_generation, process_now_ns, Conn, Shared};
-use crate::stats::{PeerStats, QueueStats};
-use crate::trace::Tracer;
+use crate::daemon::Shared;
+use crate::error::Error;
 
 const D_LISTEN: u32 = 1;
 const D_SIGNAL: u32 = 2;
@@ -36,73 +33,31 @@ const D_MGMT_TIMER: u32 = 3;
 const D_POLL: u32 = 4;
 const D_CONN0: u32 = 100;
 
-/// Builds the shared state: opens the trace file, the tap, validates the table config.
-pub fn build(cfg: Config) -> Result<Arc<Shared>, String> {
-    let _ = process_now_ns();
-    let tracer = match &cfg.trace {
-        Some(p) => Tracer::open(p).map_err(|e| format!("--trace {}: {e}", p.display()))?,
-        None => Tracer::disabled(),
-    };
-    let taps = match &cfg.peer {
-        PeerKind::Gen => Vec::new(),
-        PeerKind::Tap(name) => crate::tap::open_tap(name, usize::from(cfg.queues))
-            .map_err(|e| format!("--peer tap:{name}: {e}"))?,
-    };
-    let tcfg = TableConfig {
-        capacity: cfg.table_capacity,
-        buckets: cfg.buckets,
-        latency_ns: cfg.program_latency.as_nanos() as u64,
-        add_fail_rate: cfg.add_fail_rate,
-        mgmt_loss_rate: cfg.mgmt_loss_rate,
-        seed: cfg.seed,
-        rss_key: DEFAULT_KEY,
-    };
-    let mgmt = Mgmt::new(tcfg).map_err(|e| format!("filter table: {e}"))?;
-    let gen = initial_generation();
-    let sh = Arc::new(Shared {
-        qstats: (0..cfg.queues).map(|_| QueueStats::default()).collect(),
-        peer_stats: PeerStats::default(),
-        replies_dropped_no_buffers: AtomicU64::new(0),
-        generation: AtomicU32::new(gen),
-        connected: AtomicBool::new(false),
-        connections: AtomicU64::new(0),
-        start: Instant::now(),
-        mgmt: Mutex::new(mgmt),
-        gen: GenControl::default(),
-        tracer,
-        taps,
-        conn: Mutex::new(None),
-        cfg,
-    });
-    sh.tracer
-        .emit(TraceRecord::gen_change(sh.now_ns(), 0, gen, "start"));
-    Ok(sh)
-}
-
 /// Runs the daemon until a signal ends the process.
-pub fn run(cfg: Config) -> Result<(), String> {
-    let sh = build(cfg)?;
+pub fn run(cfg: Config) -> Result<(), Error> {
+    let sh = Shared::build(cfg)?;
     let sock = sh.cfg.socket.clone();
     // The public socket is ours; the vhost-user handler listens on a private
     // one and every connection is relayed (see relay.rs for why).
     let _ = std::fs::remove_file(&sock);
-    let public =
-        UnixListener::bind(&sock).map_err(|e| format!("--socket {}: {e}", sock.display()))?;
+    let public = UnixListener::bind(&sock).map_err(Error::socket("--socket", &sock))?;
     let ctl_path = sh.cfg.ctl.clone();
     let _ = std::fs::remove_file(&ctl_path);
-    let listener =
-        UnixListener::bind(&ctl_path).map_err(|e| format!("--ctl {}: {e}", ctl_path.display()))?;
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let (sig_r, sig_w) = UnixStream::pair().map_err(|e| e.to_string())?;
-    sig_r.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let listener = UnixListener::bind(&ctl_path).map_err(Error::socket("--ctl", &ctl_path))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(Error::socket("--ctl", &ctl_path))?;
+    let (sig_r, sig_w) = UnixStream::pair().map_err(Error::io("signal pipe"))?;
+    sig_r
+        .set_nonblocking(true)
+        .map_err(Error::io("signal pipe"))?;
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::low_level::pipe::register(sig, sig_w.try_clone().map_err(|e| e.to_string())?)
-            .map_err(|e| format!("signal handler: {e}"))?;
+        let w = sig_w.try_clone().map_err(Error::io("signal pipe"))?;
+        signal_hook::low_level::pipe::register(sig, w).map_err(Error::io("signal handler"))?;
     }
-    let mut poll = TimerFd::new().map_err(|e| e.to_string())?;
-    crate::shared::set_nonblocking(poll.as_raw_fd()).map_err(|e| e.to_string())?;
+    let mut poll = crate::clock::timer().map_err(Error::Timer)?;
     poll.reset(Duration::from_millis(50), Some(Duration::from_millis(50)))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Error::Timer(std::io::Error::from_raw_os_error(e.errno())))?;
     let mgmt_timer = sh.lock_mgmt().timer_fd();
     let sub = Arc::new(Mutex::new(MgmtLoop {
         sh: sh.clone(),
@@ -114,7 +69,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
         next: D_CONN0,
     }));
     let mut em = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
-        .map_err(|e| format!("event manager: {e:?}"))?;
+        .map_err(|e| Error::EventManager(format!("{e:?}")))?;
     em.add_subscriber(sub);
     std::thread::Builder::new()
         .name("vnic-mgmt".into())
@@ -124,7 +79,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
                 std::thread::sleep(Duration::from_millis(10));
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(Error::io("management thread"))?;
 
     eprintln!(
         "vnic: serving {} queue pair(s) on {} (peer {}, control {}, generation {:#x})",
@@ -134,7 +89,7 @@ pub fn run(cfg: Config) -> Result<(), String> {
             PeerKind::Gen => format!(
                 "gen {} / {}",
                 sh.cfg.gen_ip,
-                crate::config::fmt_mac(&sh.cfg.gen_mac)
+                crate::config::fmt_mac(sh.cfg.gen_mac)
             ),
             PeerKind::Tap(n) => format!("tap:{n}"),
         },
@@ -170,22 +125,21 @@ fn private_dir() -> std::io::Result<PathBuf> {
 fn attach(
     daemon: &mut VhostUserDaemon<Arc<VnicBackend>>,
     frontend: UnixStream,
-    on_enable: Option<crate::relay::EnableHook>,
-) -> Result<[std::thread::JoinHandle<()>; 2], String> {
-    let dir = private_dir().map_err(|e| format!("private socket directory: {e}"))?;
+    on_enable: crate::relay::EnableHook,
+) -> Result<[std::thread::JoinHandle<()>; 2], Error> {
+    let dir = private_dir().map_err(Error::io("private socket directory"))?;
     *PRIVATE_DIR
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(dir.clone());
     let path = dir.join("vhost-user.sock");
     let r = (|| {
         let mut vl = Listener::new(&path, true)
-            .map_err(|e| format!("private socket {}: {e}", path.display()))?;
-        let inner =
-            UnixStream::connect(&path).map_err(|e| format!("connect {}: {e}", path.display()))?;
+            .map_err(|e| Error::VhostUser(format!("private socket {}: {e}", path.display())))?;
+        let inner = UnixStream::connect(&path).map_err(Error::socket("connect", &path))?;
         daemon
             .start(&mut vl)
-            .map_err(|e| format!("accept (private): {e}"))?;
-        crate::relay::start(frontend, inner, on_enable).map_err(|e| format!("relay: {e}"))
+            .map_err(|e| Error::VhostUser(format!("accept (private): {e}")))?;
+        crate::relay::start(frontend, inner, on_enable).map_err(Error::io("relay"))
     })();
     let _ = std::fs::remove_dir_all(&dir);
     *PRIVATE_DIR
@@ -194,41 +148,33 @@ fn attach(
     r
 }
 
-fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), String> {
-    let conn = Arc::new(Conn::new(sh.pairs()).map_err(|e| format!("connection state: {e}"))?);
+fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
+    let conn = Arc::new(Conn::new(sh.pairs()).map_err(Error::io("connection state"))?);
     let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
-    let backend = Arc::new(VnicBackend::new(sh, &conn, &mem).map_err(|e| format!("backend: {e}"))?);
+    let backend = Arc::new(VnicBackend::new(sh, &conn, &mem).map_err(Error::io("backend"))?);
     let mut daemon = VhostUserDaemon::new("vnic".into(), backend.clone(), mem)
-        .map_err(|e| format!("vhost-user daemon: {e}"))?;
+        .map_err(|e| Error::VhostUser(format!("daemon: {e}")))?;
     let handlers = daemon.get_epoll_handlers();
     backend
         .register(&handlers)
-        .map_err(|e| format!("register worker fds: {e}"))?;
+        .map_err(Error::io("register worker fds"))?;
     // Install the connection state and move to a new generation (empty
     // table, no session) before accepting: from its first message on, the
     // frontend meets a fresh device, with no window where frames could reach
     // the previous connection's state.
     let n = sh.connections.load(Ordering::Relaxed) + 1;
     sh.lock_mgmt().reset(
-        sh,
         Some(conn.clone()),
         if n == 1 { "connect" } else { "reconnect" },
     );
-    *sh.conn
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn);
-    let (frontend, _) = public.accept().map_err(|e| format!("accept: {e}"))?;
-    let hook_conn = sh
-        .conn
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clone();
+    sh.set_conn(Some(conn.clone()));
+    let (frontend, _) = public.accept().map_err(Error::io("accept"))?;
+    // The relay tells the enabled-pairs owner about every SET_VRING_ENABLE.
+    let pairs = conn.pairs.clone();
     let relay = attach(
         &mut daemon,
         frontend,
-        hook_conn.map(|c| -> crate::relay::EnableHook {
-            Box::new(move |index, enable| c.note_vring_enable(index, enable))
-        }),
+        Box::new(move |index, enable| pairs.frontend_enable(index, enable)),
     )?;
     sh.connections.fetch_add(1, Ordering::Relaxed);
     sh.connected.store(true, Ordering::Relaxed);
@@ -241,10 +187,9 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), String> {
     for h in &handlers {
         h.send_exit_event();
     }
-    *sh.conn
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-    sh.lock_mgmt().detach();
+    // The management state keeps this connection until the next reset,
+    // so the evictions of that reset still report their hits.
+    sh.set_conn(None);
     match r {
         Ok(())
         | Err(vhost_user_backend::Error::HandleRequest(
@@ -387,21 +332,11 @@ impl MutEventSubscriber for MgmtLoop {
         match events.data() {
             D_LISTEN => self.accept(ops),
             D_SIGNAL => self.on_signal(),
-            D_MGMT_TIMER => {
-                let sh = self.sh.clone();
-                sh.lock_mgmt().on_timer(&sh);
-            }
+            D_MGMT_TIMER => self.sh.lock_mgmt().on_timer(),
             D_POLL => {
                 let _ = self.poll.wait();
                 if let Some(c) = self.sh.current_conn() {
-                    let before = c.enabled_mask.load(Ordering::Relaxed);
-                    c.poll_enabled();
-                    if c.enabled_mask.load(Ordering::Relaxed) != before {
-                        log::info!(
-                            "enabled rx queues now {:#x}",
-                            c.enabled_mask.load(Ordering::Relaxed)
-                        );
-                    }
+                    c.poll();
                 }
             }
             d => self.serve_conn(d, ops),

@@ -4,6 +4,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Size of the id space of filter ids (0..=0xFFFE).
+pub const ID_SPACE: usize = 0xFFFF;
+
 use serde_json::{json, Value};
 
 /// Adds `n` to a counter (relaxed: counters are statistics, not synchronisation).
@@ -109,5 +112,54 @@ impl PeerStats {
             "tap_rx": get(&self.tap_rx),
             "tap_tx_errors": get(&self.tap_tx_errors),
         })
+    }
+}
+
+/// The device's counters: per queue pair, the peer side, and management
+/// replies lost for want of rx buffers.
+pub struct Stats {
+    pub queues: Box<[QueueStats]>,
+    pub peer: PeerStats,
+    pub replies_dropped_no_buffers: AtomicU64,
+}
+
+impl Stats {
+    pub fn new(pairs: usize) -> Self {
+        Self {
+            queues: (0..pairs).map(|_| QueueStats::default()).collect(),
+            peer: PeerStats::default(),
+            replies_dropped_no_buffers: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Per worker, per filter id: frames the worker's replica steered by that
+/// filter (each row written by its worker only).
+pub struct Hits(Box<[Box<[AtomicU64]>]>);
+
+impl Hits {
+    pub fn new(workers: usize) -> Self {
+        Self(
+            (0..workers)
+                .map(|_| (0..ID_SPACE).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
+        )
+    }
+
+    /// One more hit of filter `id` by `worker` (its own row: a plain
+    /// load and store is enough).
+    #[inline]
+    pub fn count(&self, worker: usize, id: u16) {
+        if let Some(h) = self.0.get(worker).and_then(|r| r.get(usize::from(id))) {
+            add_owned(h, 1);
+        }
+    }
+
+    /// Sum over the workers of the hits of filter `id`.
+    pub fn sum(&self, id: u16) -> u64 {
+        self.0
+            .iter()
+            .map(|r| r.get(usize::from(id)).map_or(0, get))
+            .sum()
     }
 }

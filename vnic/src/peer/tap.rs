@@ -6,9 +6,19 @@
 //! (`TUNSETOFFLOAD 0`).
 
 use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::fd::AsRawFd;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+
+use super::Peer;
+use crate::handoff::Router;
+use crate::stats::{add, Stats};
+use crate::virtq::rx::RxBatch;
+use crate::virtq::NET_HDR_LEN;
+
+/// Most frames read from the tap per event.
+const TAP_BUDGET: usize = 256;
 
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
@@ -71,4 +81,71 @@ pub fn open_tap(name: &str, queues: usize) -> io::Result<Vec<File>> {
         out.push(f);
     }
     Ok(out)
+}
+
+/// One worker's queue of the tap.
+pub struct TapPeer {
+    queues: Arc<[File]>,
+    id: usize,
+    stats: Arc<Stats>,
+    buf: Vec<u8>,
+}
+
+impl TapPeer {
+    /// Worker `id`'s queue of `queues` (one per pair, opened by [`open_tap`]).
+    pub fn new(queues: Arc<[File]>, id: usize, stats: Arc<Stats>) -> Self {
+        Self {
+            queues,
+            id,
+            stats,
+            buf: vec![0; NET_HDR_LEN + 65_536],
+        }
+    }
+}
+
+impl Peer for TapPeer {
+    fn fd(&self) -> Option<RawFd> {
+        self.queues.get(self.id).map(AsRawFd::as_raw_fd)
+    }
+
+    fn guest_frame(&mut self, pkt: &mut [u8], _r: &mut Router, _rx: &mut RxBatch<'_>) {
+        let Some(mut tap) = self.queues.get(self.id) else {
+            return;
+        };
+        // We offer no offloads: hand the tap a clean header.
+        pkt[..NET_HDR_LEN].fill(0);
+        // A tap write takes a whole frame or fails: no partial writes.
+        match tap.write_all(pkt) {
+            Ok(()) => add(&self.stats.peer.tap_tx, 1),
+            Err(e) => {
+                add(&self.stats.peer.tap_tx_errors, 1);
+                add(&self.stats.queues[self.id].tx_drops, 1);
+                log::debug!("pair {}: tap write: {e}", self.id);
+            }
+        }
+    }
+
+    fn frames_for_guest(&mut self, r: &mut Router, rx: &mut RxBatch<'_>, fd_event: bool) {
+        if !fd_event {
+            return;
+        }
+        let Some(mut tap) = self.queues.get(self.id) else {
+            return;
+        };
+        for _ in 0..TAP_BUDGET {
+            match tap.read(&mut self.buf) {
+                Ok(n) if n >= NET_HDR_LEN + 14 => {
+                    add(&self.stats.peer.tap_rx, 1);
+                    r.route(rx, &mut self.buf[..n]);
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::warn!("pair {}: tap read: {e}", self.id);
+                    break;
+                }
+            }
+        }
+    }
 }

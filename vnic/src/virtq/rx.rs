@@ -1,28 +1,30 @@
-//! Virtqueue buffer handling for the packet path: filling rx chains (with
-//! `VIRTIO_NET_F_MRG_RXBUF`) and gathering tx chains. Everything the guest
-//! put in a ring is treated as hostile: a chain that cannot be used is
-//! consumed with length 0 and counted, never left in the ring and never
-//! allowed to stop the queue.
+//! Filling rx chains (with `VIRTIO_NET_F_MRG_RXBUF`).
+//!
+//! One delivery algorithm, [`deliver`], over a small ring-access trait
+//! ([`RxAccess`]) with two implementations: [`RxRing`], a batch view of a
+//! split ring resolved to host memory once per batch (the fast path), and
+//! [`QueueAccess`], virtio-queue's per-frame calls for rings that do not sit
+//! in one piece of host memory. [`RxBatch`] is what a worker holds for one
+//! batch of deliveries: it picks the path, and at the end publishes the
+//! batch and decides on one used-buffer notification.
 
 use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
 
+use vhost_user_backend::VringState;
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap,
     GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, Permissions, VolatileSlice,
 };
 
-/// Size of `struct virtio_net_hdr_v1` (VERSION_1 always uses it, with or
-/// without MRG_RXBUF).
-pub const NET_HDR_LEN: usize = 12;
+use super::{used_event_addr, Mem, NET_HDR_LEN};
+
 /// Offset of `num_buffers` in the header.
 const NUM_BUFFERS_OFF: usize = 10;
 /// Most rx chains one frame may span.
 pub const MAX_BUFS_PER_FRAME: usize = 64;
-/// Largest tx chain accepted (header + 64 KiB frame).
-pub const MAX_TX_LEN: usize = NET_HDR_LEN + 65_536;
 
 /// What became of a frame offered to an rx queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,107 +37,78 @@ pub enum RxOutcome {
     TooBig,
 }
 
-/// Writes `pkt` (12-byte virtio-net header space followed by the frame) into
-/// rx chains of `queue`. The header is written as all zero except
-/// `num_buffers`. `bad` is incremented for each unusable chain (consumed with
-/// length 0). Used-ring entries are added but the guest is not notified: the
-/// caller calls `needs_notification` once per batch.
-pub fn deliver<M: GuestMemory>(
-    queue: &mut Queue,
-    mem: &M,
-    pkt: &mut [u8],
-    mrg: bool,
-    bad: &mut u64,
-) -> RxOutcome {
+/// A chain that cannot be used: a descriptor outside guest memory or
+/// read-only, a broken link or loop, a bad indirect table, no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadChain;
+
+/// What [`deliver`] needs of an rx ring.
+pub trait RxAccess {
+    /// A chain taken from the ring, to be filled.
+    type Chain;
+    /// Takes the next available chain: its head index and the chain;
+    /// `None` when the ring holds no more.
+    fn pop(&mut self) -> Option<(u16, Self::Chain)>;
+    /// Puts back the last `n` chains taken.
+    fn unpop(&mut self, n: usize);
+    /// Writes `src[*off..]` into `chain` from the chain's start, advancing
+    /// `*off`, and validates the whole chain even when the frame ends
+    /// early. `nb`: guest addresses of the two `num_buffers` bytes,
+    /// recorded where they are written.
+    fn fill(
+        &mut self,
+        chain: Self::Chain,
+        src: &[u8],
+        off: &mut usize,
+        nb: &mut [Option<GuestAddress>; 2],
+    ) -> Result<(), BadChain>;
+    /// Adds a used-ring entry (published per the implementation's rules).
+    fn add_used(&mut self, head: u16, len: u32);
+    /// Writes `bytes` at guest address `at`.
+    fn write(&mut self, bytes: &[u8], at: GuestAddress);
+}
+
+/// Writes `pkt` (12-byte virtio-net header space followed by the frame)
+/// into rx chains of `r`. The header is written as all zero except
+/// `num_buffers`. `bad` is incremented for each unusable chain (consumed
+/// with length 0; the frame then starts over on the next chain). Used-ring
+/// entries are added but the guest is not notified: the caller decides on
+/// one notification per batch ([`needs_notification`]).
+pub fn deliver<R: RxAccess>(r: &mut R, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
     debug_assert!(pkt.len() >= NET_HDR_LEN);
     pkt[..NET_HDR_LEN].fill(0);
     // num_buffers = 1 is the common case, patched later when more are used.
     pkt[NUM_BUFFERS_OFF] = 1;
     let total = pkt.len();
     let max_bufs = if mrg { MAX_BUFS_PER_FRAME } else { 1 };
-    let qsize = usize::from(queue.size());
-
-    // (head, bytes written) of the chains taken for this frame, in order:
-    // inline for the common case, spilled to the heap past 8 chains.
+    // (head, bytes written) of the chains taken for this frame, in order.
     let mut used = Used::default();
     let mut nused = 0usize;
-    // Guest addresses of the two num_buffers bytes.
     let mut nb_addr: [Option<GuestAddress>; 2] = [None, None];
     let mut off = 0usize;
-
     while off < total {
         if nused == max_bufs {
-            undo(queue, nused);
+            r.unpop(nused);
             return RxOutcome::TooBig;
         }
-        let Some(chain) = queue.pop_descriptor_chain(mem) else {
-            undo(queue, nused);
+        let Some((head, chain)) = r.pop() else {
+            r.unpop(nused);
             return RxOutcome::NoBuffers;
         };
-        let head = chain.head_index();
         let start = off;
-        let mut ok = true;
-        let mut ndesc = 0usize;
-        let mut last_next = false;
-        // Walk the whole chain even once the frame is written: a chain that
-        // is broken further on (loop, next out of range, bad indirect table,
-        // descriptor outside memory) is rejected as a whole.
-        for desc in chain {
-            ndesc += 1;
-            last_next = desc.has_next();
-            let len = desc.len() as usize;
-            if !desc.is_write_only() {
-                ok = false;
-                break;
-            }
-            // One walk over the descriptor's memory validates all of it and
-            // writes the part of the frame that goes there.
-            let mut doff = 0usize;
-            let Ok(slices) = mem.get_slices(desc.addr(), len, Permissions::Write) else {
-                ok = false;
-                break;
-            };
-            for slice in slices {
-                let Ok(slice) = slice else {
-                    ok = false;
-                    break;
-                };
-                let n = slice.len().min(total - off);
-                if n > 0 {
-                    slice.copy_from(&pkt[off..off + n]);
-                    for (i, slot) in nb_addr.iter_mut().enumerate() {
-                        let b = NUM_BUFFERS_OFF + i;
-                        if slot.is_none() && b >= off && b < off + n {
-                            *slot = desc.addr().checked_add((doff + b - off) as u64);
-                        }
-                    }
-                    off += n;
-                }
-                doff += slice.len();
-            }
-            if !ok {
-                break;
-            }
-        }
-        // The iterator ends silently on a broken link: a last descriptor that
-        // still says NEXT means the chain was cut short.
-        // Longer than the ring (possible through an indirect table): invalid.
-        if last_next || ndesc > qsize {
-            ok = false;
-        }
-        // The first chain must at least hold the whole header.
-        if ok && (ndesc == 0 || off == start || (nused == 0 && off < NET_HDR_LEN.min(total))) {
-            ok = false;
-        }
+        let res = r.fill(chain, pkt, &mut off, &mut nb_addr);
+        // The first chain must at least hold the whole header; every
+        // chain must take some of the frame.
+        let ok = res.is_ok() && off != start && !(nused == 0 && off < NET_HDR_LEN.min(total));
         if !ok {
-            // Unusable chain. Give back what was already taken for this frame
-            // as zero-length completions first (used-ring order must stay the
-            // pop order), then the bad chain, and start the frame over.
+            // Unusable chain. Give back what was already taken for this
+            // frame as zero-length completions first (used-ring order must
+            // stay the pop order), then the bad chain, and start over.
             *bad += 1;
             for &(h, _) in used.as_slice(nused) {
-                let _ = queue.add_used(mem, h, 0);
+                r.add_used(h, 0);
             }
-            let _ = queue.add_used(mem, head, 0);
+            r.add_used(head, 0);
             nused = 0;
             nb_addr = [None, None];
             off = 0;
@@ -144,17 +117,16 @@ pub fn deliver<M: GuestMemory>(
         used.push(nused, (head, (off - start) as u32));
         nused += 1;
     }
-
     if nused > 1 {
         let nb = (nused as u16).to_le_bytes();
         for (i, a) in nb_addr.iter().enumerate() {
             if let Some(a) = a {
-                let _ = mem.write_slice(&nb[i..=i], *a);
+                r.write(&nb[i..=i], *a);
             }
         }
     }
     for &(h, len) in used.as_slice(nused) {
-        let _ = queue.add_used(mem, h, len);
+        r.add_used(h, len);
     }
     RxOutcome::Delivered {
         buffers: nused as u16,
@@ -190,21 +162,93 @@ impl Used {
     }
 }
 
-fn undo(queue: &mut Queue, n: usize) {
-    for _ in 0..n {
-        queue.go_to_previous_position();
+/// virtio-queue's per-frame path: every call goes through the queue and a
+/// guest-memory lookup (the fallback when [`RxRing::open`] cannot resolve
+/// the rings). Used entries are added with `Queue::add_used`.
+pub struct QueueAccess<'a, M: GuestMemory> {
+    pub queue: &'a mut Queue,
+    pub mem: &'a M,
+}
+
+impl<'a, M: GuestMemory> RxAccess for QueueAccess<'a, M> {
+    type Chain = DescriptorChain<&'a M>;
+
+    fn pop(&mut self) -> Option<(u16, Self::Chain)> {
+        let chain = self.queue.pop_descriptor_chain(self.mem)?;
+        Some((chain.head_index(), chain))
+    }
+
+    fn unpop(&mut self, n: usize) {
+        for _ in 0..n {
+            self.queue.go_to_previous_position();
+        }
+    }
+
+    fn fill(
+        &mut self,
+        chain: Self::Chain,
+        src: &[u8],
+        off: &mut usize,
+        nb: &mut [Option<GuestAddress>; 2],
+    ) -> Result<(), BadChain> {
+        let total = src.len();
+        let qsize = usize::from(self.queue.size());
+        let mut ndesc = 0usize;
+        let mut last_next = false;
+        // Walk the whole chain even once the frame is written: a chain that
+        // is broken further on (loop, next out of range, bad indirect
+        // table, descriptor outside memory) is rejected as a whole.
+        for desc in chain {
+            ndesc += 1;
+            last_next = desc.has_next();
+            let len = desc.len() as usize;
+            if !desc.is_write_only() {
+                return Err(BadChain);
+            }
+            // One walk over the descriptor's memory validates all of it and
+            // writes the part of the frame that goes there.
+            let mut doff = 0usize;
+            let slices = self
+                .mem
+                .get_slices(desc.addr(), len, Permissions::Write)
+                .map_err(|_| BadChain)?;
+            for slice in slices {
+                let slice = slice.map_err(|_| BadChain)?;
+                let n = slice.len().min(total - *off);
+                if n > 0 {
+                    slice.copy_from(&src[*off..*off + n]);
+                    for (i, slot) in nb.iter_mut().enumerate() {
+                        let b = NUM_BUFFERS_OFF + i;
+                        if slot.is_none() && b >= *off && b < *off + n {
+                            *slot = desc.addr().checked_add((doff + b - *off) as u64);
+                        }
+                    }
+                    *off += n;
+                }
+                doff += slice.len();
+            }
+        }
+        // The iterator ends silently on a broken link: a last descriptor
+        // that still says NEXT means the chain was cut short. Longer than
+        // the ring (possible through an indirect table): invalid.
+        if ndesc == 0 || last_next || ndesc > qsize {
+            return Err(BadChain);
+        }
+        Ok(())
+    }
+
+    fn add_used(&mut self, head: u16, len: u32) {
+        let _ = self.queue.add_used(self.mem, head, len);
+    }
+
+    fn write(&mut self, bytes: &[u8], at: GuestAddress) {
+        let _ = self.mem.write_slice(bytes, at);
     }
 }
 
 /// Used entries published at most this many at a time while a batch runs
 /// (the driver can consume the first ones while the device writes more).
 const PUBLISH_EVERY: u16 = 64;
-
-/// Why a chain cannot be used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ChainError {
-    Bad,
-}
 
 /// Host view of one split rx virtqueue for one batch of frames: the
 /// descriptor table, avail ring and used ring are resolved to host memory
@@ -222,8 +266,7 @@ enum ChainError {
 /// decide on used-buffer notifications with [`needs_notification`], never
 /// with `Queue::needs_notification`.
 ///
-/// Every check of the per-frame path of [`deliver`] applies (see there):
-/// hostile chains are consumed with length 0 and counted.
+/// Frames go in through [`deliver`], as on the per-frame path.
 pub struct RxRing<'a> {
     mem: &'a GuestMemoryMmap,
     desc: VolatileSlice<'a, ()>,
@@ -242,7 +285,7 @@ pub struct RxRing<'a> {
 impl<'a> RxRing<'a> {
     /// Resolves the rings of `q`. `None` when the queue is not ready, its
     /// size is not a power of two, or a ring area is not one contiguous
-    /// piece of host memory: the caller then uses [`deliver`] per frame.
+    /// piece of host memory: the caller then uses [`QueueAccess`].
     pub fn open(q: &Queue, mem: &'a GuestMemoryMmap) -> Option<Self> {
         let size = q.size();
         if !q.ready() || size == 0 || !size.is_power_of_two() {
@@ -324,22 +367,6 @@ impl<'a> RxRing<'a> {
         Some(head)
     }
 
-    fn unpop(&mut self, n: usize) {
-        self.next_avail -= Wrapping(n as u16);
-    }
-
-    fn add_used(&mut self, head: u16, len: u32) {
-        let slot = usize::from(self.next_used.0 & (self.size - 1));
-        let mut e = [0u8; 8];
-        e[..4].copy_from_slice(&u32::from(head).to_le_bytes());
-        e[4..].copy_from_slice(&len.to_le_bytes());
-        let _ = self.used.write_slice(&e, 4 + 8 * slot);
-        self.next_used += Wrapping(1);
-        if (self.next_used - self.published).0 >= PUBLISH_EVERY {
-            self.publish();
-        }
-    }
-
     /// Host memory of `len` bytes at `addr` when they lie in one region.
     fn buffer(&mut self, addr: GuestAddress, len: usize) -> Option<VolatileSlice<'a, ()>> {
         let r = match self.region {
@@ -354,17 +381,13 @@ impl<'a> RxRing<'a> {
         r.get_slice(MemoryRegionAddress(off), len).ok()
     }
 
-    /// Walks chain `head`, writing `src[*off..]` into its buffers (from
-    /// the start of the chain) and advancing `*off`. Validates the whole
-    /// chain even when the frame ends early. `nb`: guest addresses of the
-    /// `num_buffers` bytes, recorded when they are written here.
     fn fill_chain(
         &mut self,
         head: u16,
         src: &[u8],
         off: &mut usize,
         nb: &mut [Option<GuestAddress>; 2],
-    ) -> Result<(), ChainError> {
+    ) -> Result<(), BadChain> {
         let total = src.len();
         let mut table = self.desc;
         let mut table_len = self.size;
@@ -377,16 +400,16 @@ impl<'a> RxRing<'a> {
         let mut copied: Vec<u8> = Vec::new();
         loop {
             if idx >= table_len {
-                return Err(ChainError::Bad);
+                return Err(BadChain);
             }
             let d: Descriptor = table
                 .read_obj(16 * usize::from(idx))
-                .map_err(|_| ChainError::Bad)?;
+                .map_err(|_| BadChain)?;
             if d.refers_to_indirect_table() {
                 // One level only; a table of whole descriptors.
                 if indirect || !d.len().is_multiple_of(16) || d.len() == 0 || d.len() / 16 > 0xFFFF
                 {
-                    return Err(ChainError::Bad);
+                    return Err(BadChain);
                 }
                 let len = d.len() as usize;
                 table = if let Ok(t) = self.mem.get_slice(d.addr(), len) {
@@ -395,7 +418,7 @@ impl<'a> RxRing<'a> {
                     copied.resize(len, 0);
                     self.mem
                         .read_slice(&mut copied, d.addr())
-                        .map_err(|_| ChainError::Bad)?;
+                        .map_err(|_| BadChain)?;
                     VolatileSlice::from(copied.as_mut_slice())
                 };
                 table_len = (len / 16) as u16;
@@ -406,9 +429,9 @@ impl<'a> RxRing<'a> {
             }
             ndesc += 1;
             if !d.is_write_only() {
-                return Err(ChainError::Bad);
+                return Err(BadChain);
             }
-            bytes = bytes.checked_add(d.len()).ok_or(ChainError::Bad)?;
+            bytes = bytes.checked_add(d.len()).ok_or(BadChain)?;
             let len = d.len() as usize;
             let n = len.min(total - *off);
             if let Some(buf) = self.buffer(d.addr(), len) {
@@ -420,9 +443,9 @@ impl<'a> RxRing<'a> {
                 // write) it piece by piece.
                 let mut done = 0usize;
                 let slices = GuestMemory::get_slices(self.mem, d.addr(), len, Permissions::Write)
-                    .map_err(|_| ChainError::Bad)?;
+                    .map_err(|_| BadChain)?;
                 for slice in slices {
-                    let slice = slice.map_err(|_| ChainError::Bad)?;
+                    let slice = slice.map_err(|_| BadChain)?;
                     let k = slice.len().min(n.saturating_sub(done));
                     if k > 0 {
                         slice.copy_from(&src[*off + done..*off + done + k]);
@@ -430,7 +453,7 @@ impl<'a> RxRing<'a> {
                     done += slice.len();
                 }
                 if done != len {
-                    return Err(ChainError::Bad);
+                    return Err(BadChain);
                 }
             }
             if n > 0 {
@@ -448,74 +471,52 @@ impl<'a> RxRing<'a> {
             ttl -= 1;
             if ttl == 0 {
                 // A loop, or a chain longer than its table.
-                return Err(ChainError::Bad);
+                return Err(BadChain);
             }
             idx = d.next();
         }
         if ndesc > usize::from(self.size) {
-            return Err(ChainError::Bad);
+            return Err(BadChain);
         }
         Ok(())
     }
+}
 
-    /// [`deliver`] on this ring: same outcome, counters and used entries.
-    pub fn deliver(&mut self, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
-        debug_assert!(pkt.len() >= NET_HDR_LEN);
-        pkt[..NET_HDR_LEN].fill(0);
-        pkt[NUM_BUFFERS_OFF] = 1;
-        let total = pkt.len();
-        let max_bufs = if mrg { MAX_BUFS_PER_FRAME } else { 1 };
-        let mut used = Used::default();
-        let mut nused = 0usize;
-        let mut nb_addr: [Option<GuestAddress>; 2] = [None, None];
-        let mut off = 0usize;
-        while off < total {
-            if nused == max_bufs {
-                self.unpop(nused);
-                return RxOutcome::TooBig;
-            }
-            let Some(head) = self.pop_head() else {
-                self.unpop(nused);
-                return RxOutcome::NoBuffers;
-            };
-            let start = off;
-            let r = self.fill_chain(head, pkt, &mut off, &mut nb_addr);
-            // The first chain must at least hold the whole header; every
-            // chain must take some of the frame.
-            let ok = r.is_ok() && off != start && !(nused == 0 && off < NET_HDR_LEN.min(total));
-            if !ok {
-                // As in `deliver`: give back what this frame took as
-                // zero-length completions (pop order), then the bad chain,
-                // and start the frame over.
-                *bad += 1;
-                for i in 0..nused {
-                    let h = used.as_slice(nused)[i].0;
-                    self.add_used(h, 0);
-                }
-                self.add_used(head, 0);
-                nused = 0;
-                nb_addr = [None, None];
-                off = 0;
-                continue;
-            }
-            used.push(nused, (head, (off - start) as u32));
-            nused += 1;
+impl RxAccess for RxRing<'_> {
+    type Chain = u16;
+
+    fn pop(&mut self) -> Option<(u16, u16)> {
+        self.pop_head().map(|h| (h, h))
+    }
+
+    fn unpop(&mut self, n: usize) {
+        self.next_avail -= Wrapping(n as u16);
+    }
+
+    fn fill(
+        &mut self,
+        head: u16,
+        src: &[u8],
+        off: &mut usize,
+        nb: &mut [Option<GuestAddress>; 2],
+    ) -> Result<(), BadChain> {
+        self.fill_chain(head, src, off, nb)
+    }
+
+    fn add_used(&mut self, head: u16, len: u32) {
+        let slot = usize::from(self.next_used.0 & (self.size - 1));
+        let mut e = [0u8; 8];
+        e[..4].copy_from_slice(&u32::from(head).to_le_bytes());
+        e[4..].copy_from_slice(&len.to_le_bytes());
+        let _ = self.used.write_slice(&e, 4 + 8 * slot);
+        self.next_used += Wrapping(1);
+        if (self.next_used - self.published).0 >= PUBLISH_EVERY {
+            self.publish();
         }
-        if nused > 1 {
-            let nb = (nused as u16).to_le_bytes();
-            for (i, a) in nb_addr.iter().enumerate() {
-                if let Some(a) = a {
-                    let _ = self.mem.write_slice(&nb[i..=i], *a);
-                }
-            }
-        }
-        for i in 0..nused {
-            let (h, len) = used.as_slice(nused)[i];
-            self.add_used(h, len);
-        }
-        RxOutcome::Delivered {
-            buffers: nused as u16,
-        }
+    }
+
+    fn write(&mut self, bytes: &[u8], at: GuestAddress) {
+        let _ = self.mem.write_slice(bytes, at);
     }
 }
 
@@ -531,7 +532,7 @@ pub fn needs_notification<M: GuestMemory>(q: &Queue, mem: &M, old: u16) -> bool 
         return true;
     }
     let new = Wrapping(q.next_used());
-    let Some(addr) = GuestAddress(q.avail_ring()).checked_add(4 + 2 * u64::from(q.size())) else {
+    let Some(addr) = used_event_addr(q) else {
         return true;
     };
     let Ok(ev) = mem.load::<u16>(addr, Ordering::Relaxed) else {
@@ -541,59 +542,106 @@ pub fn needs_notification<M: GuestMemory>(q: &Queue, mem: &M, old: u16) -> bool 
     (new - ev - Wrapping(1)) < (new - Wrapping(old))
 }
 
-/// Result of gathering one tx chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TxChain {
-    /// `len` bytes (header included) gathered into the buffer.
-    Ok { len: usize },
-    /// Unusable chain (write-only descriptor, address outside guest memory,
-    /// longer than [`MAX_TX_LEN`], shorter than the header, or cut short by
-    /// a broken link).
-    Bad,
+/// A worker's rx queue during one batch of deliveries (taken with the
+/// vring's lock held for the whole batch): the fast ring view when the
+/// rings resolve to host memory, the per-frame virtio-queue path otherwise.
+pub struct RxBatch<'m> {
+    vring: &'m mut VringState<Mem>,
+    mem: &'m GuestMemoryMmap,
+    ring: Option<RxRing<'m>>,
+    /// The queue is enabled and started (cannot change while the lock is held).
+    ready: bool,
+    /// Used index when the batch started: the notification window.
+    start_used: u16,
 }
 
-/// Pops one tx chain, copies its readable bytes into `buf` (resized as
-/// needed up to [`MAX_TX_LEN`]), and completes it with length 0. Returns
-/// `None` when the ring is empty.
-pub fn gather_tx<M: GuestMemory>(queue: &mut Queue, mem: &M, buf: &mut Vec<u8>) -> Option<TxChain> {
-    let qsize = usize::from(queue.size());
-    let chain = queue.pop_descriptor_chain(mem)?;
-    let head = chain.head_index();
-    let mut off = 0usize;
-    let mut ok = true;
-    let mut ndesc = 0usize;
-    let mut last_next = false;
-    for desc in chain {
-        ndesc += 1;
-        last_next = desc.has_next();
-        if desc.is_write_only() {
-            ok = false;
-            break;
+impl<'m> RxBatch<'m> {
+    pub fn open(vring: &'m mut VringState<Mem>, mem: &'m GuestMemoryMmap) -> Self {
+        let ready = vring.is_enabled() && vring.get_queue().ready();
+        let q = vring.get_queue();
+        let start_used = q.next_used();
+        let ring = if ready { RxRing::open(q, mem) } else { None };
+        Self {
+            vring,
+            mem,
+            ring,
+            ready,
+            start_used,
         }
-        let len = desc.len() as usize;
-        if off + len > MAX_TX_LEN {
-            ok = false;
-            break;
-        }
-        if buf.len() < off + len {
-            buf.resize(off + len, 0);
-        }
-        if mem
-            .read_slice(&mut buf[off..off + len], desc.addr())
-            .is_err()
-        {
-            ok = false;
-            break;
-        }
-        off += len;
     }
-    let _ = queue.add_used(mem, head, 0);
-    // Broken link (loop, next out of range, bad indirect table), nothing in
-    // it, or not even a virtio-net header: unusable.
-    if !ok || ndesc == 0 || ndesc > qsize || last_next || off < NET_HDR_LEN {
-        return Some(TxChain::Bad);
+
+    /// Whether the queue is enabled and started.
+    pub fn ready(&self) -> bool {
+        self.ready
     }
-    Some(TxChain::Ok { len: off })
+
+    /// Delivers `pkt` (header space + frame) on this queue (see [`deliver`]).
+    pub fn deliver(&mut self, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
+        match &mut self.ring {
+            Some(r) => deliver(r, pkt, mrg, bad),
+            None => deliver(
+                &mut QueueAccess {
+                    queue: self.vring.get_queue_mut(),
+                    mem: self.mem,
+                },
+                pkt,
+                mrg,
+                bad,
+            ),
+        }
+    }
+
+    /// Ends the batch: publishes what it added, interrupts the driver if
+    /// it asked for it (`added`: the batch used chains), and when the queue
+    /// ran out of buffers (`nobufs`) asks the driver for a kick. Returns
+    /// true when the worker must come back at once: with EVENT_IDX, buffers
+    /// the driver added before it saw the new `avail_event` raise no kick.
+    /// `retry_avail` keeps that to once per avail index (a ring holding too
+    /// few buffers for the frame also reads as "more arrived", and must not
+    /// spin).
+    pub fn finish(
+        mut self,
+        pair: usize,
+        added: bool,
+        nobufs: bool,
+        retry_avail: &mut Option<Wrapping<u16>>,
+    ) -> bool {
+        if let Some(r) = self.ring.take() {
+            r.finish(self.vring.get_queue_mut());
+        }
+        let rx = &mut *self.vring;
+        if added {
+            let r = needs_notification(rx.get_queue(), self.mem, self.start_used);
+            log::trace!(
+                "pair {pair}: rx used {} needs_notification {r:?} call {}",
+                rx.get_queue().next_used(),
+                rx.get_call().is_some()
+            );
+            if r {
+                if let Err(e) = rx.signal_used_queue() {
+                    log::debug!("pair {pair}: rx signal: {e}");
+                }
+            }
+        }
+        if !(nobufs && rx.is_enabled() && rx.get_queue().ready()) {
+            return false;
+        }
+        match rx.enable_notification() {
+            Ok(false) => false,
+            Ok(true) => {
+                let avail = rx.get_queue().avail_idx(self.mem, Ordering::Acquire).ok();
+                if avail.is_some() && avail != *retry_avail {
+                    *retry_avail = avail;
+                    return true;
+                }
+                false
+            }
+            Err(e) => {
+                log::debug!("pair {pair}: rx enable_notification: {e}");
+                false
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -642,14 +690,24 @@ mod tests {
         bad: &mut u64,
     ) -> RxOutcome {
         let mut r = RxRing::open(q, m).expect("rings resolve");
-        let out = r.deliver(pkt, mrg, bad);
+        let out = deliver(&mut r, pkt, mrg, bad);
         r.finish(q);
         out
     }
 
-    /// Both paths: the per-frame virtio-queue one and the batch ring view.
-    const PATHS: [(&str, DeliverFn); 2] =
-        [("deliver", deliver::<GuestMemoryMmap>), ("RxRing", fast)];
+    /// One frame through the per-frame virtio-queue path.
+    fn per_frame(
+        q: &mut Queue,
+        m: &GuestMemoryMmap,
+        pkt: &mut [u8],
+        mrg: bool,
+        bad: &mut u64,
+    ) -> RxOutcome {
+        deliver(&mut QueueAccess { queue: q, mem: m }, pkt, mrg, bad)
+    }
+
+    /// Both ring accesses under the one algorithm.
+    const PATHS: [(&str, DeliverFn); 2] = [("QueueAccess", per_frame), ("RxRing", fast)];
 
     fn used_idx(m: &GuestMemoryMmap, mq: &MockSplitQueue<'_, GuestMemoryMmap>) -> u16 {
         m.read_obj::<u16>(mq.used_addr().checked_add(2).unwrap())
@@ -909,7 +967,7 @@ mod tests {
         let outs: Vec<RxOutcome> = (0..8)
             .map(|i| {
                 let mut pkt = vec![i as u8; NET_HDR_LEN + 60];
-                r.deliver(&mut pkt, true, &mut bad)
+                deliver(&mut r, &mut pkt, true, &mut bad)
             })
             .collect();
         let delivered = outs
@@ -936,7 +994,7 @@ mod tests {
             } else {
                 RxOutcome::NoBuffers
             };
-            assert_eq!(r.deliver(&mut pkt, true, &mut bad), want);
+            assert_eq!(deliver(&mut r, &mut pkt, true, &mut bad), want);
         }
         assert_eq!(r.finish(&mut q), 8);
         assert_eq!(used_idx(&m, &mq), 8);
@@ -958,12 +1016,15 @@ mod tests {
         let mut small = vec![1u8; NET_HDR_LEN + 60];
         let mut big = vec![2u8; NET_HDR_LEN + 1500];
         assert_eq!(
-            r.deliver(&mut small, true, &mut bad),
+            deliver(&mut r, &mut small, true, &mut bad),
             RxOutcome::Delivered { buffers: 1 }
         );
-        assert_eq!(r.deliver(&mut big, true, &mut bad), RxOutcome::NoBuffers);
         assert_eq!(
-            r.deliver(&mut small, true, &mut bad),
+            deliver(&mut r, &mut big, true, &mut bad),
+            RxOutcome::NoBuffers
+        );
+        assert_eq!(
+            deliver(&mut r, &mut small, true, &mut bad),
             RxOutcome::Delivered { buffers: 1 }
         );
         r.finish(&mut q);
@@ -983,7 +1044,7 @@ mod tests {
         for _ in 0..usize::from(PUBLISH_EVERY) + 6 {
             let mut pkt = vec![3u8; NET_HDR_LEN + 60];
             assert_eq!(
-                r.deliver(&mut pkt, true, &mut bad),
+                deliver(&mut r, &mut pkt, true, &mut bad),
                 RxOutcome::Delivered { buffers: 1 }
             );
         }
@@ -1073,36 +1134,5 @@ mod tests {
         // Nothing added: never.
         m.write_obj(4u16, used_event).unwrap();
         assert!(!needs_notification(&q, &m, 5));
-    }
-
-    #[test]
-    fn tx_gathers_chain_and_rejects_writable() {
-        let m = mem();
-        let mq = MockSplitQueue::new(&m, 16);
-        m.write_slice(&[9u8; 12], GuestAddress(BUF)).unwrap();
-        m.write_slice(&[5u8; 60], GuestAddress(BUF + 0x1000))
-            .unwrap();
-        let descs = [
-            RawDescriptor::from(SplitDescriptor::new(BUF, 12, VRING_DESC_F_NEXT as u16, 1)),
-            RawDescriptor::from(SplitDescriptor::new(BUF + 0x1000, 60, 0, 0)),
-            RawDescriptor::from(SplitDescriptor::new(
-                BUF + 0x2000,
-                60,
-                VRING_DESC_F_WRITE as u16,
-                0,
-            )),
-        ];
-        mq.build_multiple_desc_chains(&descs).unwrap();
-        let mut q: Queue = mq.create_queue().unwrap();
-        let mut buf = Vec::new();
-        assert_eq!(
-            gather_tx(&mut q, &m, &mut buf),
-            Some(TxChain::Ok { len: 72 })
-        );
-        assert_eq!(&buf[..12], &[9u8; 12]);
-        assert_eq!(&buf[12..72], &[5u8; 60]);
-        assert_eq!(gather_tx(&mut q, &m, &mut buf), Some(TxChain::Bad));
-        assert_eq!(gather_tx(&mut q, &m, &mut buf), None);
-        assert_eq!(q.next_used(), 2);
     }
 }

@@ -1,8 +1,6 @@
-//! The built-in generator peer: answers ARP and ICMP echo for its address,
-//! sinks everything else the guest sends, and sends UDP flow sets towards
-//! the guest. Frames are built by the worker threads themselves (each flow
-//! set's tuples are partitioned over the workers), so generation scales
-//! with the pairs and needs no extra thread.
+//! The generator's flow sets: what the control socket starts (`gen start`),
+//! how a set's tuples and rate are shared among the workers, and the
+//! prebuilt headers of each worker's share ([`local_sets`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -338,103 +336,9 @@ pub fn checksum(parts: &[&[u8]], init: u32) -> u16 {
     !(sum as u16)
 }
 
-/// What the responder did with a frame from the guest.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Response {
-    /// An ARP reply was written to `out`.
-    Arp,
-    /// An ICMP echo reply was written to `out`.
-    Echo,
-    /// Nothing to answer: sunk.
-    Sink,
-}
-
-/// Answers ARP requests and ICMP echo requests for `my_ip`.
-pub fn respond(frame: &[u8], my_ip: Ipv4Addr, my_mac: [u8; 6], out: &mut Vec<u8>) -> Response {
-    if frame.len() < 14 {
-        return Response::Sink;
-    }
-    let et = u16::from_be_bytes([frame[12], frame[13]]);
-    if et == ETH_P_ARP && frame.len() >= 42 {
-        let a = &frame[14..42];
-        // Ethernet/IPv4 request for my address.
-        if a[0..2] == [0, 1]
-            && a[2..4] == [8, 0]
-            && a[4] == 6
-            && a[5] == 4
-            && a[6..8] == [0, 1]
-            && a[24..28] == my_ip.octets()
-        {
-            out.clear();
-            out.resize(60, 0);
-            out[0..6].copy_from_slice(&a[8..14]);
-            out[6..12].copy_from_slice(&my_mac);
-            out[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
-            let r = &mut out[14..42];
-            r[0..6].copy_from_slice(&[0, 1, 8, 0, 6, 4]);
-            r[6..8].copy_from_slice(&[0, 2]);
-            r[8..14].copy_from_slice(&my_mac);
-            r[14..18].copy_from_slice(&my_ip.octets());
-            r[18..24].copy_from_slice(&a[8..14]);
-            r[24..28].copy_from_slice(&a[14..18]);
-            return Response::Arp;
-        }
-        return Response::Sink;
-    }
-    if et == ETH_P_IP && frame.len() >= 34 {
-        let ip = &frame[14..];
-        let ihl = usize::from(ip[0] & 0x0f) * 4;
-        let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
-        if ip[0] >> 4 != 4
-            || ihl < 20
-            || tot < ihl + 8
-            || tot > ip.len()
-            || ip[9] != 1
-            || frag != 0
-            || ip[16..20] != my_ip.octets()
-        {
-            return Response::Sink;
-        }
-        if frame[0..6] != my_mac && frame[0] & 1 == 0 {
-            return Response::Sink;
-        }
-        let icmp = &ip[ihl..tot];
-        if icmp[0] != 8 || icmp[1] != 0 {
-            return Response::Sink;
-        }
-        out.clear();
-        out.extend_from_slice(&frame[..14 + tot]);
-        out[0..6].copy_from_slice(&frame[6..12]);
-        out[6..12].copy_from_slice(&my_mac);
-        let oip = &mut out[14..14 + tot];
-        let (s, d) = (
-            [ip[12], ip[13], ip[14], ip[15]],
-            [ip[16], ip[17], ip[18], ip[19]],
-        );
-        oip[12..16].copy_from_slice(&d);
-        oip[16..20].copy_from_slice(&s);
-        oip[8] = 64;
-        oip[10..12].fill(0);
-        let c = checksum(&[&oip[..ihl]], 0);
-        oip[10..12].copy_from_slice(&c.to_be_bytes());
-        let ic = &mut oip[ihl..];
-        ic[0] = 0;
-        ic[2..4].fill(0);
-        let c = checksum(&[ic], 0);
-        ic[2..4].copy_from_slice(&c.to_be_bytes());
-        if out.len() < 60 {
-            out.resize(60, 0);
-        }
-        return Response::Echo;
-    }
-    Response::Sink
-}
-
 /// A worker's share of one flow set.
 pub struct LocalSet {
     pub set: Arc<FlowSet>,
-    pub tuples: Vec<Tuple>,
     /// Prebuilt headers, one per tuple (`hdr_len` bytes each).
     pub headers: Vec<[u8; 62]>,
     pub hdr_len: usize,
@@ -489,7 +393,6 @@ pub fn local_sets(
             .collect();
         out.push(LocalSet {
             set: s.clone(),
-            tuples,
             headers,
             hdr_len,
             remaining,
@@ -624,48 +527,5 @@ mod tests {
             ..Default::default()
         })
         .contains("sport"));
-    }
-
-    #[test]
-    fn arp_and_ping() {
-        let me = gen_ip();
-        let mac = [2, 0, 0, 0, 0, 9];
-        let guest_mac = [2, 0, 0, 0, 0, 1];
-        let mut arp = vec![0u8; 42];
-        arp[0..6].copy_from_slice(&[0xff; 6]);
-        arp[6..12].copy_from_slice(&guest_mac);
-        arp[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
-        arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-        arp[22..28].copy_from_slice(&guest_mac);
-        arp[28..32].copy_from_slice(&guest_ip().octets());
-        arp[38..42].copy_from_slice(&me.octets());
-        let mut out = Vec::new();
-        assert_eq!(respond(&arp, me, mac, &mut out), Response::Arp);
-        assert_eq!(&out[0..6], &guest_mac);
-        assert_eq!(&out[22..28], &mac);
-        assert_eq!(&out[28..32], &me.octets());
-        // ICMP echo request
-        let mut f = vec![0u8; 14 + 20 + 16];
-        f[0..6].copy_from_slice(&mac);
-        f[6..12].copy_from_slice(&guest_mac);
-        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
-        f[14] = 0x45;
-        f[16..18].copy_from_slice(&36u16.to_be_bytes());
-        f[22] = 64;
-        f[23] = 1;
-        f[26..30].copy_from_slice(&guest_ip().octets());
-        f[30..34].copy_from_slice(&me.octets());
-        f[34] = 8;
-        f[38..42].copy_from_slice(&[0, 7, 0, 1]);
-        let c = checksum(&[&f[34..50]], 0);
-        f[36..38].copy_from_slice(&c.to_be_bytes());
-        assert_eq!(respond(&f, me, mac, &mut out), Response::Echo);
-        assert_eq!(out[34], 0);
-        assert_eq!(&out[30..34], &guest_ip().octets());
-        assert_eq!(checksum(&[&out[14..34]], 0), 0);
-        assert_eq!(checksum(&[&out[34..50]], 0), 0);
-        // Not for me: sunk.
-        f[33] = 99;
-        assert_eq!(respond(&f, me, mac, &mut out), Response::Sink);
     }
 }

@@ -1,0 +1,116 @@
+//! Daemon-wide state: what lives as long as `vnic serve` (configuration,
+//! counters, the management state behind its mutex, the generator's flow
+//! sets, the trace writer, the tap queues, the current connection).
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use arfs::{TableConfig, TraceRecord, DEFAULT_KEY};
+
+use crate::clock::{initial_generation, now_ns};
+use crate::config::{Config, PeerKind};
+use crate::conn::Conn;
+use crate::error::Error;
+use crate::mgmt::Mgmt;
+use crate::peer::flows::GenControl;
+use crate::stats::Stats;
+use crate::trace::Tracer;
+
+pub struct Shared {
+    pub cfg: Config,
+    pub start: Instant,
+    /// The device generation (moved by the management path only).
+    pub generation: Arc<AtomicU32>,
+    pub connected: AtomicBool,
+    pub connections: AtomicU64,
+    pub stats: Arc<Stats>,
+    pub mgmt: Mutex<Mgmt>,
+    pub gen: Arc<GenControl>,
+    pub tracer: Arc<Tracer>,
+    /// Tap queues, one per pair (tap peer only).
+    pub taps: Arc<[File]>,
+    /// The current connection, if any.
+    pub conn: Mutex<Option<Arc<Conn>>>,
+}
+
+impl Shared {
+    /// Builds the state: opens the trace file and the tap, validates the
+    /// table configuration.
+    pub fn build(cfg: Config) -> Result<Arc<Self>, Error> {
+        let _ = now_ns();
+        let tracer = Arc::new(match &cfg.trace {
+            Some(p) => Tracer::open(p).map_err(|source| Error::Trace {
+                path: p.clone(),
+                source,
+            })?,
+            None => Tracer::disabled(),
+        });
+        let taps: Arc<[File]> = match &cfg.peer {
+            PeerKind::Gen => Arc::new([]),
+            PeerKind::Tap(name) => crate::peer::tap::open_tap(name, usize::from(cfg.queues))
+                .map_err(|source| Error::Tap {
+                    name: name.clone(),
+                    source,
+                })?
+                .into(),
+        };
+        let tcfg = TableConfig {
+            capacity: cfg.table_capacity,
+            buckets: cfg.buckets,
+            latency_ns: cfg.program_latency.as_nanos() as u64,
+            add_fail_rate: cfg.add_fail_rate,
+            mgmt_loss_rate: cfg.mgmt_loss_rate,
+            seed: cfg.seed,
+            rss_key: DEFAULT_KEY,
+        };
+        let gen = initial_generation();
+        let generation = Arc::new(AtomicU32::new(gen));
+        let mgmt = Mgmt::new(tcfg, tracer.clone(), generation.clone(), cfg.queues)?;
+        let sh = Arc::new(Self {
+            stats: Arc::new(Stats::new(usize::from(cfg.queues))),
+            generation,
+            connected: AtomicBool::new(false),
+            connections: AtomicU64::new(0),
+            start: Instant::now(),
+            mgmt: Mutex::new(mgmt),
+            gen: Arc::new(GenControl::default()),
+            tracer,
+            taps,
+            conn: Mutex::new(None),
+            cfg,
+        });
+        sh.tracer
+            .emit(TraceRecord::gen_change(now_ns(), 0, gen, "start"));
+        Ok(sh)
+    }
+
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    pub fn pairs(&self) -> usize {
+        usize::from(self.cfg.queues)
+    }
+
+    pub fn current_conn(&self) -> Option<Arc<Conn>> {
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn set_conn(&self, c: Option<Arc<Conn>>) {
+        *self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = c;
+    }
+
+    pub fn lock_mgmt(&self) -> MutexGuard<'_, Mgmt> {
+        self.mgmt
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,632 @@
+//! Steering and the hand-off between workers.
+//!
+//! A frame from the peer is steered by the worker that got it ([`Router`]:
+//! a filter hit gives the filter's rx queue, otherwise RSS). A frame for
+//! the worker's own queue is written at once ([`crate::virtq::rx`]); a
+//! frame for another pair's queue is packed into a [`FrameBatch`] for that
+//! pair's [`Inbox`], sent when full and at the end of the batch, with one
+//! eventfd kick per destination. A destination out of buffers or with a
+//! full inbox makes the sender drop (counted) and pause its unlimited
+//! generator until the destination wakes it. Nothing ever waits for a
+//! guest, and no lock shared by the pairs is taken here.
+//!
+//! [`Lanes`] are one connection's inboxes, plus the bookkeeping that lets
+//! a management ACK leave only once every worker's replica has applied the
+//! table events that came before it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arfs::proto::ETHERTYPE_MGMT;
+use arfs::{FlowIndex, Rss, TableEvent, L3};
+use crossbeam_queue::{ArrayQueue, SegQueue};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::pairs::Pairs;
+use crate::stats::{add, add_owned, Hits, Stats};
+use crate::trace::Tracer;
+use crate::virtq::rx::{RxBatch, RxOutcome};
+use crate::virtq::NET_HDR_LEN;
+
+/// Batches in flight from other workers towards one rx queue (up to
+/// [`HANDOFF_FRAMES`] frames each).
+pub const XRING_LEN: usize = 64;
+/// Frames per hand-off batch: a worker sends a batch to another worker's
+/// inbox when it holds this many frames (or [`HANDOFF_BYTES`]), and at the
+/// end of every batch of its own work, with one kick per destination.
+pub const HANDOFF_FRAMES: usize = 32;
+/// Bytes per hand-off batch before it is sent.
+pub const HANDOFF_BYTES: usize = 64 * 1024;
+/// Record header of a frame in a [`FrameBatch`]: length (u32 LE), flag, padding.
+const REC_HDR: usize = 8;
+/// Hand-off batches queued at another worker's inbox beyond which an
+/// unlimited generator pauses until that worker has taken them.
+const INFLIGHT_BATCHES: usize = 16;
+/// Management replies kept while the rx queue has no buffer.
+const REPLY_BACKLOG: usize = 256;
+
+/// Frames handed from one worker to another worker's rx queue, packed back
+/// to back in one buffer (recycled through the destination's pool), so a
+/// hand-off costs one ring operation and one kick per batch, not per frame.
+/// Each frame carries its virtio-net header space and whether a filter
+/// steered it.
+#[derive(Default)]
+pub struct FrameBatch {
+    buf: Vec<u8>,
+    count: usize,
+}
+
+impl FrameBatch {
+    pub fn new() -> Self {
+        Self {
+            buf: Vec::with_capacity(HANDOFF_BYTES + 2048),
+            count: 0,
+        }
+    }
+
+    /// Appends a frame (header space included).
+    pub fn push(&mut self, pkt: &[u8], filter: bool) {
+        let mut h = [0u8; REC_HDR];
+        h[..4].copy_from_slice(&(pkt.len() as u32).to_le_bytes());
+        h[4] = u8::from(filter);
+        self.buf.extend_from_slice(&h);
+        self.buf.extend_from_slice(pkt);
+        self.count += 1;
+    }
+
+    /// Frames in the batch.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Whether the batch should be sent now.
+    pub fn is_full(&self) -> bool {
+        self.count >= HANDOFF_FRAMES || self.buf.len() >= HANDOFF_BYTES
+    }
+
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.count = 0;
+    }
+
+    /// The frame at `*off` (start with 0) and its filter flag, advancing
+    /// `*off`; `None` at the end.
+    pub fn next_mut(&mut self, off: &mut usize) -> Option<(&mut [u8], bool)> {
+        let h = self.buf.get(*off..*off + REC_HDR)?;
+        let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+        let filter = h[4] == 1;
+        let start = *off + REC_HDR;
+        let pkt = self.buf.get_mut(start..start + len)?;
+        *off = start + len;
+        Some((pkt, filter))
+    }
+}
+
+/// A management reply for the guest: the frame with its virtio-net header
+/// space in front, and the number of table events every replica must have
+/// applied before it may leave (what an ACK promises: PROTOCOL.md).
+pub struct Reply {
+    pub pkt: Vec<u8>,
+    pub needs: u64,
+}
+
+/// One worker's inbox: what other threads hand to it.
+pub struct Inbox {
+    /// Batches of frames steered to this worker's rx queue by another worker.
+    pub frames: ArrayQueue<FrameBatch>,
+    /// Recycled batches for `frames`.
+    pub pool: ArrayQueue<FrameBatch>,
+    /// This worker's rx queue had no buffer for a frame and has not seen
+    /// new buffers since: other workers drop what they would hand over (as
+    /// `rx_drops_no_buffers`) instead of sending it, and their unlimited
+    /// generators pause, until this worker sees buffers again.
+    pub starved: AtomicBool,
+    /// Workers (bit per worker) whose unlimited generator paused on this
+    /// inbox (full, or `starved`): woken when it is drained and not starved.
+    pub waiters: AtomicU32,
+    /// Table events to apply to the worker's replica, in table order.
+    pub updates: SegQueue<Arc<TableEvent>>,
+    /// Table events this worker's replica has applied.
+    pub applied: AtomicU64,
+    /// Management replies to deliver on this pair's rx queue.
+    pub replies: SegQueue<Reply>,
+    /// Wakes the worker (registered with its epoll).
+    pub kick: EventFd,
+    /// Set (before a wake) when the worker must poll its tx ring.
+    pub tx_recheck: AtomicBool,
+}
+
+impl Inbox {
+    fn new() -> std::io::Result<Self> {
+        Ok(Self {
+            frames: ArrayQueue::new(XRING_LEN),
+            pool: ArrayQueue::new(2 * XRING_LEN),
+            starved: AtomicBool::new(false),
+            waiters: AtomicU32::new(0),
+            updates: SegQueue::new(),
+            applied: AtomicU64::new(0),
+            replies: SegQueue::new(),
+            kick: EventFd::new(EFD_NONBLOCK)?,
+            tx_recheck: AtomicBool::new(false),
+        })
+    }
+
+    pub fn wake(&self) {
+        let _ = self.kick.write(1);
+    }
+
+    /// Asks the worker to poll its tx ring (a kick may have been lost).
+    pub fn recheck_tx(&self) {
+        self.tx_recheck.store(true, Ordering::Release);
+        self.wake();
+    }
+}
+
+/// The inboxes of one connection's workers.
+pub struct Lanes {
+    inbox: Box<[Inbox]>,
+    /// Table events published to every replica so far.
+    published: AtomicU64,
+    /// Workers (bit per worker) holding a reply that waits for the
+    /// replicas: woken by each worker that applies table events.
+    ack_waiters: AtomicU32,
+}
+
+impl Lanes {
+    pub fn new(pairs: usize) -> std::io::Result<Self> {
+        let mut inbox = Vec::with_capacity(pairs);
+        for _ in 0..pairs {
+            inbox.push(Inbox::new()?);
+        }
+        Ok(Self {
+            inbox: inbox.into_boxed_slice(),
+            published: AtomicU64::new(0),
+            ack_waiters: AtomicU32::new(0),
+        })
+    }
+
+    pub fn get(&self, i: usize) -> Option<&Inbox> {
+        self.inbox.get(i)
+    }
+
+    pub fn wake_all(&self) {
+        for ib in &*self.inbox {
+            ib.wake();
+        }
+    }
+
+    /// Hands a table event to every replica (applied at each worker's
+    /// next wake-up, before anything it routes).
+    pub fn publish(&self, e: TableEvent) {
+        let e = Arc::new(e);
+        for ib in &*self.inbox {
+            ib.updates.push(e.clone());
+        }
+        self.published.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A management reply for worker `w`'s rx queue. It leaves once every
+    /// replica has applied what was published before it; the workers that
+    /// still have to are woken. When `w` is the caller (`caller`, a worker
+    /// handling a management frame) the reply is returned for it to
+    /// deliver itself; otherwise it goes on `w`'s inbox and `w` is woken.
+    pub fn reply(&self, w: usize, pkt: Vec<u8>, caller: Option<usize>) -> Option<Reply> {
+        let needs = self.published.load(Ordering::SeqCst);
+        for (i, o) in self.inbox.iter().enumerate() {
+            if Some(i) != caller && o.applied.load(Ordering::SeqCst) < needs {
+                o.wake();
+            }
+        }
+        let r = Reply { pkt, needs };
+        if caller == Some(w) {
+            return Some(r);
+        }
+        let ib = self.inbox.get(w)?;
+        ib.replies.push(r);
+        ib.wake();
+        None
+    }
+
+    /// Whether every replica has applied `needs` table events.
+    fn all_applied(&self, needs: u64) -> bool {
+        self.inbox
+            .iter()
+            .all(|ib| ib.applied.load(Ordering::SeqCst) >= needs)
+    }
+
+    /// Whether a reply needing `needs` may leave now; if not, worker `w`
+    /// is woken when another replica catches up.
+    fn may_send(&self, w: usize, needs: u64) -> bool {
+        if self.all_applied(needs) {
+            return true;
+        }
+        // Register first, then look again: a worker that applied in
+        // between either sees the bit or was seen here (SeqCst on both).
+        self.ack_waiters.fetch_or(1 << w, Ordering::SeqCst);
+        self.all_applied(needs)
+    }
+
+    /// Called by a worker after it applied table events.
+    fn applied_by(&self, w: usize, n: u64) {
+        self.inbox[w].applied.store(n, Ordering::SeqCst);
+        if self.ack_waiters.load(Ordering::SeqCst) != 0 {
+            let mut k = self.ack_waiters.swap(0, Ordering::SeqCst);
+            while k != 0 {
+                let q = k.trailing_zeros() as usize;
+                k &= k - 1;
+                if let Some(ib) = self.inbox.get(q) {
+                    ib.wake();
+                }
+            }
+        }
+    }
+}
+
+/// Steering and delivery state of one worker for its rx queue.
+pub struct Router {
+    pub id: usize,
+    lanes: Arc<Lanes>,
+    pairs: Arc<Pairs>,
+    stats: Arc<Stats>,
+    hits: Arc<Hits>,
+    tracer: Arc<Tracer>,
+    generation: Arc<AtomicU32>,
+    index: FlowIndex<u16>,
+    rss: Rss,
+    mask: u32,
+    applied: u64,
+    /// Other workers to wake at the end of the batch.
+    kick: u32,
+    /// Frames waiting to be handed to each other worker (sent when full
+    /// and at the end of the batch).
+    out: Vec<Option<FrameBatch>>,
+    /// Management replies waiting for buffers or for the replicas.
+    backlog: VecDeque<Reply>,
+    pub mrg: bool,
+    /// The current batch used rx chains.
+    pub added: bool,
+    /// The current batch found this worker's rx queue out of buffers.
+    pub nobufs: bool,
+    /// Another worker's queue could not take frames during this batch.
+    pub nobufs_remote: bool,
+}
+
+/// What a [`Router`] shares with the rest of its connection and daemon.
+pub struct RouterLinks {
+    pub lanes: Arc<Lanes>,
+    pub pairs: Arc<Pairs>,
+    pub stats: Arc<Stats>,
+    pub hits: Arc<Hits>,
+    pub tracer: Arc<Tracer>,
+    pub generation: Arc<AtomicU32>,
+}
+
+impl Router {
+    pub fn new(id: usize, capacity: usize, l: RouterLinks) -> Self {
+        Self {
+            id,
+            lanes: l.lanes,
+            pairs: l.pairs,
+            stats: l.stats,
+            hits: l.hits,
+            tracer: l.tracer,
+            generation: l.generation,
+            index: FlowIndex::new(capacity),
+            rss: Rss::new(1),
+            mask: 0,
+            applied: 0,
+            kick: 0,
+            out: Vec::new(),
+            backlog: VecDeque::new(),
+            mrg: true,
+            added: false,
+            nobufs: false,
+            nobufs_remote: false,
+        }
+    }
+
+    /// This worker's inbox.
+    pub fn inbox(&self) -> &Inbox {
+        &self.lanes.inbox[self.id]
+    }
+
+    pub fn lanes(&self) -> &Lanes {
+        &self.lanes
+    }
+
+    /// Starts a batch of work on the rx queue.
+    pub fn begin(&mut self) {
+        self.added = false;
+        self.nobufs = false;
+    }
+
+    /// Applies pending table events and picks up enabled-pair changes.
+    pub fn sync(&mut self, mrg: bool) {
+        let lanes = self.lanes.clone();
+        let ib = &lanes.inbox[self.id];
+        let mut n = 0;
+        while let Some(e) = ib.updates.pop() {
+            self.index.apply(&e);
+            n += 1;
+        }
+        if n > 0 {
+            self.applied += n;
+            lanes.applied_by(self.id, self.applied);
+        }
+        let mask = self.pairs.mask();
+        if mask != self.mask {
+            self.mask = mask;
+            self.rss.set_enabled(mask.trailing_ones().max(1) as u16);
+        }
+        self.mrg = mrg;
+    }
+
+    /// Delivers `pkt` (header space + frame) into this worker's rx queue.
+    /// `filter`: Some(true/false) for steered frames (counted as filter /
+    /// RSS), None for management replies.
+    pub fn deliver_local(
+        &mut self,
+        b: &mut RxBatch<'_>,
+        pkt: &mut [u8],
+        filter: Option<bool>,
+    ) -> bool {
+        let q = &self.stats.queues[self.id];
+        if !b.ready() {
+            add(&q.rx_drops_disabled, 1);
+            return false;
+        }
+        let mut bad = 0;
+        let out = b.deliver(pkt, self.mrg, &mut bad);
+        if bad > 0 {
+            add_owned(&q.rx_bad_chains, bad);
+            self.added = true;
+            log::debug!("pair {}: {bad} unusable rx chain(s) consumed", self.id);
+        }
+        match out {
+            RxOutcome::Delivered { .. } => {
+                self.added = true;
+                add_owned(&q.rx_packets, 1);
+                add_owned(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
+                match filter {
+                    Some(true) => add_owned(&q.rx_filter, 1),
+                    Some(false) => add_owned(&q.rx_rss, 1),
+                    None => {}
+                }
+                true
+            }
+            RxOutcome::NoBuffers => {
+                self.nobufs = true;
+                let st = &self.lanes.inbox[self.id].starved;
+                if !st.load(Ordering::Relaxed) {
+                    st.store(true, Ordering::Relaxed);
+                }
+                if filter.is_some() {
+                    add_owned(&q.rx_drops_no_buffers, 1);
+                }
+                false
+            }
+            RxOutcome::TooBig => {
+                add_owned(&q.rx_drops_too_big, 1);
+                false
+            }
+        }
+    }
+
+    /// Picks the rx queue of a frame from the peer: a filter hit gives its
+    /// queue, otherwise RSS. `None`: drop (management EtherType, spoofed).
+    fn steer(&mut self, frame: &[u8]) -> Option<(usize, bool)> {
+        let Ok(p) = arfs::parse_frame(frame) else {
+            if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
+                self.spoofed(frame);
+                return None;
+            }
+            add(&self.stats.peer.unparsable, 1);
+            return Some((0, false));
+        };
+        if p.ethertype == ETHERTYPE_MGMT {
+            self.spoofed(frame);
+            return None;
+        }
+        if let L3::Flow(k) = &p.l3 {
+            if let Some((id, q)) = self.index.lookup(k) {
+                self.hits.count(self.id, id);
+                return Some((usize::from(q), true));
+            }
+            return Some((usize::from(self.rss.queue_for_key(k)), false));
+        }
+        Some((usize::from(self.rss.queue_for(&p)), false))
+    }
+
+    /// A frame with the management EtherType arrived from the peer: dropped,
+    /// counted and traced (the trace drops, and counts, what it cannot take).
+    fn spoofed(&self, frame: &[u8]) {
+        add(&self.stats.peer.spoofed_mgmt_dropped, 1);
+        if self.tracer.enabled() {
+            let h = arfs::proto::peek_header(frame);
+            self.tracer.emit(arfs::TraceRecord::mgmt_drop(
+                crate::clock::now_ns(),
+                self.generation.load(Ordering::Relaxed),
+                arfs::proto::Direction::ToDriver,
+                h.map(|h| h.seq),
+                h.map(|h| h.msg_type),
+                arfs::DropCause::Spoofed,
+            ));
+        }
+    }
+
+    /// Steers and delivers (or hands over) a frame from the peer: `pkt` is
+    /// the header space followed by the frame.
+    pub fn route(&mut self, rx: &mut RxBatch<'_>, pkt: &mut [u8]) {
+        let Some((q, filter)) = self.steer(&pkt[NET_HDR_LEN..]) else {
+            return;
+        };
+        if q == self.id {
+            self.deliver_local(rx, pkt, Some(filter));
+            return;
+        }
+        let lanes = self.lanes.clone();
+        let Some(ib) = lanes.inbox.get(q) else {
+            add(&self.stats.queues[self.id].rx_drops_disabled, 1);
+            return;
+        };
+        if ib.starved.load(Ordering::Relaxed) {
+            // That queue is out of buffers: its worker would drop the frame.
+            // (It asked the driver for a kick when it ran out, clears the
+            // flag when it sees new buffers, and then wakes the workers
+            // that paused on it.)
+            add(self.starved_drops(q), 1);
+            self.pause_on(q);
+            return;
+        }
+        if self.out.len() <= q {
+            self.out.resize_with(q + 1, || None);
+        }
+        let batch =
+            self.out[q].get_or_insert_with(|| ib.pool.pop().unwrap_or_else(FrameBatch::new));
+        batch.push(pkt, filter);
+        if batch.is_full() {
+            self.send(q);
+        }
+    }
+
+    /// Hands the frames waiting for worker `q` to its inbox (or counts
+    /// them as dropped when the inbox is full).
+    fn send(&mut self, q: usize) {
+        let Some(batch) = self.out.get_mut(q).and_then(Option::take) else {
+            return;
+        };
+        if batch.is_empty() {
+            self.out[q] = Some(batch);
+            return;
+        }
+        let lanes = self.lanes.clone();
+        let ib = &lanes.inbox[q];
+        if ib.starved.load(Ordering::Relaxed) {
+            let mut batch = batch;
+            add(self.starved_drops(q), batch.len() as u64);
+            batch.clear();
+            self.out[q] = Some(batch);
+            self.pause_on(q);
+            return;
+        }
+        match ib.frames.push(batch) {
+            Err(mut batch) => {
+                add(&self.stats.queues[q].rx_drops_ring_full, batch.len() as u64);
+                batch.clear();
+                self.out[q] = Some(batch);
+                self.pause_on(q);
+            }
+            // Enough in flight to keep that worker busy: pause this
+            // worker's unlimited generator until it has taken them.
+            Ok(()) if ib.frames.len() >= INFLIGHT_BATCHES => self.pause_on(q),
+            Ok(()) => {}
+        }
+        self.kick |= 1 << q;
+    }
+
+    /// The counter of frames dropped because queue `q` was out of buffers
+    /// (or, if it was disabled since, because it is disabled).
+    fn starved_drops(&self, q: usize) -> &AtomicU64 {
+        let st = &self.stats.queues[q];
+        if self.mask & (1 << q) == 0 {
+            &st.rx_drops_disabled
+        } else {
+            &st.rx_drops_no_buffers
+        }
+    }
+
+    /// Frames for worker `q` cannot go on now (out of buffers, or enough
+    /// of them in flight): an unlimited generator stops for this batch,
+    /// and `q` wakes this worker when it can take frames again.
+    fn pause_on(&mut self, q: usize) {
+        self.nobufs_remote = true;
+        let w = &self.lanes.inbox[q].waiters;
+        let bit = 1u32 << self.id;
+        if w.load(Ordering::Relaxed) & bit == 0 {
+            w.fetch_or(bit, Ordering::AcqRel);
+        }
+    }
+
+    /// Sends every waiting hand-off batch and wakes their workers.
+    pub fn flush_kicks(&mut self) {
+        for q in 0..self.out.len() {
+            if self.out[q].as_ref().is_some_and(|b| !b.is_empty()) {
+                self.send(q);
+            }
+        }
+        let mut k = std::mem::take(&mut self.kick);
+        while k != 0 {
+            let q = k.trailing_zeros() as usize;
+            k &= k - 1;
+            self.lanes.inbox[q].wake();
+        }
+    }
+
+    /// Delivers what other threads handed to this worker: frames other
+    /// workers steered here, and management replies (`own`: the replies
+    /// of the frames this worker just handled itself). Then wakes the
+    /// workers that paused on this inbox if it can take frames again.
+    pub fn drain_inbox(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
+        self.drain_replies(rx, own);
+        let lanes = self.lanes.clone();
+        let ib = &lanes.inbox[self.id];
+        while let Some(mut fb) = ib.frames.pop() {
+            let mut off = 0;
+            while let Some((pkt, filter)) = fb.next_mut(&mut off) {
+                self.deliver_local(rx, pkt, Some(filter));
+            }
+            fb.clear();
+            let _ = ib.pool.push(fb);
+        }
+        // Workers that paused on this inbox (full, or this queue out of
+        // buffers) can go on once it is drained and the queue has buffers.
+        if ib.waiters.load(Ordering::Relaxed) != 0 && !ib.starved.load(Ordering::Relaxed) {
+            self.kick |= ib.waiters.swap(0, Ordering::AcqRel);
+        }
+    }
+
+    /// Delivers management replies in order; one that waits for the
+    /// replicas holds back those behind it.
+    pub fn drain_replies(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
+        let lanes = self.lanes.clone();
+        let ib = &lanes.inbox[self.id];
+        while let Some(r) = ib.replies.pop() {
+            self.backlog.push_back(r);
+        }
+        self.backlog.extend(own.drain(..));
+        while let Some(r) = self.backlog.front_mut() {
+            if !lanes.may_send(self.id, r.needs) {
+                break;
+            }
+            let ready = rx.ready();
+            let mut pkt = std::mem::take(&mut r.pkt);
+            if ready && self.deliver_local(rx, &mut pkt, None) {
+                self.backlog.pop_front();
+                continue;
+            }
+            if !ready || self.backlog.len() > REPLY_BACKLOG {
+                self.backlog.pop_front();
+                add(&self.stats.replies_dropped_no_buffers, 1);
+                continue;
+            }
+            if let Some(r) = self.backlog.front_mut() {
+                r.pkt = pkt;
+            }
+            break;
+        }
+    }
+
+    /// Whether this worker's rx queue is starved and the driver has added
+    /// buffers since: then it is not starved any more.
+    pub fn recheck_starved(&self, avail_moved: impl FnOnce() -> bool) {
+        let st = &self.lanes.inbox[self.id].starved;
+        if st.load(Ordering::Relaxed) && avail_moved() {
+            st.store(false, Ordering::Relaxed);
+        }
+    }
+}

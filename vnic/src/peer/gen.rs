@@ -1,0 +1,377 @@
+//! The built-in generator peer of one worker: answers ARP and ICMP echo
+//! for its address, sinks everything else the guest sends, learns the
+//! guest's MAC from its frames, and sends this worker's share of the UDP
+//! flow sets (see [`super::flows`]), paced by a 1 ms timerfd (rate 0: as
+//! fast as the rx rings take them).
+
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::timerfd::TimerFd;
+
+use super::flows::{checksum, local_sets, GenControl, LocalSet, ETH_P_ARP, ETH_P_IP, MAX_FRAME};
+use super::Peer;
+use crate::handoff::Router;
+use crate::stats::{add, Stats};
+use crate::virtq::rx::RxBatch;
+use crate::virtq::NET_HDR_LEN;
+
+/// Most frames generated per event in unlimited mode.
+const GEN_BUDGET: usize = 1024;
+
+/// The generator as one worker runs it.
+pub struct GenPeer {
+    ctl: Arc<GenControl>,
+    stats: Arc<Stats>,
+    ip: Ipv4Addr,
+    mac: [u8; 6],
+    timer: TimerFd,
+    timer_armed: bool,
+    /// The flow-set version and guest MAC the local sets were built for.
+    version: u64,
+    guest_mac: u64,
+    sets: Vec<LocalSet>,
+    unlimited: bool,
+    last_tick: Instant,
+    genbuf: Vec<u8>,
+    reply: Vec<u8>,
+    pkt: Vec<u8>,
+}
+
+impl GenPeer {
+    pub fn new(
+        ctl: Arc<GenControl>,
+        stats: Arc<Stats>,
+        ip: Ipv4Addr,
+        mac: [u8; 6],
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            ctl,
+            stats,
+            ip,
+            mac,
+            timer: crate::clock::timer()?,
+            timer_armed: false,
+            version: u64::MAX,
+            guest_mac: u64::MAX,
+            sets: Vec::new(),
+            unlimited: false,
+            last_tick: Instant::now(),
+            genbuf: vec![0; NET_HDR_LEN + MAX_FRAME],
+            reply: Vec::with_capacity(MAX_FRAME),
+            pkt: Vec::with_capacity(NET_HDR_LEN + MAX_FRAME),
+        })
+    }
+
+    /// Rebuilds this worker's share when the flow sets or the guest's MAC
+    /// changed, and arms or clears the pacing timer.
+    fn check_sets(&mut self, id: usize) {
+        let v = self.ctl.version.load(Ordering::Acquire);
+        let mac = self.ctl.guest_mac.load(Ordering::Relaxed);
+        if v == self.version && mac == self.guest_mac {
+            return;
+        }
+        self.version = v;
+        self.guest_mac = mac;
+        let dst = if mac == 0 {
+            [0xff; 6]
+        } else {
+            mac_from_u64(mac)
+        };
+        self.sets = local_sets(&self.ctl.snapshot(), id, dst, self.mac);
+        self.unlimited = self.sets.iter().any(|s| s.rate == 0.0);
+        log::debug!(
+            "pair {id}: generator version {v}: {} local flow set(s)",
+            self.sets.len()
+        );
+        let want = !self.sets.is_empty();
+        if want != self.timer_armed {
+            let r = if want {
+                self.timer
+                    .reset(Duration::from_millis(1), Some(Duration::from_millis(1)))
+            } else {
+                self.timer.clear()
+            };
+            if let Err(e) = r {
+                log::warn!("pair {id}: generator timer: {e}");
+            }
+            self.timer_armed = want;
+        }
+        self.last_tick = Instant::now();
+    }
+
+    fn run(&mut self, r: &mut Router, rx: &mut RxBatch<'_>) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.last_tick).as_secs_f64();
+        self.last_tick = now;
+        let mut total = 0u64;
+        let mut changed = false;
+        r.nobufs_remote = false;
+        for s in &mut self.sets {
+            let mut n = if s.rate > 0.0 {
+                s.credit = (s.credit + s.rate * dt).min((s.rate * 0.02).max(32.0));
+                s.credit.floor() as u64
+            } else {
+                GEN_BUDGET as u64
+            };
+            if let Some(rem) = s.remaining {
+                n = n.min(rem);
+            }
+            if s.set.stopped.load(Ordering::Relaxed) {
+                n = 0;
+            }
+            let size = s.set.size;
+            let unlimited = s.rate == 0.0;
+            let want = n;
+            n = 0;
+            while n < want {
+                let i = s.next;
+                s.next = if i + 1 == s.headers.len() { 0 } else { i + 1 };
+                self.genbuf[NET_HDR_LEN..NET_HDR_LEN + s.hdr_len]
+                    .copy_from_slice(&s.headers[i][..s.hdr_len]);
+                r.route(rx, &mut self.genbuf[..NET_HDR_LEN + size]);
+                n += 1;
+                // Unlimited sets stop at the first full destination.
+                if unlimited && (r.nobufs || r.nobufs_remote) {
+                    break;
+                }
+            }
+            if s.rate > 0.0 {
+                s.credit -= n as f64;
+            }
+            if let Some(rem) = &mut s.remaining {
+                *rem -= n;
+                if *rem == 0 {
+                    changed = true;
+                }
+            }
+            s.set.sent[r.id].fetch_add(n, Ordering::Relaxed);
+            total += n;
+        }
+        add(&self.stats.peer.gen_sent, total);
+        if changed {
+            self.sets.retain(|s| s.remaining != Some(0));
+            self.unlimited = self.sets.iter().any(|s| s.rate == 0.0);
+        }
+        // Unlimited mode: come back at once unless a destination queue is
+        // out of room (then the guest's rx kick or the 1 ms timer resumes):
+        // as fast as the rx rings take the frames, not faster.
+        if self.unlimited && !r.nobufs && !r.nobufs_remote {
+            r.inbox().wake();
+        }
+    }
+}
+
+impl Peer for GenPeer {
+    fn fd(&self) -> Option<RawFd> {
+        Some(self.timer.as_raw_fd())
+    }
+
+    fn guest_frame(&mut self, pkt: &mut [u8], r: &mut Router, rx: &mut RxBatch<'_>) {
+        let frame = &pkt[NET_HDR_LEN..];
+        let mut src = [0u8; 6];
+        src.copy_from_slice(&frame[6..12]);
+        if src[0] & 1 == 0 {
+            let m = mac_to_u64(src);
+            if self.ctl.guest_mac.swap(m, Ordering::Relaxed) != m {
+                self.ctl.bump();
+                r.lanes().wake_all();
+            }
+        }
+        let peer = &self.stats.peer;
+        match respond(frame, self.ip, self.mac, &mut self.reply) {
+            Response::Sink => {
+                add(&peer.sink_packets, 1);
+                add(&peer.sink_bytes, frame.len() as u64);
+            }
+            resp => {
+                add(
+                    if resp == Response::Arp {
+                        &peer.arp_replies
+                    } else {
+                        &peer.icmp_echo_replies
+                    },
+                    1,
+                );
+                self.pkt.clear();
+                self.pkt.resize(NET_HDR_LEN, 0);
+                self.pkt.extend_from_slice(&self.reply);
+                r.route(rx, &mut self.pkt);
+            }
+        }
+    }
+
+    fn frames_for_guest(&mut self, r: &mut Router, rx: &mut RxBatch<'_>, fd_event: bool) {
+        if fd_event {
+            let _ = self.timer.wait();
+        }
+        self.check_sets(r.id);
+        if !self.sets.is_empty() {
+            self.run(r, rx);
+        }
+    }
+}
+
+/// What the responder did with a frame from the guest.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Response {
+    /// An ARP reply was written to `out`.
+    Arp,
+    /// An ICMP echo reply was written to `out`.
+    Echo,
+    /// Nothing to answer: sunk.
+    Sink,
+}
+
+/// Answers ARP requests and ICMP echo requests for `my_ip`.
+pub fn respond(frame: &[u8], my_ip: Ipv4Addr, my_mac: [u8; 6], out: &mut Vec<u8>) -> Response {
+    if frame.len() < 14 {
+        return Response::Sink;
+    }
+    let et = u16::from_be_bytes([frame[12], frame[13]]);
+    if et == ETH_P_ARP && frame.len() >= 42 {
+        let a = &frame[14..42];
+        // Ethernet/IPv4 request for my address.
+        if a[0..2] == [0, 1]
+            && a[2..4] == [8, 0]
+            && a[4] == 6
+            && a[5] == 4
+            && a[6..8] == [0, 1]
+            && a[24..28] == my_ip.octets()
+        {
+            out.clear();
+            out.resize(60, 0);
+            out[0..6].copy_from_slice(&a[8..14]);
+            out[6..12].copy_from_slice(&my_mac);
+            out[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+            let r = &mut out[14..42];
+            r[0..6].copy_from_slice(&[0, 1, 8, 0, 6, 4]);
+            r[6..8].copy_from_slice(&[0, 2]);
+            r[8..14].copy_from_slice(&my_mac);
+            r[14..18].copy_from_slice(&my_ip.octets());
+            r[18..24].copy_from_slice(&a[8..14]);
+            r[24..28].copy_from_slice(&a[14..18]);
+            return Response::Arp;
+        }
+        return Response::Sink;
+    }
+    if et == ETH_P_IP && frame.len() >= 34 {
+        let ip = &frame[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let tot = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
+        if ip[0] >> 4 != 4
+            || ihl < 20
+            || tot < ihl + 8
+            || tot > ip.len()
+            || ip[9] != 1
+            || frag != 0
+            || ip[16..20] != my_ip.octets()
+        {
+            return Response::Sink;
+        }
+        if frame[0..6] != my_mac && frame[0] & 1 == 0 {
+            return Response::Sink;
+        }
+        let icmp = &ip[ihl..tot];
+        if icmp[0] != 8 || icmp[1] != 0 {
+            return Response::Sink;
+        }
+        out.clear();
+        out.extend_from_slice(&frame[..14 + tot]);
+        out[0..6].copy_from_slice(&frame[6..12]);
+        out[6..12].copy_from_slice(&my_mac);
+        let oip = &mut out[14..14 + tot];
+        let (s, d) = (
+            [ip[12], ip[13], ip[14], ip[15]],
+            [ip[16], ip[17], ip[18], ip[19]],
+        );
+        oip[12..16].copy_from_slice(&d);
+        oip[16..20].copy_from_slice(&s);
+        oip[8] = 64;
+        oip[10..12].fill(0);
+        let c = checksum(&[&oip[..ihl]], 0);
+        oip[10..12].copy_from_slice(&c.to_be_bytes());
+        let ic = &mut oip[ihl..];
+        ic[0] = 0;
+        ic[2..4].fill(0);
+        let c = checksum(&[ic], 0);
+        ic[2..4].copy_from_slice(&c.to_be_bytes());
+        if out.len() < 60 {
+            out.resize(60, 0);
+        }
+        return Response::Echo;
+    }
+    Response::Sink
+}
+
+pub fn mac_to_u64(m: [u8; 6]) -> u64 {
+    let mut b = [0u8; 8];
+    b[2..].copy_from_slice(&m);
+    u64::from_be_bytes(b)
+}
+
+pub fn mac_from_u64(v: u64) -> [u8; 6] {
+    let b = v.to_be_bytes();
+    let mut m = [0u8; 6];
+    m.copy_from_slice(&b[2..]);
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen_ip() -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 2, 1)
+    }
+    fn guest_ip() -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 2, 15)
+    }
+
+    #[test]
+    fn arp_and_ping() {
+        let me = gen_ip();
+        let mac = [2, 0, 0, 0, 0, 9];
+        let guest_mac = [2, 0, 0, 0, 0, 1];
+        let mut arp = vec![0u8; 42];
+        arp[0..6].copy_from_slice(&[0xff; 6]);
+        arp[6..12].copy_from_slice(&guest_mac);
+        arp[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+        arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        arp[22..28].copy_from_slice(&guest_mac);
+        arp[28..32].copy_from_slice(&guest_ip().octets());
+        arp[38..42].copy_from_slice(&me.octets());
+        let mut out = Vec::new();
+        assert_eq!(respond(&arp, me, mac, &mut out), Response::Arp);
+        assert_eq!(&out[0..6], &guest_mac);
+        assert_eq!(&out[22..28], &mac);
+        assert_eq!(&out[28..32], &me.octets());
+        // ICMP echo request
+        let mut f = vec![0u8; 14 + 20 + 16];
+        f[0..6].copy_from_slice(&mac);
+        f[6..12].copy_from_slice(&guest_mac);
+        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&36u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 1;
+        f[26..30].copy_from_slice(&guest_ip().octets());
+        f[30..34].copy_from_slice(&me.octets());
+        f[34] = 8;
+        f[38..42].copy_from_slice(&[0, 7, 0, 1]);
+        let c = checksum(&[&f[34..50]], 0);
+        f[36..38].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(respond(&f, me, mac, &mut out), Response::Echo);
+        assert_eq!(out[34], 0);
+        assert_eq!(&out[30..34], &guest_ip().octets());
+        assert_eq!(checksum(&[&out[14..34]], 0), 0);
+        assert_eq!(checksum(&[&out[34..50]], 0), 0);
+        // Not for me: sunk.
+        f[33] = 99;
+        assert_eq!(respond(&f, me, mac, &mut out), Response::Sink);
+    }
+}

@@ -1,0 +1,259 @@
+//! One worker per queue pair: event dispatch and the RX/TX batches.
+//!
+//! Worker `t` owns rx vring `2t` and tx vring `2t+1`, a [`Router`] (its
+//! replica of the filter table, its RSS copy and the hand-off to the other
+//! workers) and its end of the [`Peer`]. Every event is one batch: the rx
+//! ring is opened once ([`RxBatch`]), everything that ends in it is
+//! delivered, and one notification decision is made at the end.
+
+use std::sync::Arc;
+
+use arfs::proto::ETHERTYPE_MGMT;
+use vhost_user_backend::VringT;
+use virtio_queue::QueueT;
+use vm_memory::GuestAddressSpace;
+
+use crate::config::PeerKind;
+use crate::conn::Conn;
+use crate::daemon::Shared;
+use crate::handoff::{Reply, Router, RouterLinks};
+use crate::peer::gen::GenPeer;
+use crate::peer::tap::TapPeer;
+use crate::peer::Peer;
+use crate::stats::{add, add_owned};
+use crate::virtq::rx::RxBatch;
+use crate::virtq::tx::{gather_tx, TxChain};
+use crate::virtq::{Mem, Vring, NET_HDR_LEN};
+
+/// Most tx chains handled per event before yielding to other events.
+const TX_BUDGET: usize = 1024;
+
+/// Event ids of a worker's epoll (vring events are 0 = rx, 1 = tx; custom
+/// ids must be above the number of queues).
+pub const EV_RX: u16 = 0;
+pub const EV_TX: u16 = 1;
+/// The worker's inbox eventfd.
+pub fn ev_inbox(nq: usize) -> u16 {
+    nq as u16 + 1
+}
+/// The peer's descriptor (tap queue, generator timer).
+pub fn ev_peer(nq: usize) -> u16 {
+    nq as u16 + 2
+}
+
+pub struct Worker {
+    router: Router,
+    peer: Box<dyn Peer>,
+    sh: Arc<Shared>,
+    conn: Arc<Conn>,
+    mem: Mem,
+    registered: bool,
+    txbuf: Vec<u8>,
+    /// Management replies of the frames this worker handled itself.
+    own: Vec<Reply>,
+    tx_pending: bool,
+    /// Avail index at the last retry after rx notifications were re-enabled.
+    rx_retry_avail: Option<std::num::Wrapping<u16>>,
+}
+
+impl Worker {
+    pub fn new(id: usize, sh: &Arc<Shared>, conn: &Arc<Conn>, mem: &Mem) -> std::io::Result<Self> {
+        let links = RouterLinks {
+            lanes: conn.lanes.clone(),
+            pairs: conn.pairs.clone(),
+            stats: sh.stats.clone(),
+            hits: conn.hits.clone(),
+            tracer: sh.tracer.clone(),
+            generation: sh.generation.clone(),
+        };
+        let peer: Box<dyn Peer> = match &sh.cfg.peer {
+            PeerKind::Gen => Box::new(GenPeer::new(
+                sh.gen.clone(),
+                sh.stats.clone(),
+                sh.cfg.gen_ip,
+                sh.cfg.gen_mac,
+            )?),
+            PeerKind::Tap(_) => Box::new(TapPeer::new(sh.taps.clone(), id, sh.stats.clone())),
+        };
+        Ok(Self {
+            router: Router::new(id, sh.cfg.table_capacity as usize, links),
+            peer,
+            sh: sh.clone(),
+            conn: conn.clone(),
+            mem: mem.clone(),
+            registered: false,
+            txbuf: vec![0; 4096],
+            own: Vec::new(),
+            tx_pending: false,
+            rx_retry_avail: None,
+        })
+    }
+
+    /// The descriptor of this worker's peer, for its epoll.
+    pub fn peer_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.peer.fd()
+    }
+
+    pub fn handle(&mut self, ev: u16, vrings: &[Vring]) {
+        let id = self.router.id;
+        let nq = 2 * self.sh.pairs();
+        if !self.registered {
+            self.registered = true;
+            self.conn.register_rings(id, vrings, &self.mem);
+        }
+        if vrings.len() < 2 {
+            return;
+        }
+        {
+            // Tell the enabled-pairs owner what this pair's ring looks like
+            // (cheap when unchanged; the 50 ms poll also looks).
+            let st = vrings[0].get_ref();
+            self.conn
+                .pairs
+                .observe(id, st.get_queue().ready(), st.is_enabled());
+        }
+        self.router.sync(self.conn.mrg_rxbuf());
+        log::trace!("pair {id}: event {ev}");
+        match ev {
+            EV_RX => self.rx_work(vrings, false),
+            EV_TX => self.process_tx(vrings),
+            e if e == ev_inbox(nq) => {
+                let ib = self.router.inbox();
+                let _ = ib.kick.read();
+                let recheck = ib
+                    .tx_recheck
+                    .swap(false, std::sync::atomic::Ordering::AcqRel);
+                if self.tx_pending || recheck {
+                    self.tx_pending = false;
+                    self.process_tx(vrings);
+                }
+                self.rx_work(vrings, false);
+            }
+            e if e == ev_peer(nq) => self.rx_work(vrings, true),
+            _ => {}
+        }
+    }
+
+    /// Everything that ends in this worker's rx queue: management replies,
+    /// frames from other workers, frames from the peer.
+    fn rx_work(&mut self, vrings: &[Vring], peer_event: bool) {
+        let mem = self.mem.memory();
+        let mut rx = vrings[0].get_mut();
+        if rx.is_enabled() && rx.get_queue().ready() {
+            // Out of buffers at the last look: has the driver added some?
+            let q = rx.get_queue();
+            self.router.recheck_starved(|| {
+                q.avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+                    .ok()
+                    != Some(std::num::Wrapping(q.next_avail()))
+            });
+        }
+        let mut b = RxBatch::open(&mut rx, &mem);
+        self.router.begin();
+        self.router.drain_inbox(&mut b, &mut self.own);
+        self.peer
+            .frames_for_guest(&mut self.router, &mut b, peer_event);
+        self.finish(b);
+    }
+
+    /// Ends a batch: hands over the frames for other workers and wakes
+    /// them, publishes the rx ring and notifies the driver if it asked.
+    fn finish(&mut self, b: RxBatch<'_>) {
+        self.router.flush_kicks();
+        let r = &self.router;
+        if b.finish(r.id, r.added, r.nobufs, &mut self.rx_retry_avail) {
+            r.inbox().wake();
+        }
+    }
+
+    fn process_tx(&mut self, vrings: &[Vring]) {
+        let id = self.router.id;
+        let mem = self.mem.memory();
+        let event_idx = self
+            .conn
+            .event_idx
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut rx = vrings[0].get_mut();
+        let mut tx = vrings[1].get_mut();
+        if !(tx.is_enabled() && tx.get_queue().ready()) {
+            return;
+        }
+        let mut b = RxBatch::open(&mut rx, &mem);
+        self.router.begin();
+        let mut done = 0usize;
+        let mut mgmt_seen = false;
+        let mut used = false;
+        let q = &self.sh.stats.queues[id];
+        'outer: loop {
+            if event_idx {
+                if let Err(e) = tx.disable_notification() {
+                    log::debug!("pair {id}: tx disable_notification: {e}");
+                }
+            }
+            loop {
+                if done == TX_BUDGET {
+                    self.tx_pending = true;
+                    self.router.inbox().wake();
+                    break 'outer;
+                }
+                let Some(r) = gather_tx(tx.get_queue_mut(), &*mem, &mut self.txbuf) else {
+                    break;
+                };
+                done += 1;
+                used = true;
+                match r {
+                    TxChain::Bad => {
+                        add_owned(&q.tx_bad_chains, 1);
+                        log::debug!("pair {id}: unusable tx chain consumed");
+                    }
+                    TxChain::Ok { len } if len < NET_HDR_LEN + 14 => add(&q.tx_drops, 1),
+                    TxChain::Ok { len } => {
+                        add_owned(&q.tx_packets, 1);
+                        add_owned(&q.tx_bytes, (len - NET_HDR_LEN) as u64);
+                        let pkt = &mut self.txbuf[..len];
+                        let frame = &pkt[NET_HDR_LEN..];
+                        if u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
+                            // Never reaches the peer.
+                            self.sh.lock_mgmt().handle_frame(id, frame, &mut self.own);
+                            mgmt_seen = true;
+                        } else {
+                            self.peer.guest_frame(pkt, &mut self.router, &mut b);
+                        }
+                    }
+                }
+            }
+            if !event_idx {
+                break;
+            }
+            match tx.enable_notification() {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    log::debug!("pair {id}: tx enable_notification: {e}");
+                    break;
+                }
+            }
+        }
+        log::trace!(
+            "pair {id}: tx {done} chain(s), next_avail {}",
+            tx.get_queue().next_avail()
+        );
+        if used {
+            match tx.needs_notification() {
+                Ok(true) => {
+                    let _ = tx.signal_used_queue();
+                }
+                Ok(false) => {}
+                Err(e) => log::debug!("pair {id}: tx needs_notification: {e}"),
+            }
+        }
+        drop(tx);
+        if mgmt_seen {
+            // Apply this worker's share of what the frames changed, so
+            // their ACKs wait only for the other replicas.
+            self.router.sync(self.conn.mrg_rxbuf());
+            self.router.drain_replies(&mut b, &mut self.own);
+        }
+        self.finish(b);
+    }
+}
