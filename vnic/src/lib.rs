@@ -16,4 +16,3 @@ pub mod shared;
 pub mod stats;
 pub mod tap;
 pub mod trace;
-pub mod tracetool;
