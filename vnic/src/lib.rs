@@ -6,7 +6,6 @@ pub mod cli;
 pub mod config;
 pub mod ctl;
 pub mod device;
-pub mod frontend;
 pub mod gen;
 pub mod mgmt;
 pub mod relay;
