@@ -228,6 +228,15 @@ fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
         // Under `cargo run` only this binary is built: build the daemon too.
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "-q", "-p", "vnic", "--bin", "vnic"]);
+        // The daemon is another package of this workspace: name its manifest
+        // (cargo run sets CARGO_MANIFEST_DIR to this package's directory), so
+        // the build works whatever directory `cargo run` was started from.
+        if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
+            let manifest = PathBuf::from(dir).join("../vnic/Cargo.toml");
+            if manifest.exists() {
+                cmd.arg("--manifest-path").arg(manifest);
+            }
+        }
         if !cfg!(debug_assertions) {
             cmd.arg("--release");
         }
