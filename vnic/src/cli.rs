@@ -31,7 +31,7 @@ pub enum Command {
     /// Talk to a running daemon through its control socket.
     Ctl(CtlArgs),
     /// Summarise or plot a trace file written by `vnic serve --trace FILE`.
-    Trace(crate::tracetool::TraceArgs),
+    Trace(vnic_trace::TraceArgs),
 }
 
 #[derive(Args, Debug)]

@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Serve(args) => vnic::cli::serve(args),
         Command::Ctl(args) => vnic::cli::run_ctl(&args),
-        Command::Trace(args) => vnic::tracetool::run(&args),
+        Command::Trace(args) => vnic_trace::run(&args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

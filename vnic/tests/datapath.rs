@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use vnic::frontend::features as F;
-use vnic::frontend::guest::{Guest, GUEST_MAC};
-use vnic::frontend::{build_frame, FrameSpec, Options, TxLayout, NET_HDR_LEN};
+use vnic_frontend::features as F;
+use vnic_frontend::guest::{Guest, GUEST_MAC};
+use vnic_frontend::{build_frame, FrameSpec, Options, TxLayout, NET_HDR_LEN};
 
 #[test]
 fn mrg_rxbuf_frame_spans_small_buffers() {

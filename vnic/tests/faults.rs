@@ -14,7 +14,7 @@ use arfs::proto::{AddOp, DelOp};
 use arfs::{DelReason, FlowKey, Message, OpStatus, Toeplitz};
 use common::*;
 use serde_json::json;
-use vnic::frontend::guest::Guest;
+use vnic_frontend::guest::Guest;
 
 fn st(v: &[OpStatus]) -> Vec<u8> {
     v.iter().map(|s| *s as u8).collect()

@@ -19,8 +19,8 @@ fn st(v: &[OpStatus]) -> Vec<u8> {
 /// Send `count` generator frames of flow sport/dport=5001 and return the
 /// queues they arrived on.
 fn burst_queues(
-    g: &mut vnic::frontend::guest::Guest,
-    c: &mut vnic::frontend::harness::Ctl,
+    g: &mut vnic_frontend::guest::Guest,
+    c: &mut vnic_frontend::harness::Ctl,
     sport: u16,
     count: u64,
 ) -> Vec<u16> {
@@ -233,7 +233,7 @@ fn pairs_count_as_enabled_as_soon_as_enable_is_acked() {
         // Buffers on rx 0 only (for the replies): pairs 1..3 see no kick,
         // as with a guest that posts its rx buffers a little later.
         let mut g =
-            vnic::frontend::guest::Guest::connect_with(&d.socket, opts(4, 256), 4, false).unwrap();
+            vnic_frontend::guest::Guest::connect_with(&d.socket, opts(4, 256), 4, false).unwrap();
         g.no_refill[0] = false;
         g.qps[0].rx.fill();
         let caps = g.hello(T).unwrap();

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use common::*;
 use serde_json::json;
 use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
-use vnic::frontend::features as F;
-use vnic::frontend::guest::Guest;
-use vnic::frontend::{Driver, Options};
+use vnic_frontend::features as F;
+use vnic_frontend::guest::Guest;
+use vnic_frontend::{Driver, Options};
 
 #[test]
 fn negotiates_features_protocol_and_queue_count() {

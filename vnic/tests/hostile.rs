@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use vnic::frontend::guest::{Guest, GUEST_MAC};
-use vnic::frontend::{build_frame, FrameSpec, Hostile};
+use vnic_frontend::guest::{Guest, GUEST_MAC};
+use vnic_frontend::{build_frame, FrameSpec, Hostile};
 
 fn good_tx_frame(sport: u16) -> Vec<u8> {
     build_frame(&FrameSpec {
@@ -61,7 +61,7 @@ fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
             break; // the ring state is unknown now
         }
         // ... the good frame reached the peer and the bad chain was counted.
-        let s = vnic::frontend::harness::wait_for(Duration::from_secs(10), "counters", || {
+        let s = vnic_frontend::harness::wait_for(Duration::from_secs(10), "counters", || {
             let s = c.stats().unwrap();
             (q(&s, 0, "tx_packets") >= want_pkts && q(&s, 0, "tx_bad_chains") >= want_bad)
                 .then_some(s)
@@ -144,7 +144,7 @@ fn hostile_rx_chains_are_counted_and_queue_keeps_working() {
             ));
             g.stash[0].clear();
         }
-        let s = vnic::frontend::harness::wait_for(Duration::from_secs(10), "rx_bad_chains", || {
+        let s = vnic_frontend::harness::wait_for(Duration::from_secs(10), "rx_bad_chains", || {
             let s = c.stats().unwrap();
             (q(&s, 0, "rx_bad_chains") >= want_bad).then_some(s)
         })

@@ -643,8 +643,8 @@ fn summary_of_a_real_daemon_trace() {
         common::gen_flow(10001, 5001),
         common::gen_flow(10002, 5001),
     );
-    let burst = |g: &mut vnic::frontend::guest::Guest,
-                 c: &mut vnic::frontend::harness::Ctl,
+    let burst = |g: &mut vnic_frontend::guest::Guest,
+                 c: &mut vnic_frontend::harness::Ctl,
                  sport: u16,
                  count: u64| {
         common::gen_burst(

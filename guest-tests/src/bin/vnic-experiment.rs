@@ -13,8 +13,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use vnic::tracetool::plot::{self, Line, Panel};
-use vnic::tracetool::summary::units;
+use vnic_trace::plot::{self, Line, Panel};
+use vnic_trace::summary::units;
 
 const HELP: &str = "\
 vnic-experiment: the vnic experiments (real kernels, real QEMU, real vnic)

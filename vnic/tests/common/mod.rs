@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use arfs::{FlowKey, L4Proto, Rss};
 use serde_json::Value;
-use vnic::frontend::guest::Guest;
-use vnic::frontend::harness::{Ctl, Daemon};
-use vnic::frontend::{parse_flow, Options, RxFrame};
+use vnic_frontend::guest::Guest;
+use vnic_frontend::harness::{Ctl, Daemon};
+use vnic_frontend::{parse_flow, Options, RxFrame};
 
-pub use vnic::frontend::harness::counter;
+pub use vnic_frontend::harness::counter;
 
 /// Generous: the machine is 2 shared cores and may be loaded.
 pub const T: Duration = Duration::from_mins(1);
@@ -57,7 +57,7 @@ pub fn guest(d: &Daemon, pairs: u16, enable: u16) -> Guest {
 /// Poll `stats` until `pred` holds; return the stats that satisfied it.
 pub fn wait_stats(c: &mut Ctl, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let mut last = Value::Null;
-    vnic::frontend::harness::wait_for(T, what, || {
+    vnic_frontend::harness::wait_for(T, what, || {
         last = c.stats().expect("ctl stats");
         pred(&last).then(|| last.clone())
     })
@@ -103,7 +103,7 @@ pub fn gen_burst(c: &mut Ctl, spec: &Value) -> u64 {
 /// Wait until flow set `id` is inactive (sent its `count`).
 pub fn wait_gen_done(c: &mut Ctl, id: u64) {
     let mut last = Value::Null;
-    let r = vnic::frontend::harness::wait_for(T, &format!("gen flow set {id} to finish"), || {
+    let r = vnic_frontend::harness::wait_for(T, &format!("gen flow set {id} to finish"), || {
         let flows = c.gen_list().expect("gen list");
         let set = flows
             .as_array()

@@ -1,5 +1,5 @@
 //! vnic-bench: packet rate of the real `vnic serve` daemon, driven through
-//! its vhost-user socket by the Rust test frontend (`vnic::frontend`).
+//! its vhost-user socket by the Rust test frontend (`vnic_frontend`).
 //!
 //! RX: the built-in generator peer sends UDP flows as fast as it can; one
 //! frontend thread per queue pair keeps that pair's rx ring stocked and
@@ -17,7 +17,13 @@
 //! older daemon binary too, interleaved with the new one, and reports the
 //! ratios from that one run.
 //!
-//! `cargo run --release -p vnic --bin vnic-bench [-- --quick]`
+//! `cargo run --release -p vnic-frontend --bin vnic-bench [-- --quick]`
+//!
+//! The daemon under test is the `vnic` binary of package `vnic` (another
+//! crate of this workspace): `--vnic PATH`, or else `vnic` next to this
+//! executable in the same target directory. Under `cargo run` the bench first
+//! runs `cargo build [--release] -p vnic --bin vnic` itself (same profile as
+//! the bench); run directly, build the daemon first.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,10 +34,10 @@ use std::time::{Duration, Instant};
 use arfs::proto::AddOp;
 use arfs::{FlowKey, L4Proto, OpStatus};
 use serde_json::json;
-use vnic::frontend::guest::{Guest, GUEST_MAC};
-use vnic::frontend::harness::{counter, Ctl, Daemon};
-use vnic::frontend::pump::{rx_loop, tx_loop, PumpStats};
-use vnic::frontend::{build_frame, FrameSpec, Options};
+use vnic_frontend::guest::{Guest, GUEST_MAC};
+use vnic_frontend::harness::{counter, Ctl, Daemon};
+use vnic_frontend::pump::{rx_loop, tx_loop, PumpStats};
+use vnic_frontend::{build_frame, FrameSpec, Options};
 
 const USAGE: &str = "\
 vnic-bench: RX/TX packet rate of vnic serve through its vhost-user socket
@@ -222,6 +228,15 @@ fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
         // Under `cargo run` only this binary is built: build the daemon too.
         let mut cmd = Command::new(cargo);
         cmd.args(["build", "-q", "-p", "vnic", "--bin", "vnic"]);
+        // The daemon is another package of this workspace: name its manifest
+        // (cargo run sets CARGO_MANIFEST_DIR to this package's directory), so
+        // the build works whatever directory `cargo run` was started from.
+        if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
+            let manifest = PathBuf::from(dir).join("../vnic/Cargo.toml");
+            if manifest.exists() {
+                cmd.arg("--manifest-path").arg(manifest);
+            }
+        }
         if !cfg!(debug_assertions) {
             cmd.arg("--release");
         }
@@ -238,7 +253,8 @@ fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
         Ok(p)
     } else {
         Err(format!(
-            "{} not found: build it (cargo build --release -p vnic) or pass --vnic",
+            "{} not found: build the daemon into the same target directory first \
+             (cargo build --release -p vnic) or pass --vnic PATH",
             p.display()
         ))
     }
@@ -269,7 +285,7 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
     let mut g = Guest::connect(&d.socket, opts, case.pairs).map_err(|e| e.to_string())?;
     // The daemon learns of enabled pairs asynchronously (see
     // vnic-bugs.md): wait until it reports all of them before any ADD.
-    vnic::frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
+    vnic_frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
         c.stats()
             .ok()
             .filter(|s| s["enabled_pairs"] == json!(case.pairs))
