@@ -5,16 +5,6 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Default generator (peer) address.
-#[cfg(test)]
-pub const DEFAULT_GEN_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 1);
-/// Default guest address the generator sends to.
-#[cfg(test)]
-pub const DEFAULT_GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
-/// Default MAC of the generator peer (locally administered).
-#[cfg(test)]
-pub const DEFAULT_GEN_MAC: [u8; 6] = [0x02, 0x76, 0x6e, 0x69, 0x63, 0x01];
-
 /// The far side of the NIC.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerKind {

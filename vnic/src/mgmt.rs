@@ -530,30 +530,38 @@ mod tests {
     use arfs::{AddOp, FlowKey, L4Proto, Message, OpStatus};
 
     use super::*;
-    use crate::config::{Config, PeerKind, DEFAULT_GEN_IP, DEFAULT_GEN_MAC, DEFAULT_GUEST_IP};
-    use crate::daemon::Shared;
+    use std::sync::Mutex;
 
     const GUEST: [u8; 6] = [2, 0, 0, 0, 0, 0x15];
 
-    fn setup(latency: Duration) -> (Arc<Shared>, Arc<Conn>) {
-        let cfg = Config {
-            socket: "unused.sock".into(),
-            ctl: "unused.ctl".into(),
-            queues: 2,
-            max_queue_size: 1024,
-            peer: PeerKind::Gen,
-            gen_mac: DEFAULT_GEN_MAC,
-            gen_ip: DEFAULT_GEN_IP,
-            guest_ip: DEFAULT_GUEST_IP,
-            table_capacity: 64,
-            buckets: None,
-            program_latency: latency,
-            add_fail_rate: 0.0,
-            mgmt_loss_rate: 0.0,
-            seed: 1,
-            trace: None,
+    /// The management state of a 2-pair device, as the daemon holds it.
+    struct Dev {
+        mgmt: Mutex<Mgmt>,
+        generation: Arc<AtomicU32>,
+    }
+
+    impl Dev {
+        fn lock_mgmt(&self) -> std::sync::MutexGuard<'_, Mgmt> {
+            self.mgmt.lock().unwrap()
+        }
+
+        fn generation(&self) -> u32 {
+            self.generation.load(Ordering::Relaxed)
+        }
+    }
+
+    fn setup(latency: Duration) -> (Dev, Arc<Conn>) {
+        let cfg = TableConfig {
+            capacity: 64,
+            latency_ns: latency.as_nanos() as u64,
+            ..TableConfig::default()
         };
-        let sh = Shared::build(cfg).unwrap();
+        let generation = Arc::new(AtomicU32::new(1));
+        let m = Mgmt::new(cfg, Arc::new(Tracer::disabled()), generation.clone(), 2).unwrap();
+        let sh = Dev {
+            mgmt: Mutex::new(m),
+            generation,
+        };
         let conn = Arc::new(Conn::new(2).unwrap());
         // Both pairs enabled.
         conn.pairs.observe(0, true, true);
@@ -591,7 +599,7 @@ mod tests {
 
     /// A management frame handled by worker `w` with the lock held, as
     /// a worker does; its own replies are returned.
-    fn handle(sh: &Shared, w: usize, f: &[u8]) -> Vec<Reply> {
+    fn handle(sh: &Dev, w: usize, f: &[u8]) -> Vec<Reply> {
         let mut own = Vec::new();
         sh.lock_mgmt().handle_frame(w, f, &mut own);
         own
