@@ -11,8 +11,10 @@
 //! guest, and no lock shared by the pairs is taken here.
 //!
 //! [`Lanes`] are one connection's inboxes, plus the bookkeeping that lets
-//! a management ACK leave only once every worker's replica has applied the
-//! table events that came before it.
+//! a management ACK leave only once the change it acknowledges holds for
+//! every frame: every worker's replica has applied the table events that
+//! came before it, and every frame steered by the older state has left the
+//! inboxes (delivered or dropped).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -133,6 +135,9 @@ pub struct Inbox {
     pub updates: SegQueue<Arc<TableEvent>>,
     /// Table events this worker's replica has applied.
     pub applied: AtomicU64,
+    /// This worker drained its inbox after every replica had applied this
+    /// many table events: no frame steered by an older state waits here.
+    drained: AtomicU64,
     /// Management replies to deliver on this pair's rx queue.
     pub replies: SegQueue<Reply>,
     /// Wakes the worker (registered with its epoll).
@@ -150,6 +155,7 @@ impl Inbox {
             waiters: AtomicU32::new(0),
             updates: SegQueue::new(),
             applied: AtomicU64::new(0),
+            drained: AtomicU64::new(0),
             replies: SegQueue::new(),
             kick: EventFd::new(EFD_NONBLOCK)?,
             tx_recheck: AtomicBool::new(false),
@@ -232,28 +238,56 @@ impl Lanes {
         None
     }
 
-    /// Whether every replica has applied `needs` table events.
-    fn all_applied(&self, needs: u64) -> bool {
+    /// Table events every replica has applied.
+    fn min_applied(&self) -> u64 {
         self.inbox
             .iter()
-            .all(|ib| ib.applied.load(Ordering::SeqCst) >= needs)
+            .map(|ib| ib.applied.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(0)
     }
 
-    /// Whether a reply needing `needs` may leave now; if not, worker `w`
-    /// is woken when another replica catches up.
+    /// Whether a reply needing `needs` may leave now: every worker drained
+    /// its inbox after all replicas had applied `needs` events. If not,
+    /// worker `w` waits to be woken, and the workers still behind are
+    /// woken to catch up.
     fn may_send(&self, w: usize, needs: u64) -> bool {
-        if self.all_applied(needs) {
+        let done = |ib: &Inbox| ib.drained.load(Ordering::SeqCst) >= needs;
+        if self.inbox.iter().all(done) {
             return true;
         }
-        // Register first, then look again: a worker that applied in
-        // between either sees the bit or was seen here (SeqCst on both).
+        // Register first, then look again (SeqCst on both sides: a worker
+        // that moved in between either sees the bit or is seen here).
         self.ack_waiters.fetch_or(1 << w, Ordering::SeqCst);
-        self.all_applied(needs)
+        let mut all = true;
+        for (i, ib) in self.inbox.iter().enumerate() {
+            if !done(ib) {
+                all = false;
+                if i != w {
+                    ib.wake();
+                }
+            }
+        }
+        all
     }
 
-    /// Called by a worker after it applied table events.
+    /// Called by a worker after it applied table events: while a reply
+    /// waits, every worker must drain its inbox again.
     fn applied_by(&self, w: usize, n: u64) {
         self.inbox[w].applied.store(n, Ordering::SeqCst);
+        if self.ack_waiters.load(Ordering::SeqCst) != 0 {
+            self.wake_all();
+        }
+    }
+
+    /// Called by a worker that drained its inbox after all replicas had
+    /// applied `floor` events: wakes the workers holding replies.
+    fn drained_by(&self, w: usize, floor: u64) {
+        let d = &self.inbox[w].drained;
+        if d.load(Ordering::Relaxed) >= floor {
+            return;
+        }
+        d.store(floor, Ordering::SeqCst);
         if self.ack_waiters.load(Ordering::SeqCst) != 0 {
             let mut k = self.ack_waiters.swap(0, Ordering::SeqCst);
             while k != 0 {
@@ -572,9 +606,11 @@ impl Router {
     /// of the frames this worker just handled itself). Then wakes the
     /// workers that paused on this inbox if it can take frames again.
     pub fn drain_inbox(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
-        self.drain_replies(rx, own);
         let lanes = self.lanes.clone();
         let ib = &lanes.inbox[self.id];
+        // Every frame a worker steered before it applied `floor` events
+        // was pushed before it said so: this drain takes all of them.
+        let floor = lanes.min_applied();
         while let Some(mut fb) = ib.frames.pop() {
             let mut off = 0;
             while let Some((pkt, filter)) = fb.next_mut(&mut off) {
@@ -583,6 +619,8 @@ impl Router {
             fb.clear();
             let _ = ib.pool.push(fb);
         }
+        lanes.drained_by(self.id, floor);
+        self.drain_replies(rx, own);
         // Workers that paused on this inbox (full, or this queue out of
         // buffers) can go on once it is drained and the queue has buffers.
         if ib.waiters.load(Ordering::Relaxed) != 0 && !ib.starved.load(Ordering::Relaxed) {

@@ -258,3 +258,116 @@ fn pairs_count_as_enabled_as_soon_as_enable_is_acked() {
         bad.join("\n")
     );
 }
+
+/// What an ACK promises (PROTOCOL.md): once the driver has the ACK of an
+/// ADD or DEL, every frame of the flow follows the new state. The flow is
+/// generated as fast as the rings take it; right after the ACK shows up,
+/// the used index of the queue the flow is leaving is noted; no frame of
+/// the flow may be published there after that point, and the flow's next
+/// frames arrive on the queue it moved to. Ten ADD/DEL rounds.
+#[test]
+fn no_frame_of_the_flow_takes_the_old_queue_after_the_ack() {
+    let d = daemon(&["--queues", "4"]);
+    let mut g = guest(&d, 4, 4);
+    let mut c = ctl(&d);
+    g.hello(T).expect("HELLO");
+    let sport = 12000;
+    let flow = gen_flow(sport, 5001);
+    let q_rss = rss_queue(&flow, 4);
+    // Not queue 0, where the ACKs arrive: the two queues are read apart.
+    let target = if q_rss == 3 { 1 } else { q_rss + 1 };
+    let q_rss = usize::from(q_rss);
+    c.gen_start(&json!({"flows": 1, "sport": sport.to_string(), "rate": 0}))
+        .expect("gen start");
+
+    // Drains queue `q` (reposting buffers) and returns the frames of
+    // `flow` among the first `before` used entries and after them.
+    let drain = |g: &mut vnic_frontend::guest::Guest, q: usize, mut before: u16| {
+        let (mut old, mut new) = (0u64, 0u64);
+        while let Some(f) = g.qps[q].rx.recv().expect("device fault") {
+            let ours = !arfs::proto::is_mgmt_frame(&f.data) && flow_of(&f) == flow;
+            if before > 0 {
+                before -= f.num_buffers.min(before);
+                old += u64::from(ours);
+            } else {
+                new += u64::from(ours);
+            }
+        }
+        g.qps[q].rx.fill();
+        (old, new)
+    };
+    let mut late = Vec::new();
+    for round in 0..10 {
+        for (add, from, to) in [
+            (true, q_rss, usize::from(target)),
+            (false, usize::from(target), q_rss),
+        ] {
+            let msg = if add {
+                arfs::Message::Add(vec![AddOp::new(7, target, &flow)])
+            } else {
+                arfs::Message::Del(vec![DelOp {
+                    id: 7,
+                    reason: DelReason::Expired,
+                }])
+            };
+            let seq = g.send_mgmt(&msg);
+            // Wait for the ACK on queue 0, keeping every ring supplied.
+            let deadline = std::time::Instant::now() + T;
+            let mark = 'ack: loop {
+                while let Some(f) = g.qps[0].rx.recv().expect("device fault") {
+                    if let Ok((h, arfs::Message::Ack(a))) =
+                        arfs::proto::decode_frame_driver(&f.data)
+                    {
+                        if h.seq == seq {
+                            assert_eq!(a.statuses, st(&[OpStatus::Ok]), "round {round}");
+                            // The used index of the queue the flow leaves,
+                            // read after the ACK was seen.
+                            let r = &g.qps[from].rx.ring;
+                            break 'ack r.used_idx().wrapping_sub(r.last_used());
+                        }
+                    }
+                }
+                g.qps[0].rx.fill();
+                for q in 1..4 {
+                    if q != from {
+                        let _ = drain(&mut g, q, 0);
+                    }
+                }
+                let _ = g.qps[0].tx.reap();
+                assert!(std::time::Instant::now() < deadline, "no ACK for seq {seq}");
+            };
+            g.qps[0].rx.fill();
+            let (_, after) = drain(&mut g, from, mark);
+            // Then the flow shows up where it moved to.
+            let mut arrived = 0;
+            let deadline = std::time::Instant::now() + T;
+            while arrived == 0 {
+                let (_, a) = drain(&mut g, from, 0);
+                let (b, n) = drain(&mut g, to, 0);
+                late.extend((a > 0).then(|| {
+                    format!(
+                        "round {round} {}: {a} more frame(s) on queue {from}",
+                        if add { "ADD" } else { "DEL" }
+                    )
+                }));
+                arrived = b + n;
+                for q in 0..4 {
+                    if q != from && q != to {
+                        let _ = drain(&mut g, q, 0);
+                    }
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "flow never reached queue {to}"
+                );
+            }
+            if after > 0 {
+                late.push(format!(
+                    "round {round} {}: {after} frame(s) of the flow on queue {from} after the ACK",
+                    if add { "ADD" } else { "DEL" }
+                ));
+            }
+        }
+    }
+    assert!(late.is_empty(), "{}", late.join("\n"));
+}
