@@ -630,7 +630,7 @@ impl Router {
 
     /// Delivers management replies in order; one that waits for the
     /// replicas holds back those behind it.
-    pub fn drain_replies(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
+    fn drain_replies(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
         let lanes = self.lanes.clone();
         let ib = &lanes.inbox[self.id];
         while let Some(r) = ib.replies.pop() {

@@ -249,10 +249,11 @@ impl Worker {
         }
         drop(tx);
         if mgmt_seen {
-            // Apply this worker's share of what the frames changed, so
-            // their ACKs wait only for the other replicas.
+            // Apply this worker's share of what the frames changed and
+            // drain its inbox, so their replies wait only for the other
+            // workers (see handoff::Lanes::may_send).
             self.router.sync(self.conn.mrg_rxbuf());
-            self.router.drain_replies(&mut b, &mut self.own);
+            self.router.drain_inbox(&mut b, &mut self.own);
         }
         self.finish(b);
     }

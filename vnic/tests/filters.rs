@@ -371,3 +371,33 @@ fn no_frame_of_the_flow_takes_the_old_queue_after_the_ack() {
     }
     assert!(late.is_empty(), "{}", late.join("\n"));
 }
+
+/// An ACK that waits for the replicas (see above) must not wait for
+/// traffic: with one pair, no generator and no other event, a run of
+/// requests is acknowledged one after the other, each well within a
+/// second (a reply that waited for a wake-up that never comes would hang
+/// here; the bench's 65,535-filter install found that once).
+#[test]
+fn acks_need_no_traffic_to_leave() {
+    for pairs in [1u16, 2] {
+        let d = daemon(&["--queues", &pairs.to_string()]);
+        let mut g = guest(&d, pairs, pairs);
+        g.hello(T).expect("HELLO");
+        for id in 0..200u16 {
+            let flow = gen_flow(20000 + id, 5001);
+            let t0 = std::time::Instant::now();
+            let ack = g
+                .add(
+                    vec![AddOp::new(id, 0, &flow)],
+                    std::time::Duration::from_secs(5),
+                )
+                .unwrap_or_else(|e| panic!("{pairs} pair(s), ADD {id}: {e}"));
+            assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(1),
+                "{pairs} pair(s), ADD {id} took {:?}",
+                t0.elapsed()
+            );
+        }
+    }
+}

@@ -325,16 +325,10 @@ pub fn mac_from_u64(v: u64) -> [u8; 6] {
 mod tests {
     use super::*;
 
-    fn gen_ip() -> Ipv4Addr {
-        Ipv4Addr::new(10, 0, 2, 1)
-    }
-    fn guest_ip() -> Ipv4Addr {
-        Ipv4Addr::new(10, 0, 2, 15)
-    }
-
     #[test]
     fn arp_and_ping() {
-        let me = gen_ip();
+        let me = Ipv4Addr::new(10, 0, 2, 1);
+        let guest_ip = Ipv4Addr::new(10, 0, 2, 15);
         let mac = [2, 0, 0, 0, 0, 9];
         let guest_mac = [2, 0, 0, 0, 0, 1];
         let mut arp = vec![0u8; 42];
@@ -343,7 +337,7 @@ mod tests {
         arp[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
         arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
         arp[22..28].copy_from_slice(&guest_mac);
-        arp[28..32].copy_from_slice(&guest_ip().octets());
+        arp[28..32].copy_from_slice(&guest_ip.octets());
         arp[38..42].copy_from_slice(&me.octets());
         let mut out = Vec::new();
         assert_eq!(respond(&arp, me, mac, &mut out), Response::Arp);
@@ -359,7 +353,7 @@ mod tests {
         f[16..18].copy_from_slice(&36u16.to_be_bytes());
         f[22] = 64;
         f[23] = 1;
-        f[26..30].copy_from_slice(&guest_ip().octets());
+        f[26..30].copy_from_slice(&guest_ip.octets());
         f[30..34].copy_from_slice(&me.octets());
         f[34] = 8;
         f[38..42].copy_from_slice(&[0, 7, 0, 1]);
@@ -367,7 +361,7 @@ mod tests {
         f[36..38].copy_from_slice(&c.to_be_bytes());
         assert_eq!(respond(&f, me, mac, &mut out), Response::Echo);
         assert_eq!(out[34], 0);
-        assert_eq!(&out[30..34], &guest_ip().octets());
+        assert_eq!(&out[30..34], &guest_ip.octets());
         assert_eq!(checksum(&[&out[14..34]], 0), 0);
         assert_eq!(checksum(&[&out[34..50]], 0), 0);
         // Not for me: sunk.
