@@ -8,7 +8,7 @@
 //! device knobs and table geometry back to the boot values, the channels and
 //! NTUPLE restored and the module unloaded (the next scenario loads it).
 
-use super::{Checks, Flow, Session, GEN_IP, GEN_PORT, GUEST_IP};
+use super::{Checks, Flow, Run, Session, GEN_IP, GEN_PORT, GUEST_IP};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
 use crate::module::{self, ModuleCounters};
@@ -19,36 +19,16 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-/// Scenario names of this group, in canonical order.
-pub(super) const NAMES: &[&str] = &[
-    "table-full",
-    "bucket-collisions",
-    "lossy-mgmt",
-    "slow-hw",
-    "add-failures",
-    "reconfig",
-];
-
 /// The module's `reject_holdoff_ms` default: how long a flow the device
 /// refused gets -EBUSY before the module asks again.
 const REJECT_HOLDOFF: Duration = Duration::from_secs(1);
 
-type Scenario = fn(&mut Session, &mut Checks) -> Result<String>;
-
-/// Run scenario `name` if it belongs to this group.
-pub(super) fn run(s: &mut Session, name: &str, c: &mut Checks) -> Option<Result<String>> {
-    let scenario: Scenario = match name {
-        "table-full" => Session::table_full,
-        "bucket-collisions" => Session::bucket_collisions,
-        "lossy-mgmt" => Session::lossy_mgmt,
-        "slow-hw" => Session::slow_hw,
-        "add-failures" => Session::add_failures,
-        "reconfig" => Session::reconfig,
-        _ => return None,
-    };
+/// Run `scenario`, a scenario of this group ([`super::Setup::Fresh`] in the
+/// table), from a fresh module and table, and put the session back after it.
+pub(super) fn isolated(s: &mut Session, c: &mut Checks, scenario: Run) -> Result<String> {
     let outcome = s.fault_fresh().and_then(|()| scenario(s, c));
     let cleanup = s.fault_restore();
-    Some(match (outcome, cleanup) {
+    match (outcome, cleanup) {
         (Ok(fig), Ok(())) => Ok(fig),
         (Ok(fig), Err(e)) => {
             c.failures
@@ -57,7 +37,7 @@ pub(super) fn run(s: &mut Session, name: &str, c: &mut Checks) -> Option<Result<
         }
         (Err(e), Ok(())) => Err(e),
         (Err(e), Err(e2)) => Err(format!("{e}; and restoring the session: {e2}").into()),
-    })
+    }
 }
 
 /// A module filter as debugfs `filters` shows it.
@@ -428,7 +408,7 @@ impl Session {
     /// table shared with other users): the device rejects with table_full,
     /// the module holds the refused flows off with -EBUSY instead of asking
     /// per packet, and the 16 accepted flows are steered as well as ever.
-    fn table_full(&mut self, c: &mut Checks) -> Result<String> {
+    pub(super) fn table_full(&mut self, c: &mut Checks) -> Result<String> {
         const CAP: u64 = 16;
         // The module's keepalive HELLO would fetch a CAPS with the new
         // capacity and the module would then cap itself at 16 (-EBUSY
@@ -586,7 +566,7 @@ impl Session {
     /// reject must be for a predicted collider, and replaying the trace the
     /// rejected flow's bucket held exactly 2 filters, both predicted
     /// colliders of that bucket.
-    fn bucket_collisions(&mut self, c: &mut Checks) -> Result<String> {
+    pub(super) fn bucket_collisions(&mut self, c: &mut Checks) -> Result<String> {
         const B: u32 = 64;
         const W: usize = 2;
         self.guest.ctl.set("buckets", &json!(format!("{B}x{W}")))?;
@@ -784,7 +764,7 @@ impl Session {
     /// filters and then all move to another CPU (re-steers): the module's
     /// retransmissions converge and the device table equals the module's
     /// entry for entry.
-    fn lossy_mgmt(&mut self, c: &mut Checks) -> Result<String> {
+    pub(super) fn lossy_mgmt(&mut self, c: &mut Checks) -> Result<String> {
         self.ensure_module()?;
         self.guest.ctl.set("mgmt_loss_rate", &json!(0.2))?;
         let m0 = self.module_counters()?;
@@ -870,7 +850,7 @@ impl Session {
     /// every packet), the module's RTO covers the latency (no
     /// retransmission), repeated steer calls for a pending filter are
     /// deduplicated (6.12 calls per packet), convergence time reported.
-    fn slow_hw(&mut self, c: &mut Checks) -> Result<String> {
+    pub(super) fn slow_hw(&mut self, c: &mut Checks) -> Result<String> {
         self.guest.ctl.set("program_latency", &json!("10ms"))?;
         self.ensure_module()?;
         let m0 = self.module_counters()?;
@@ -953,7 +933,7 @@ impl Session {
     /// stay on RSS until a later ADD succeeds (per-queue accounting), and
     /// after the flows stop and the idle expiry runs the module's id space
     /// is empty again (no leaked ids).
-    fn add_failures(&mut self, c: &mut Checks) -> Result<String> {
+    pub(super) fn add_failures(&mut self, c: &mut Checks) -> Result<String> {
         // Device totals before the module loads: its counters start at 0.
         let s_pre = self.guest.ctl.stats()?;
         self.ensure_module()?;
@@ -1057,7 +1037,7 @@ impl Session {
     /// `ethtool -L` under traffic makes the kernel itself WARN in
     /// get_rps_cpu (seen on 6.12 and 7.3 without this module), which would
     /// hide what is tested here.
-    fn reconfig(&mut self, c: &mut Checks) -> Result<String> {
+    pub(super) fn reconfig(&mut self, c: &mut Checks) -> Result<String> {
         self.ensure_module()?;
         let full_q = self.settings.queues;
         let low_q: u16 = 2;

@@ -1,11 +1,18 @@
-//! The guest scenarios of the suite: the issue-4 ones (link, steer,
-//! migrate, expiry: `basic.rs`), the faults and stress groups, and the
-//! experiment workloads.
+//! The guest scenarios of the suite, all in one table ([`SCENARIOS`]): the
+//! issue-4 ones (link, steer, migrate, expiry: `basic.rs`), the faults
+//! group (`faults.rs`) and the stress group (`stress.rs`). `experiments.rs`
+//! holds the experiment workloads of `vnic-experiment`, which are not
+//! scenarios of the suite.
 //!
 //! One [`Session`] (`session.rs`) is one booted guest (one kernel).
 //! Scenarios run in canonical order in the same boot; each makes sure its
 //! prerequisites hold, so any subset can be selected.
+//!
+//! Adding a scenario: a function `fn(&mut Session, &mut Checks) ->
+//! Result<String>` (it records failed assertions in the `Checks` and
+//! returns the figures of its report line) and one line in [`SCENARIOS`].
 
+use crate::harness::Result;
 use std::net::Ipv4Addr;
 
 /// The gen peer and the guest, as vnic's gen defaults them (vnic/CTL.md).
@@ -16,9 +23,6 @@ pub const IFNAME: &str = "eth0";
 /// All flows come from this gen port; flow i goes to guest port BASE_PORT + i.
 pub const GEN_PORT: u16 = 10000;
 pub const BASE_PORT: u16 = 20000;
-
-/// The issue-4 scenarios, in their canonical order.
-pub const BASIC: [&str; 4] = ["link", "steer", "migrate", "expiry"];
 
 mod basic;
 pub mod experiments;
@@ -31,13 +35,71 @@ use session::Checks;
 pub use session::{report_line, Outcome, Session, Settings, Tools};
 pub use workload::{table_summary, Flow, Window};
 
-/// Every scenario the default boot of a kernel can run, in canonical order.
+/// Every scenario of the suite, in canonical order (the order they run in
+/// within a boot, and the order of `--list`).
+#[rustfmt::skip]
+pub const SCENARIOS: &[Scenario] = &[
+    // issue 4 (basic.rs)
+    Scenario { name: "link",              boot: BootKind::Default, setup: Setup::Shared, run: Session::link },
+    Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, run: Session::steer },
+    Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, run: Session::migrate },
+    Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, run: Session::expiry },
+    // issue 5, faults (faults.rs)
+    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  run: Session::table_full },
+    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  run: Session::bucket_collisions },
+    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  run: Session::lossy_mgmt },
+    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: Session::slow_hw },
+    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: Session::add_failures },
+    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: Session::reconfig },
+    // issue 5, stress (stress.rs)
+    Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, run: stress::hostile_mgmt },
+    Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, run: stress::device_restart },
+    Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, run: stress::tcp_tap },
+    Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_reload },
+];
+
+/// One scenario: one line of [`SCENARIOS`].
+pub struct Scenario {
+    /// What `--scenario` selects it by and the report calls it.
+    pub name: &'static str,
+    /// The boot it runs in.
+    pub boot: BootKind,
+    setup: Setup,
+    run: Run,
+}
+
+/// A scenario's body: assertions go to the [`Checks`], the figures of its
+/// report line are the result (an error fails it too).
+type Run = fn(&mut Session, &mut Checks) -> Result<String>;
+
+/// How a scenario starts and ends.
+enum Setup {
+    /// In the session as the scenarios before it left it.
+    Shared,
+    /// From an unloaded module and an empty device table, and afterwards,
+    /// whatever happened, the session is put back: knobs, table geometry,
+    /// channels, module unloaded (`faults::isolated`).
+    Fresh,
+}
+
+impl Scenario {
+    /// The scenario called `name`.
+    pub fn find(name: &str) -> Option<&'static Scenario> {
+        SCENARIOS.iter().find(|s| s.name == name)
+    }
+
+    /// Run it in `s` (see [`Session::run`], which never fails).
+    fn call(&self, s: &mut Session, c: &mut Checks) -> Result<String> {
+        match self.setup {
+            Setup::Shared => (self.run)(s, c),
+            Setup::Fresh => faults::isolated(s, c, self.run),
+        }
+    }
+}
+
+/// Every scenario's name, in canonical order.
 pub fn all() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = BASIC.to_vec();
-    v.extend_from_slice(faults::NAMES);
-    v.extend_from_slice(stress::NAMES);
-    v.extend_from_slice(experiments::NAMES);
-    v
+    SCENARIOS.iter().map(|s| s.name).collect()
 }
 
 /// What a scenario needs booted. Scenarios of one kind share a boot; the
@@ -73,5 +135,5 @@ impl BootKind {
 
 /// The boot scenario `name` runs in.
 pub fn boot_kind(name: &str) -> BootKind {
-    stress::boot_kind(name).unwrap_or(BootKind::Default)
+    Scenario::find(name).map_or(BootKind::Default, |s| s.boot)
 }

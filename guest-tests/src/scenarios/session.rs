@@ -3,7 +3,7 @@
 //! prerequisites scenarios ask for (network up, module loaded). The steering
 //! workload the scenarios share is in `workload.rs`.
 
-use super::{experiments, faults, stress, BootKind, Flow, GUEST_IP, GUEST_PREFIX, IFNAME};
+use super::{stress, BootKind, Flow, Scenario, GUEST_IP, GUEST_PREFIX, IFNAME};
 use crate::harness::build::{self, Kernel};
 use crate::harness::ctl::counter;
 use crate::harness::guest::{BootSpec, Guest};
@@ -266,15 +266,9 @@ impl Session {
     pub fn run(&mut self, name: &str) -> Outcome {
         let start = Instant::now();
         let mut checks = Checks::default();
-        let r = match name {
-            "link" => self.link(&mut checks),
-            "steer" => self.steer(&mut checks),
-            "migrate" => self.migrate(&mut checks),
-            "expiry" => self.expiry(&mut checks),
-            other => faults::run(self, other, &mut checks)
-                .or_else(|| stress::run(self, other, &mut checks))
-                .or_else(|| experiments::run(self, other, &mut checks))
-                .unwrap_or_else(|| Err(format!("unknown scenario {other:?}").into())),
+        let r = match Scenario::find(name) {
+            Some(sc) => sc.call(self, &mut checks),
+            None => Err(format!("unknown scenario {name:?}").into()),
         };
         if name == "link" {
             // link's workload is its own: make sure it is gone even when

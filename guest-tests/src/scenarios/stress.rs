@@ -30,30 +30,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Scenario names of this group, in canonical order.
-pub(super) const NAMES: &[&str] = &["hostile-mgmt", "device-restart", "tcp-tap", "unload-reload"];
-
-/// The boot a scenario of this group needs (None: not ours).
-pub(super) fn boot_kind(name: &str) -> Option<BootKind> {
-    match name {
-        "hostile-mgmt" | "device-restart" => Some(BootKind::Default),
-        "tcp-tap" => Some(BootKind::Tap),
-        "unload-reload" => Some(BootKind::Debug),
-        _ => None,
-    }
-}
-
-/// Run scenario `name` if it belongs to this group.
-pub(super) fn run(s: &mut Session, name: &str, c: &mut Checks) -> Option<Result<String>> {
-    Some(match name {
-        "hostile-mgmt" => hostile_mgmt(s, c),
-        "device-restart" => device_restart(s, c),
-        "tcp-tap" => tcp_tap(s, c),
-        "unload-reload" => unload_reload(s, c),
-        _ => return None,
-    })
-}
-
 // ---- shared helpers --------------------------------------------------------
 
 fn ping(s: &mut Session, count: u32) -> Result<PingResult> {
@@ -482,7 +458,7 @@ fn ack_type_for(frames: &[(Vec<u8>, Option<Reply>)], seq: u32) -> u8 {
 }
 
 #[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
-fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
+pub(super) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
     let phase1 = hostile_in_window(s, c)?;
     // Phase 2: the module's session is up and a steered workload runs; the
     // hostile frames come at a high rate. Their seq is far ahead of the
@@ -628,7 +604,7 @@ fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
 // ---- device-restart ------------------------------------------------------------
 
 #[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
-fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
+pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.setup_steering()?;
     // Nothing in flight, module and device in agreement, before the kill.
     let before = match tables_agree(s, Duration::from_secs(15))? {
@@ -920,7 +896,7 @@ impl Drop for TcpClient {
 
 const TCP_PORT: u16 = 5201;
 
-fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<String> {
+pub(super) fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<String> {
     let Some(ns) = s.tapnet.as_ref().map(|t| t.ns.clone()) else {
         bail!("tcp-tap needs the tap boot (the suite runs it in one)");
     };
@@ -1149,7 +1125,7 @@ fn kmemleak(s: &mut Session, cmd: &str) -> Result<()> {
 }
 
 #[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
-fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
+pub(super) fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
     // On the debug boot kmemleak must be there. A default boot (a kernel
     // left out of the suite's --debug-kernel) runs the same cycles and
     // checks without it, and its figures say so.
