@@ -40,17 +40,17 @@ pub use workload::{table_summary, Flow, Window};
 #[rustfmt::skip]
 pub const SCENARIOS: &[Scenario] = &[
     // issue 4 (basic.rs)
-    Scenario { name: "link",              boot: BootKind::Default, setup: Setup::Shared, run: Session::link },
-    Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, run: Session::steer },
-    Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, run: Session::migrate },
-    Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, run: Session::expiry },
+    Scenario { name: "link",              boot: BootKind::Default, setup: Setup::Shared, run: basic::link },
+    Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, run: basic::steer },
+    Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, run: basic::migrate },
+    Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, run: basic::expiry },
     // issue 5, faults (faults.rs)
-    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  run: Session::table_full },
-    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  run: Session::bucket_collisions },
-    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  run: Session::lossy_mgmt },
-    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: Session::slow_hw },
-    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: Session::add_failures },
-    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: Session::reconfig },
+    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::table_full },
+    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  run: faults::bucket_collisions },
+    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::lossy_mgmt },
+    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: faults::slow_hw },
+    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: faults::add_failures },
+    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig },
     // issue 5, stress (stress.rs)
     Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, run: stress::hostile_mgmt },
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, run: stress::device_restart },
