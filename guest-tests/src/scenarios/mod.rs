@@ -44,17 +44,17 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, run: basic::steer },
     Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, run: basic::migrate },
     Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, run: basic::expiry },
-    // issue 5, faults (faults.rs)
-    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::table_full },
-    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  run: faults::bucket_collisions },
-    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::lossy_mgmt },
-    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: faults::slow_hw },
-    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: faults::add_failures },
-    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig },
-    // issue 5, stress (stress.rs)
-    Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, run: stress::hostile_mgmt },
+    // issue 5, faults (faults/)
+    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::table::table_full },
+    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  run: faults::table::bucket_collisions },
+    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::lossy_mgmt },
+    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::slow_hw },
+    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::add_failures },
+    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig::reconfig },
+    // issue 5, stress (stress/)
+    Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, run: stress::hostile::hostile_mgmt },
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, run: stress::device_restart },
-    Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, run: stress::tcp_tap },
+    Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, run: stress::tap::tcp_tap },
     Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_reload },
 ];
 
