@@ -1,6 +1,6 @@
 //! The guest scenarios of the suite, all in one table ([`SCENARIOS`]): the
 //! issue-4 ones (link, steer, migrate, expiry: `basic.rs`), the faults
-//! group (`faults.rs`) and the stress group (`stress.rs`). `experiments.rs`
+//! group (`faults/`) and the stress group (`stress/`). `experiments.rs`
 //! holds the experiment workloads of `vnic-experiment`, which are not
 //! scenarios of the suite.
 //!
