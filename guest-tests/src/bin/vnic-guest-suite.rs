@@ -95,9 +95,9 @@ fn parse_args() -> Result<Args, String> {
                 std::process::exit(0);
             }
             "--list" => {
-                for s in scenarios::all() {
-                    let k = scenarios::boot_kind(s);
-                    println!("{s:<16} boot: {k:?} (kernel variant {})", k.variant());
+                for s in scenarios::SCENARIOS {
+                    let (name, k) = (s.name, s.boot);
+                    println!("{name:<16} boot: {k:?} (kernel variant {})", k.variant());
                 }
                 std::process::exit(0);
             }

@@ -89,8 +89,10 @@ pub fn kernel_release(kdir: &Path) -> Result<String> {
     )
 }
 
-/// Build the static guest agent into `target/agent` (a target dir of its
-/// own, so the host build is not invalidated by the different RUSTFLAGS).
+/// Build the static guest agent (crate `vnic-agent`, `guest-agent/`) into
+/// `target/agent` (a target dir of its own, so the host build is not
+/// invalidated by the different RUSTFLAGS). The crate depends on none of the
+/// daemon's, so a change to vnic or arfs does not rebuild the agent.
 pub fn agent() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("VNIC_AGENT") {
         return Ok(PathBuf::from(p));
@@ -110,7 +112,7 @@ pub fn agent() -> Result<PathBuf> {
             "--release",
             "--quiet",
             "-p",
-            "guest-tests",
+            "vnic-agent",
             "--bin",
             "vnic-agent",
         ])

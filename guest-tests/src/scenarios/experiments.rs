@@ -10,7 +10,7 @@
 //! docs/experiments.md. These are measurements, not scenarios of the suite:
 //! the only verdicts are the acceptance check of the binary.
 
-use super::{Checks, Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
+use super::{Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module::{self, ModuleCounters};
@@ -22,15 +22,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
-
-/// Scenario names of this group, in canonical order (none: the experiments
-/// run from their own binary, not from the suite).
-pub(super) const NAMES: &[&str] = &[];
-
-/// Run scenario `name` if it belongs to this group.
-pub(super) fn run(_s: &mut Session, _name: &str, _c: &mut Checks) -> Option<Result<String>> {
-    None
-}
 
 /// First guest port of the collision workload; iteration k of the
 /// five-iteration variant uses `COLLISION_PORT + k * flows ..`.

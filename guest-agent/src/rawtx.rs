@@ -3,13 +3,13 @@
 //! optionally captures the frames of one EtherType the device answers with.
 
 use crate::sys;
-use guest_tests::proto::{hex_decode, hex_encode, RawTxReport, RawTxSpec};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vnic_agent::proto::{hex_decode, hex_encode, RawTxReport, RawTxSpec};
 
 const MAX_CAPTURE: usize = 4096;
 

@@ -1,10 +1,6 @@
 //! Request dispatch and the workloads (connected UDP receivers, a TCP server).
 
 use crate::sys;
-use guest_tests::proto::{
-    DirContents, ExecResult, FlowCounters, Info, Request, TcpConnCounters, TcpStats, UdpSpec,
-    UdpStats, PROTOCOL_VERSION,
-};
 use serde::Serialize;
 use serde_json::Value;
 use std::io::{ErrorKind, Read, Write};
@@ -14,6 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vnic_agent::proto::{
+    DirContents, ExecResult, FlowCounters, Info, Request, TcpConnCounters, TcpStats, UdpSpec,
+    UdpStats, PROTOCOL_VERSION,
+};
 
 /// Receiver threads need little stack.
 const STACK: usize = 256 * 1024;
@@ -194,7 +194,7 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
                     st.raw = None;
                     to_value(&r)
                 }
-                None => to_value(&guest_tests::proto::RawTxReport::default()),
+                None => to_value(&vnic_agent::proto::RawTxReport::default()),
             }
         }
         Request::Sleep { ms } => {

@@ -2,12 +2,12 @@
 //! features, module syscalls, ICMP, /dev/kmsg, CPU affinity, power-off.
 //! No netlink library, no NSS: everything here is a plain syscall.
 
-use guest_tests::proto::{Iface, Kmsg, PingResult};
 use std::ffi::CString;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
+use vnic_agent::proto::{Iface, Kmsg, PingResult};
 
 const SIOCGIFFLAGS: libc::c_ulong = 0x8913;
 const SIOCSIFFLAGS: libc::c_ulong = 0x8914;
@@ -384,7 +384,7 @@ pub fn kmsg(since: u64) -> io::Result<Kmsg> {
             break;
         }
         let text = String::from_utf8_lossy(&buf[..n as usize]);
-        if let Some(r) = guest_tests::procfs::parse_kmsg_record(&text) {
+        if let Some(r) = vnic_agent::kmsg::parse_kmsg_record(&text) {
             if r.seq >= since {
                 out.records.push(r);
             }

@@ -3,7 +3,7 @@
 //! Runs inside the guest as `/sbin/vnic-agent`, usually exec'ed by the
 //! initramfs' `/init` (so it is PID 1: it never exits on its own and turns a
 //! fatal error into a power-off). It serves newline-delimited JSON requests
-//! (see `guest_tests::proto`) on the virtio-serial port named `vnic.agent`.
+//! (see `vnic_agent::proto`) on the virtio-serial port named `vnic.agent`.
 //!
 //! Options: `--port PATH` uses PATH instead of looking the port up by name.
 
@@ -11,11 +11,11 @@ mod rawtx;
 mod sys;
 mod workload;
 
-use guest_tests::proto::{Envelope, Reply, Request, PORT_NAME};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vnic_agent::proto::{Envelope, Reply, Request, PORT_NAME};
 
 fn log(msg: &str) {
     eprintln!("vnic-agent: {msg}");

@@ -1,0 +1,363 @@
+//! The issue-4 scenarios: link, steer, migrate, expiry.
+//!
+//! They run in that order in the same boot; each makes sure its
+//! prerequisites hold (a `migrate` run alone first programs the filters the
+//! way `steer` does, without asserting on that set-up), so any subset can be
+//! selected.
+
+use super::{Checks, Flow, Session, GEN_IP, IFNAME};
+use crate::harness::ctl::counter;
+use crate::harness::{wait_for, Result};
+use crate::module;
+use crate::proto::{PingResult, Request, UdpStats};
+use crate::{bail, ensure};
+use arfs::{EventKind, FlowKey, TraceRecord};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
+    let st = s.settings.clone();
+    let info = s.guest.info.clone();
+    c.check(info.cpus == usize::from(st.cpus), || {
+        format!("guest has {} CPUs, expected {}", info.cpus, st.cpus)
+    });
+    let eth = info.interfaces.iter().find(|i| i.name == IFNAME).cloned();
+    let Some(eth) = eth else {
+        bail!("guest has no {IFNAME}: {:?}", info.interfaces);
+    };
+    c.check(eth.driver == "virtio_net", || {
+        format!("{IFNAME} driver is {:?}", eth.driver)
+    });
+    c.check(
+        eth.rx_queues == usize::from(st.queues) && eth.tx_queues == usize::from(st.queues),
+        || {
+            format!(
+                "{IFNAME} has {} rx / {} tx queues, expected {} (MQ not negotiated?)",
+                eth.rx_queues, eth.tx_queues, st.queues
+            )
+        },
+    );
+    s.ensure_net()?;
+    let ctl = &mut s.guest.ctl;
+    let stats = wait_for(
+        Duration::from_secs(20),
+        "vnic to see every queue pair enabled",
+        || {
+            let now = ctl.stats()?;
+            Ok((counter(&now, "/enabled_pairs") == u64::from(st.queues)).then_some(now))
+        },
+    );
+    let stats = match stats {
+        Ok(v) => v,
+        Err(e) => {
+            c.check(false, || format!("{e}"));
+            s.guest.ctl.stats()?
+        }
+    };
+    let ping: PingResult = s.guest.agent.call(
+        &Request::Ping {
+            addr: GEN_IP.to_string(),
+            count: 3,
+            timeout_ms: 3000,
+        },
+        Duration::from_secs(30),
+    )?;
+    c.check(ping.received == ping.sent && ping.sent == 3, || {
+        format!("ping {GEN_IP}: {} of {} answered", ping.received, ping.sent)
+    });
+
+    // 64 flows by RSS alone (RFS is not set up yet: no steering).
+    let flows = s.make_flows(st.flows);
+    let mut predicted = vec![0u64; usize::from(st.queues)];
+    for f in &flows {
+        predicted[f.rss_q] += u64::from(st.link_packets);
+    }
+    s.udp_start(&flows)?;
+    let before = s.guest.ctl.stats()?;
+    let total = u64::from(st.link_packets) * flows.len() as u64;
+    let id = s.guest.ctl.gen_start(&s.gen_spec(flows.len(), total))?;
+    let send_time = Duration::from_secs_f64(total as f64 / f64::from(st.rate.max(1)));
+    let ctl = &mut s.guest.ctl;
+    wait_for(
+        send_time * 3 + Duration::from_secs(30),
+        "the generator to send every packet",
+        || {
+            let l = ctl.gen_list()?;
+            let set = l
+                .as_array()
+                .and_then(|a| a.iter().find(|set| set["id"].as_u64() == Some(id)).cloned());
+            Ok(set
+                .filter(|set| set["active"] == Value::Bool(false))
+                .map(|_| ()))
+        },
+    )?;
+    // Let the guest drain its rings.
+    let agent = &mut s.guest.agent;
+    let mut last = 0;
+    let got = wait_for(
+        Duration::from_secs(20),
+        "the guest to receive the link packets",
+        || {
+            let now: UdpStats = agent.req(Request::UdpStats)?;
+            let n: u64 = now.flows.iter().map(|f| f.packets).sum();
+            let done = n == total || (n == last && n > 0);
+            last = n;
+            Ok(done.then_some(n))
+        },
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let after = s.guest.ctl.stats()?;
+    let stop: UdpStats = s.guest.agent.req(Request::UdpStop)?;
+    s.guest
+        .ctl
+        .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+
+    let mut per_q = Vec::new();
+    for (q, &pred) in predicted.iter().enumerate() {
+        let d = |k: &str| {
+            counter(&after, &format!("/queues/{q}/{k}"))
+                - counter(&before, &format!("/queues/{q}/{k}"))
+        };
+        let rss = d("rx_rss");
+        let drops = d("rx_drops");
+        per_q.push(rss);
+        c.check(rss > 0, || format!("rx queue {q} received nothing"));
+        // Every packet of a flow goes to the queue Rss predicts for it
+        // (a few stray ARP frames may come on top).
+        c.check(rss + drops >= pred && rss <= pred + 4, || {
+            format!(
+                "rx queue {q}: {rss} RSS deliveries (+{drops} drops), arfs::Rss predicts {pred}"
+            )
+        });
+        c.check(d("rx_filter") == 0, || {
+            format!("rx queue {q}: filter deliveries before any filter existed")
+        });
+    }
+    let lost = total - stop.flows.iter().map(|f| f.packets).sum::<u64>();
+    c.check(lost * 100 <= total, || {
+        format!("guest received {got} of {total} packets")
+    });
+    let mq = counter(&stats, "/enabled_pairs");
+    Ok(format!(
+        "mq={mq} rxq={} ping={}/{} rss_per_q={per_q:?} predicted={predicted:?} lost={lost}",
+        eth.rx_queues, ping.received, ping.sent
+    ))
+}
+
+pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
+    if !s.flows.is_empty() {
+        bail!("steer must run on a fresh workload (run it before migrate/expiry)");
+    }
+    let warm = s.setup_steering()?;
+    let w = s.measure()?;
+    let (min, mean, min_hw) = s.check_window(&w, c);
+    let trace = s.trace_since_mark()?;
+    let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.rss_q != f.cpu).collect();
+    let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
+    let replaces = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Replace)
+        .count();
+    let rejects: Vec<&TraceRecord> = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Reject)
+        .collect();
+    for f in &steered {
+        c.check(
+            adds.iter()
+                .any(|r| r.flow == Some(f.key) && r.rxq.map(usize::from) == Some(f.cpu)),
+            || {
+                format!(
+                    "no ADD in the trace for flow :{} (rss q{} -> cpu{})",
+                    f.local_port, f.rss_q, f.cpu
+                )
+            },
+        );
+    }
+    for f in s.flows.iter().filter(|f| f.rss_q == f.cpu) {
+        c.check(!adds.iter().any(|r| r.flow == Some(f.key)), || {
+            format!(
+                "ADD for flow :{} although RSS already delivers it to cpu{}",
+                f.local_port, f.cpu
+            )
+        });
+    }
+    c.check(rejects.is_empty(), || {
+        format!(
+            "{} rejects in the trace, first: {:?}",
+            rejects.len(),
+            rejects.first()
+        )
+    });
+    // Live flows keep their filters (rps_may_expire_flow says "active").
+    let dels = trace.iter().filter(|r| r.event == EventKind::Del).count();
+    c.check(dels == 0, || {
+        format!("{dels} filters of live flows were deleted during steer")
+    });
+    s.guest.collect("steer", Some(module::DEBUGFS_DIR));
+    Ok(format!(
+        "flows={} steered={} adds={} replaces={replaces} rejects={} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% pkts/flow~{}",
+        s.flows.len(),
+        steered.len(),
+        adds.len(),
+        rejects.len(),
+        warm.as_secs_f64(),
+        w.packets.iter().sum::<u64>() / s.flows.len() as u64
+    ))
+}
+
+pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.setup_steering()?;
+    let before = s.device_filters()?;
+    let had: BTreeSet<FlowKey> = s
+        .flows
+        .iter()
+        .map(|f| f.key)
+        .filter(|k| before.contains_key(k))
+        .collect();
+    s.trace_since_mark()?;
+    // Every receiver moves to the next CPU.
+    s.rotate_receivers()?;
+    let warm = s.wait_steered(&had)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let w = s.measure()?;
+    let (min, mean, min_hw) = s.check_window(&w, c);
+    let trace = s.trace_since_mark()?;
+    let count = |k: EventKind| trace.iter().filter(|r| r.event == k).count();
+    let (replaces, adds, rejects) = (
+        count(EventKind::Replace),
+        count(EventKind::Add),
+        count(EventKind::Reject),
+    );
+    for f in &s.flows {
+        let cpu = Some(f.cpu);
+        if had.contains(&f.key) {
+            c.check(
+                trace.iter().any(|r| {
+                    r.event == EventKind::Replace
+                        && r.flow == Some(f.key)
+                        && r.rxq.map(usize::from) == cpu
+                }),
+                || {
+                    format!(
+                        "flow :{} had a filter but no REPLACE to q{} is in the trace",
+                        f.local_port, f.cpu
+                    )
+                },
+            );
+        } else if f.rss_q != f.cpu {
+            c.check(
+                trace.iter().any(|r| {
+                    r.event == EventKind::Add
+                        && r.flow == Some(f.key)
+                        && r.rxq.map(usize::from) == cpu
+                }),
+                || {
+                    format!(
+                        "flow :{} (no filter before) has no ADD to q{} in the trace",
+                        f.local_port, f.cpu
+                    )
+                },
+            );
+        }
+    }
+    c.check(rejects == 0, || format!("{rejects} rejects in the trace"));
+    let dels = count(EventKind::Del);
+    c.check(dels == 0, || {
+        format!("{dels} filters of live flows were deleted during migrate")
+    });
+    Ok(format!(
+        "moved={} re-steered={} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}%",
+        s.flows.len(),
+        had.len(),
+        warm.as_secs_f64()
+    ))
+}
+
+pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.setup_steering()?;
+    let live_before = s.device_filters()?;
+    let ids: BTreeSet<u64> = live_before.values().map(|&(id, _, _)| id).collect();
+    ensure!(!ids.is_empty(), "no filters to expire");
+    s.trace_since_mark()?;
+    let bound = s.settings.module.expiry_bound(ids.len());
+    // The flows stop; the receivers stay (sockets open, threads idle).
+    // rps_may_expire_flow counts packets, so on idle CPUs only the
+    // module's idle backstop can delete these filters: it is switched on
+    // once no frame is in flight any more (it was off while the flows
+    // ran, see ModuleParams). Switched on earlier, it deletes filters of
+    // flows whose last frames are still arriving, and those frames make
+    // the kernel steer (ADD) the flows again.
+    s.guest.ctl.gen_stop_all()?;
+    s.gen_running = false;
+    s.wait_rx_quiet()?;
+    s.guest.agent.write_file(
+        &format!("{}/idle_timeout_ms", module::PARAMS_DIR),
+        &s.settings.module.idle_timeout_ms.to_string(),
+    )?;
+    let t0 = Instant::now();
+    let ctl = &mut s.guest.ctl;
+    let emptied = wait_for(
+        bound + Duration::from_secs(30),
+        "the device table to empty",
+        || {
+            let t = ctl.table()?;
+            Ok((counter(&t, "/live") == 0).then(|| t0.elapsed()))
+        },
+    );
+    let took = match emptied {
+        Ok(t) => t,
+        Err(e) => {
+            c.check(false, || format!("{e}"));
+            t0.elapsed()
+        }
+    };
+    c.check(took <= bound, || {
+        format!(
+            "the table emptied after {:.1}s, over the configured bound {:.1}s",
+            took.as_secs_f64(),
+            bound.as_secs_f64()
+        )
+    });
+    // Let the last ACKs reach the module before comparing counters.
+    std::thread::sleep(Duration::from_secs(1));
+    let trace = s.trace_since_mark()?;
+    let dels: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Del).collect();
+    let mut by_reason: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &dels {
+        *by_reason
+            .entry(r.reason.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    for id in &ids {
+        c.check(
+            dels.iter().any(|r| r.id.map(u64::from) == Some(*id)),
+            || format!("filter {id} was never deleted"),
+        );
+    }
+    let table = s.guest.ctl.table()?;
+    c.check(counter(&table, "/live") == 0, || {
+        format!("device table not empty: {}", table["filters"])
+    });
+    // Module and device agree exactly.
+    let stats = s.guest.ctl.stats()?;
+    let m = s.module_counters()?;
+    s.guest
+        .art
+        .write_json("expiry-module-counters.json", &m.raw);
+    let dev_adds = counter(&stats, "/table/adds") + counter(&stats, "/table/replaces");
+    let agree = m.compare(&stats);
+    for msg in &agree {
+        c.failures.push(msg.clone());
+    }
+    s.guest.collect("expiry", Some(module::DEBUGFS_DIR));
+    Ok(format!(
+        "filters={} emptied_in={:.1}s bound={:.1}s dels={} by_reason={by_reason:?} device_add_ops={dev_adds} module={}",
+        ids.len(),
+        took.as_secs_f64(),
+        bound.as_secs_f64(),
+        dels.len(),
+        m.summary()
+    ))
+}

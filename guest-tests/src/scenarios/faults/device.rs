@@ -1,0 +1,289 @@
+//! Faults group: the device misbehaving. `lossy-mgmt` (management frames
+//! lost both ways), `slow-hw` (slow filter programming) and `add-failures`
+//! (injected ADD failures).
+
+use super::{delta, dev_delta, json_delta, rejects_by_reason, table_of, DevTable, REJECT_HOLDOFF};
+use crate::harness::ctl::counter;
+use crate::harness::{wait_for, Result};
+use crate::module;
+use crate::scenarios::{Checks, Flow, Session};
+use arfs::{EventKind, FlowKey};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+// ---- 3. lossy management channel ------------------------------------
+
+/// 20% of management frames lost each way while 64 flows get their
+/// filters and then all move to another CPU (re-steers): the module's
+/// retransmissions converge and the device table equals the module's
+/// entry for entry.
+pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    s.guest.ctl.set("mgmt_loss_rate", &json!(0.2))?;
+    let m0 = s.module_counters()?;
+    let s0 = s.guest.ctl.stats()?;
+    let flows = s.make_flows(s.settings.flows);
+    s.fault_start(flows)?;
+    let warm = s.wait_steered(&BTreeSet::new())?;
+    // The module packs many ops per frame: one round of 64 flows is a
+    // handful of frames. Every receiver moves on to the next CPU, round
+    // after round (re-steers), until both directions lost frames and
+    // the module retransmitted (at least 3 rounds, at most 12).
+    let mut rounds = 0;
+    let mut warm2 = Duration::ZERO;
+    loop {
+        let had: BTreeSet<FlowKey> = s.device_filters()?.keys().copied().collect();
+        s.rotate_receivers()?;
+        warm2 = warm2.max(s.wait_steered(&had)?);
+        rounds += 1;
+        let m = s.module_counters()?;
+        let st = s.guest.ctl.stats()?;
+        let lossy = delta(&m, &m0, "retransmits") > 0
+            && dev_delta(&st, &s0, "/mgmt/dropped_by_loss") > 0
+            && dev_delta(&st, &s0, "/mgmt/replies_dropped_by_loss") > 0;
+        if rounds >= 12 || (rounds >= 3 && lossy) {
+            break;
+        }
+    }
+    let settle = s.module_settled(Duration::from_secs(30))?;
+    let m1 = s.module_counters()?;
+    let s1 = s.guest.ctl.stats()?;
+    // Entry for entry, while the loss is still on.
+    let modf = s.module_filters()?;
+    let dev = table_of(&s.guest.ctl.table()?)?;
+    let modt: DevTable = modf.iter().map(|(id, f)| (*id, (f.flow, f.rxq))).collect();
+    c.check(modt == dev, || {
+        let only_m: Vec<_> = modt.iter().filter(|(k, v)| dev.get(k) != Some(v)).collect();
+        let only_d: Vec<_> = dev.iter().filter(|(k, v)| modt.get(k) != Some(v)).collect();
+        format!(
+            "module ({}) and device ({}) tables differ: module only {only_m:?}, device only {only_d:?}",
+            modt.len(),
+            dev.len()
+        )
+    });
+    let retx = delta(&m1, &m0, "retransmits");
+    let lost_in = dev_delta(&s1, &s0, "/mgmt/dropped_by_loss");
+    let lost_out = dev_delta(&s1, &s0, "/mgmt/replies_dropped_by_loss");
+    let dups = dev_delta(&s1, &s0, "/mgmt/duplicates");
+    c.check(retx > 0, || "20% loss but no retransmission".to_string());
+    c.check(lost_in > 0 && lost_out > 0, || {
+        format!("loss knob dropped {lost_in} requests and {lost_out} replies")
+    });
+    // Each op applied once: module add_ok equals the device's adds.
+    let add_ok = delta(&m1, &m0, "add_ok");
+    let dev_adds = dev_delta(&s1, &s0, "/table/adds") + dev_delta(&s1, &s0, "/table/replaces");
+    // Exact unless the module gave up on a frame (its oldest frame went
+    // unanswered too often: `stalls`, a new HELLO, the ops sent again):
+    // the device may have applied that frame whose ACKs were all lost,
+    // which the module then never counts as add_ok.
+    let stalls = delta(&m1, &m0, "stalls");
+    c.check(
+        add_ok == dev_adds || (stalls > 0 && add_ok <= dev_adds),
+        || {
+            format!(
+                "module add_ok {add_ok}, device adds+replaces {dev_adds}, module stalls {stalls}"
+            )
+        },
+    );
+    let rej = dev_delta(&s1, &s0, "/table/rejects/table_full")
+        + dev_delta(&s1, &s0, "/table/rejects/bad_queue")
+        + dev_delta(&s1, &s0, "/table/rejects/bad_id");
+    c.check(rej == 0, || format!("{rej} rejects under loss"));
+    Ok(format!(
+        "loss=20%/20% steered_in={:.1}s migrations={rounds} slowest_migration={:.1}s settled+{:.1}s filters={} retransmits={retx} frames_sent={} dev_lost_req={lost_in} dev_lost_rep={lost_out} duplicates={dups} reacks={} add_ok={add_ok} dev_add_ops={dev_adds} stalls={stalls}",
+        warm.as_secs_f64(),
+        warm2.as_secs_f64(),
+        settle.as_secs_f64(),
+        dev.len(),
+        delta(&m1, &m0, "frames_sent"),
+        dev_delta(&s1, &s0, "/mgmt/duplicate_reacks"),
+    ))
+}
+
+// ---- 4. slow hardware -------------------------------------------------
+
+/// Programming latency 10 ms (advertised in CAPS): packets keep
+/// following RSS until each filter applies (per-queue accounting of
+/// every packet), the module's RTO covers the latency (no
+/// retransmission), repeated steer calls for a pending filter are
+/// deduplicated (6.12 calls per packet), convergence time reported.
+pub(in crate::scenarios) fn slow_hw(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.guest.ctl.set("program_latency", &json!("10ms"))?;
+    s.ensure_module()?;
+    let m0 = s.module_counters()?;
+    let lat = m0.get("latency_us");
+    c.check(lat == 10_000, || {
+        format!("module learned latency {lat} us from CAPS, device has 10000")
+    });
+    let s0 = s.guest.ctl.stats()?;
+    // 12 flows that all need a filter, sharing the whole rate: a packet
+    // every 6 ms per flow, so packets keep arriving on the RSS queue
+    // while an ADD is pending (10 ms + the work item + the frame's way):
+    // on 6.12 each of them makes a steer call the module must dedup.
+    let flows: Vec<Flow> = s
+        .make_flows(s.settings.flows)
+        .into_iter()
+        .filter(|f| f.rss_q != f.cpu)
+        .take(12)
+        .collect();
+    let need = flows.len();
+    s.fault_start(flows)?;
+    let conv = s.wait_steered(&BTreeSet::new())?;
+    std::thread::sleep(Duration::from_secs(1));
+    let sent = s.fault_stop_gen()?;
+    let trace = s.trace_since_mark()?;
+    let acc = s.account(c, &s0, &sent, &trace)?;
+    let m1 = s.module_counters()?;
+    let s1 = s.guest.ctl.stats()?;
+    let adds = trace.iter().filter(|r| r.event == EventKind::Add).count();
+    // Each flow needing a filter got exactly one ADD: no second ADD
+    // while the first was pending.
+    let mut per_flow: BTreeMap<FlowKey, usize> = BTreeMap::new();
+    for r in trace.iter().filter(|r| r.event == EventKind::Add) {
+        if let Some(k) = r.flow {
+            *per_flow.entry(k).or_default() += 1;
+        }
+    }
+    let dup_adds = per_flow.values().filter(|&&n| n > 1).count();
+    c.check(adds == need && dup_adds == 0, || {
+        format!("{adds} ADDs for {need} flows needing a filter ({dup_adds} flows added twice)")
+    });
+    let add_ops = delta(&m1, &m0, "add_ops");
+    let replaces = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Replace)
+        .count();
+    let rejects = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Reject)
+        .count();
+    c.check(add_ops as usize == adds + replaces + rejects, || {
+        format!("module sent {add_ops} ADD ops, the trace has {adds} adds, {replaces} replaces, {rejects} rejects")
+    });
+    let retx = delta(&m1, &m0, "retransmits");
+    c.check(retx == 0, || {
+        format!("{retx} retransmissions: the RTO does not cover the 10 ms latency")
+    });
+    let dedup = delta(&m1, &m0, "steer_dedup");
+    let calls = delta(&m1, &m0, "steer_calls");
+    if s.kernel.label.starts_with("6.") {
+        c.check(dedup > 0, || {
+            format!("6.12: {calls} steer calls, none deduplicated")
+        });
+    }
+    let rss_pkts: u64 = acc.via_rss.iter().sum();
+    let filt_pkts: u64 = acc.via_filter.iter().sum();
+    // Filters applied at least 10 ms after their request: ACK timing.
+    let dev_adds = dev_delta(&s1, &s0, "/table/adds");
+    Ok(format!(
+        "latency=10ms need_filter={need} converged_in={:.1}s adds={adds} replaces={replaces} add_ops={add_ops} dev_adds={dev_adds} retransmits={retx} steer_calls={calls} steer_dedup={dedup} sent={} via_rss={rss_pkts} via_filter={filt_pkts} rx_drops={}",
+        conv.as_secs_f64(),
+        acc.sent,
+        acc.drops
+    ))
+}
+
+// ---- 5. ADD failures --------------------------------------------------
+
+/// 10% of ADD ops fail with injected_failure: the module counts each
+/// one (equal to the device's count and the trace's), the refused flows
+/// stay on RSS until a later ADD succeeds (per-queue accounting), and
+/// after the flows stop and the idle expiry runs the module's id space
+/// is empty again (no leaked ids).
+pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Result<String> {
+    // Device totals before the module loads: its counters start at 0.
+    let s_pre = s.guest.ctl.stats()?;
+    s.ensure_module()?;
+    s.guest.ctl.set("add_fail_rate", &json!(0.1))?;
+    let m0 = s.module_counters()?;
+    let s0 = s.guest.ctl.stats()?;
+    let flows = s.make_flows(s.settings.flows);
+    let need = flows.iter().filter(|f| f.rss_q != f.cpu).count();
+    s.fault_start(flows)?;
+    // Refused flows are asked for again after the hold-off; give them
+    // a few periods (not all need to make it: a kernel may stop asking).
+    std::thread::sleep(Duration::from_secs(4));
+    let steered_n = s.device_filters()?.len();
+    let sent = s.fault_stop_gen()?;
+    let trace = s.trace_since_mark()?;
+    let acc = s.account(c, &s0, &sent, &trace)?;
+    let m1 = s.module_counters()?;
+    let s1 = s.guest.ctl.stats()?;
+    let inj = rejects_by_reason(&trace, "injected_failure");
+    let dev_inj = dev_delta(&s1, &s0, "/table/rejects/injected_failure");
+    let mod_inj = delta(&m1, &m0, "reject_injected_failure");
+    c.check(!inj.is_empty(), || {
+        "10% ADD failures but none in the trace".to_string()
+    });
+    c.check(dev_inj == inj.len() as u64 && mod_inj == dev_inj, || {
+        format!(
+            "injected failures: trace {}, device {dev_inj}, module {mod_inj}",
+            inj.len()
+        )
+    });
+    // A refused flow's packets before its next successful ADD were
+    // delivered by RSS: account() checked every queue; here: each
+    // refused flow did get packets by RSS.
+    let refused: BTreeSet<FlowKey> = inj.iter().filter_map(|r| r.flow).collect();
+    for (i, f) in s.flows.iter().enumerate() {
+        if refused.contains(&f.key) {
+            c.check(acc.via_rss[i] > 0, || {
+                format!("refused flow :{} got nothing by RSS", f.local_port)
+            });
+        }
+    }
+    let ratio = if inj.is_empty() {
+        0.0
+    } else {
+        inj.len() as f64 / delta(&m1, &m0, "add_ops").max(1) as f64
+    };
+    // Expiry: the idle backstop deletes every filter of the stopped flows.
+    s.guest.agent.write_file(
+        &format!("{}/idle_timeout_ms", module::PARAMS_DIR),
+        &s.settings.module.idle_timeout_ms.to_string(),
+    )?;
+    let bound = s.settings.module.expiry_bound(steered_n.max(1)) + REJECT_HOLDOFF;
+    let t0 = Instant::now();
+    let mut last = String::new();
+    let r = wait_for(
+        bound + Duration::from_secs(20),
+        "the id space to empty",
+        || {
+            let m = s.module_counters()?;
+            let live = counter(&s.guest.ctl.table()?, "/live");
+            last = format!(
+                "module ids {} live {} rejected_holdoff {}, device live {live}",
+                m.get("ids"),
+                m.get("live"),
+                m.get("rejected_holdoff")
+            );
+            Ok((m.get("ids") == 0 && m.get("live") == 0 && live == 0).then(|| t0.elapsed()))
+        },
+    );
+    let emptied = match r {
+        Ok(t) => t,
+        Err(e) => {
+            c.check(false, || format!("{e}: {last} (leaked ids?)"));
+            t0.elapsed()
+        }
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let m2 = s.module_counters()?;
+    let s2 = s.guest.ctl.stats()?;
+    for msg in m2.compare(&json_delta(&s2, &s_pre)) {
+        c.failures.push(msg);
+    }
+    Ok(format!(
+        "add_fail_rate=10% need_filter={need} steered_after_4s={steered_n} injected: trace={} dev={dev_inj} mod={mod_inj} ({:.1}% of add_ops) refused_flows={} busy_rejected={} via_rss={} rx_drops={} ids_empty_in={:.1}s final_ids={} final_live={}",
+        inj.len(),
+        100.0 * ratio,
+        refused.len(),
+        delta(&m1, &m0, "busy_rejected"),
+        acc.via_rss.iter().sum::<u64>(),
+        acc.drops,
+        emptied.as_secs_f64(),
+        m2.get("ids"),
+        m2.get("live")
+    ))
+}

@@ -1,0 +1,244 @@
+//! Faults group: `reconfig`, the guest reconfiguring the NIC under the
+//! module (channels and NTUPLE).
+
+use super::{dev_delta, need_count, table_of};
+use crate::ensure;
+use crate::harness::ctl::counter;
+use crate::harness::{wait_for, Result};
+use crate::proto::Request;
+use crate::scenarios::{Checks, Session, IFNAME};
+use arfs::{EventKind, Rss, TraceRecord};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+// ---- 8. guest-side reconfiguration --------------------------------------
+
+/// `ethtool -L` 4 -> 2 -> 4 and NTUPLE off/on with 64 steered flows.
+/// Traffic is stopped around each channel change: with RFS configured,
+/// `ethtool -L` under traffic makes the kernel itself WARN in
+/// get_rps_cpu (seen on 6.12 and 7.3 without this module), which would
+/// hide what is tested here.
+pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    let full_q = s.settings.queues;
+    let low_q: u16 = 2;
+    let s0 = s.guest.ctl.stats()?;
+    let flows = s.make_flows(s.settings.flows);
+    s.fault_start(flows)?;
+    s.wait_steered(&BTreeSet::new())?;
+    let before = table_of(&s.guest.ctl.table()?)?;
+    let doomed: BTreeSet<u16> = before
+        .iter()
+        .filter(|(_, (_, q))| *q >= low_q)
+        .map(|(id, _)| *id)
+        .collect();
+    ensure!(
+        !doomed.is_empty(),
+        "no filter points at rx queues >= {low_q}"
+    );
+
+    // 4 -> 2, quiesced.
+    s.fault_stop_gen()?;
+    std::thread::sleep(Duration::from_millis(500));
+    s.trace_since_mark()?;
+    let got: u32 = s.guest.agent.req(Request::SetChannels {
+        ifname: IFNAME.into(),
+        combined: u32::from(low_q),
+    })?;
+    ensure!(
+        got == u32::from(low_q),
+        "ethtool -L {low_q}: device has {got}"
+    );
+    s.rss = Rss::new(low_q);
+    let rmap_low = s.wait_rmap(low_q)?;
+    let ctl = &mut s.guest.ctl;
+    let mut last = String::new();
+    let r = wait_for(
+        Duration::from_secs(15),
+        "filters to disabled rx queues to be deleted",
+        || {
+            let t = table_of(&ctl.table()?)?;
+            let bad: Vec<u16> = t
+                .iter()
+                .filter(|(_, (_, q))| *q >= low_q)
+                .map(|(id, _)| *id)
+                .collect();
+            last = format!("{bad:?}");
+            Ok(bad.is_empty().then_some(()))
+        },
+    );
+    if let Err(e) = r {
+        c.check(false, || {
+            format!("{e}: still pointing at disabled queues: {last}")
+        });
+    }
+    let s_low = s.guest.ctl.stats()?;
+    c.check(
+        counter(&s_low, "/enabled_pairs") == u64::from(low_q),
+        || {
+            format!(
+                "device spreads over {} pairs after ethtool -L {low_q}",
+                counter(&s_low, "/enabled_pairs")
+            )
+        },
+    );
+    // Traffic again on 2 queues for a while: nothing may go to q2/q3.
+    s.fault_start_gen()?;
+    std::thread::sleep(Duration::from_secs(3));
+    s.fault_stop_gen()?;
+    std::thread::sleep(Duration::from_millis(500));
+    let t_low = s.trace_since_mark()?;
+    let s_low2 = s.guest.ctl.stats()?;
+    let deleted: BTreeSet<u16> = t_low
+        .iter()
+        .filter(|r| matches!(r.event, EventKind::Del | EventKind::Evict))
+        .filter_map(|r| r.id)
+        .collect();
+    for id in &doomed {
+        c.check(deleted.contains(id), || {
+            format!("filter {id} (to a disabled queue) has no delete in the trace")
+        });
+    }
+    let bad_adds: Vec<&TraceRecord> = t_low
+        .iter()
+        .filter(|r| {
+            matches!(r.event, EventKind::Add | EventKind::Replace)
+                && r.rxq.is_some_and(|q| q >= low_q)
+        })
+        .collect();
+    c.check(bad_adds.is_empty(), || {
+        format!(
+            "{} filters to disabled queues installed, first {:?}",
+            bad_adds.len(),
+            bad_adds.first()
+        )
+    });
+    let dis_drops = (0..usize::from(full_q))
+        .map(|q| dev_delta(&s_low2, &s_low, &format!("/queues/{q}/rx_drops_disabled")))
+        .sum::<u64>();
+    let dis_pkts = (usize::from(low_q)..usize::from(full_q))
+        .map(|q| dev_delta(&s_low2, &s_low, &format!("/queues/{q}/rx_packets")))
+        .sum::<u64>();
+    c.check(dis_drops == 0 && dis_pkts == 0, || {
+        format!("with {low_q} queues: {dis_pkts} packets delivered and {dis_drops} dropped on disabled queues")
+    });
+    let low_filters = table_of(&s.guest.ctl.table()?)?.len();
+
+    // 2 -> 4, quiesced; the new rx queues need their RFS tables again.
+    let got: u32 = s.guest.agent.req(Request::SetChannels {
+        ifname: IFNAME.into(),
+        combined: u32::from(full_q),
+    })?;
+    ensure!(
+        got == u32::from(full_q),
+        "ethtool -L {full_q}: device has {got}"
+    );
+    s.rss = Rss::new(full_q);
+    // The module rebuilds its CPU -> queue rmap in its work item; until
+    // then the kernel maps CPUs to the old queues and marks flows as
+    // settled on them (no steer call later). Traffic resumes after.
+    let rmap_full = s.wait_rmap(full_q)?;
+    for f in &mut s.flows {
+        f.rss_q = usize::from(s.rss.queue_for_key(&f.key));
+    }
+    let st = s.settings.clone();
+    s.guest.agent.req::<Value>(Request::Rfs {
+        ifname: IFNAME.into(),
+        sock_flow_entries: st.sock_flow_entries.next_power_of_two(),
+        flow_cnt: st.flow_cnt,
+        rps_cpus: None,
+    })?;
+    s.fault_start_gen()?;
+    let back = s.wait_steered(&BTreeSet::new())?;
+
+    // NTUPLE off: every filter goes; nothing is added while off.
+    s.trace_since_mark()?;
+    let off: bool = s.guest.agent.req(Request::SetFeature {
+        ifname: IFNAME.into(),
+        feature: "rx-ntuple-filter".into(),
+        on: false,
+    })?;
+    c.check(!off, || {
+        "rx-ntuple-filter still on after turning it off".into()
+    });
+    let ctl = &mut s.guest.ctl;
+    let flushed = wait_for(
+        Duration::from_secs(15),
+        "the device table to empty with NTUPLE off",
+        || Ok((counter(&ctl.table()?, "/live") == 0).then_some(())),
+    );
+    if let Err(e) = flushed {
+        c.check(false, || e.0);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let t_off = s.trace_since_mark()?;
+    let live_off = counter(&s.guest.ctl.table()?, "/live");
+    // Trace lines are written asynchronously: records from before the
+    // switch may come first. Nothing may be added after the flush.
+    let last_flush = t_off
+        .iter()
+        .rposition(|r| {
+            matches!(r.event, EventKind::Del | EventKind::Flush)
+                && r.reason.as_deref() == Some("flush")
+        })
+        .unwrap_or(0);
+    let adds_off = t_off[last_flush..]
+        .iter()
+        .filter(|r| matches!(r.event, EventKind::Add | EventKind::Replace))
+        .count();
+    c.check(live_off == 0 && adds_off == 0, || {
+        format!("NTUPLE off: {live_off} filters live, {adds_off} ADDs after the flush")
+    });
+    let on: bool = s.guest.agent.req(Request::SetFeature {
+        ifname: IFNAME.into(),
+        feature: "rx-ntuple-filter".into(),
+        on: true,
+    })?;
+    c.check(on, || "rx-ntuple-filter did not turn on again".into());
+    // Neither kernel asks again by itself for an established flow: while
+    // NTUPLE was off, set_rps_cpu recorded the flow's CPU in the slot of
+    // the queue RSS delivers it to (software RFS), so once NTUPLE is on
+    // the flow looks settled and no steer call comes until the flow
+    // moves (what a hardware driver sees as well). Measured and
+    // reported; then every receiver moves to the next CPU, which makes
+    // the kernel ask, and every flow must get its filter again.
+    let t_on = Instant::now();
+    let warmup = s.settings.warmup_timeout;
+    s.settings.warmup_timeout = Duration::from_secs(4);
+    let resumed = s.wait_steered(&BTreeSet::new());
+    s.settings.warmup_timeout = warmup;
+    let resumed_by_itself = match &resumed {
+        Ok(_) => need_count(s),
+        Err(_) => s.steered_count()?,
+    };
+    let resume_t = t_on.elapsed();
+    s.rotate_receivers()?;
+    let again = s.wait_steered(&BTreeSet::new())?;
+    let s1 = s.guest.ctl.stats()?;
+    let m = s.module_counters()?;
+    let bad_q = dev_delta(&s1, &s0, "/table/rejects/bad_queue");
+    c.check(bad_q == 0, || {
+        format!("the module sent {bad_q} ADDs to queues the device has disabled")
+    });
+    c.check(m.get("bad_rxq") == 0, || {
+        format!(
+            "the kernel asked to steer to {} rx queues beyond real_num_rx_queues",
+            m.get("bad_rxq")
+        )
+    });
+    Ok(format!(
+        "filters={} to_q>={low_q}={} rmap_rebuilt_in={:.1}s/{:.1}s deleted_after_-L{low_q}={} filters_on_{low_q}q={low_filters} resteered_on_{full_q}q_in={:.1}s ntuple_off_live={live_off} resumed_by_itself={resumed_by_itself}/{} in {:.1}s after_migration_in={:.1}s queue_flushes={} ntuple_flushes={} bad_queue_rejects={bad_q}",
+        before.len(),
+        doomed.len(),
+        rmap_low.as_secs_f64(),
+        rmap_full.as_secs_f64(),
+        deleted.intersection(&doomed).count(),
+        back.as_secs_f64(),
+        need_count(s),
+        resume_t.as_secs_f64(),
+        again.as_secs_f64(),
+        m.get("queue_flushes"),
+        m.get("ntuple_flushes")
+    ))
+}

@@ -1,0 +1,388 @@
+//! Stress group: `tcp-tap`, TCP from a host client over vnic's tap peer
+//! in a network namespace.
+
+use super::ping;
+use crate::bail;
+use crate::harness::ctl::counter;
+use crate::harness::vnic::VnicOptions;
+use crate::harness::{wait_for, Context, Result};
+use crate::proto::{Request, TcpStats};
+use crate::scenarios::{Checks, Flow, Session, Window, GEN_IP, GUEST_IP};
+use arfs::{EventKind, FlowKey, L4Proto};
+use serde_json::Value;
+use std::net::{SocketAddrV4, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A host network namespace holding vnic's tap peer. The daemon runs in it
+/// (`ip netns exec`), so it creates its tap there; the tap gets the peer's
+/// address. Deleted on drop (after the guest, hence the daemon, is gone).
+pub struct TapNet {
+    pub ns: String,
+    pub tap: String,
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .ctx(format!("running ip {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "ip {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl TapNet {
+    /// Create the namespace and point `vnic` at it.
+    pub fn create(vnic: &mut VnicOptions) -> Result<Self> {
+        let pid = std::process::id();
+        let t = TapNet {
+            ns: format!("vnic-gt-{pid}"),
+            tap: format!("vgt{}", pid % 1_000_000),
+        };
+        let _ = ip(&["netns", "del", &t.ns]);
+        ip(&["netns", "add", &t.ns])?;
+        vnic.peer = format!("tap:{}", t.tap);
+        vnic.wrap = vec!["ip".into(), "netns".into(), "exec".into(), t.ns.clone()];
+        Ok(t)
+    }
+
+    /// Address the tap (vnic created it) and bring it up.
+    pub fn configure(&self) -> Result<()> {
+        let peer = format!("{GEN_IP}/24");
+        ip(&["-n", &self.ns, "link", "set", "lo", "up"])?;
+        ip(&["-n", &self.ns, "addr", "add", &peer, "dev", &self.tap])?;
+        ip(&["-n", &self.ns, "link", "set", &self.tap, "up"])?;
+        Ok(())
+    }
+}
+
+impl Drop for TapNet {
+    fn drop(&mut self) {
+        if let Err(e) = ip(&["netns", "del", &self.ns]) {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+/// The host-side TCP client: `n` connections from inside the namespace,
+/// a paced writer thread, TCP_INFO read back per connection.
+struct TcpClient {
+    conns: Arc<Vec<TcpStream>>,
+    stop: Arc<AtomicBool>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TcpClient {
+    fn start(ns: &str, server: SocketAddrV4, n: usize, rate: u32) -> Result<Self> {
+        let ns_path = format!("/run/netns/{ns}");
+        // setns() only moves the calling thread: connect from a thread of
+        // our own, in the namespace; the sockets stay there.
+        let conns = std::thread::spawn(move || -> Result<Vec<TcpStream>> {
+            let f = std::fs::File::open(&ns_path).ctx(format!("opening {ns_path}"))?;
+            // SAFETY: setns(2) on an open netns fd; affects only this thread.
+            let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                bail!("setns {ns_path}: {}", std::io::Error::last_os_error());
+            }
+            let mut v = Vec::with_capacity(n);
+            for i in 0..n {
+                let s = TcpStream::connect_timeout(&server.into(), Duration::from_secs(20))
+                    .ctx(format!("connection {i} to {server}"))?;
+                s.set_nodelay(true)?;
+                s.set_nonblocking(true)?;
+                v.push(s);
+                // Keep accept order = connect order (the agent pins by accept order).
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(v)
+        })
+        .join()
+        .map_err(|_| "the client thread panicked")??;
+        let conns = Arc::new(conns);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cs, st) = (conns.clone(), stop.clone());
+        let writer = std::thread::spawn(move || {
+            let buf = [0x5au8; 128];
+            let start = Instant::now();
+            let mut k: u64 = 0;
+            while !st.load(Ordering::Relaxed) {
+                let due = start + Duration::from_secs_f64(k as f64 / f64::from(rate.max(1)));
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+                let i = (k % cs.len() as u64) as usize;
+                // WouldBlock (a full send buffer) just skips this write.
+                let _ = std::io::Write::write(&mut &cs[i], &buf);
+                k += 1;
+            }
+        });
+        Ok(TcpClient {
+            conns,
+            stop,
+            writer: Some(writer),
+        })
+    }
+
+    /// Segments each connection has sent (TCP_INFO tcpi_segs_out).
+    fn segs_out(&self) -> Vec<u64> {
+        self.conns
+            .iter()
+            .map(|s| {
+                // SAFETY: tcp_info is plain data; all-zero is valid.
+                let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+                let mut len = size_of::<libc::tcp_info>() as libc::socklen_t;
+                // SAFETY: getsockopt writes at most `len` bytes into `ti`,
+                // which is that large; the fd is an open TCP socket.
+                let rc = unsafe {
+                    libc::getsockopt(
+                        s.as_raw_fd(),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_INFO,
+                        (&raw mut ti).cast(),
+                        &raw mut len,
+                    )
+                };
+                if rc == 0 {
+                    u64::from(ti.tcpi_segs_out)
+                } else {
+                    0
+                }
+            })
+            .collect()
+    }
+
+    fn local_ports(&self) -> Vec<u16> {
+        self.conns
+            .iter()
+            .map(|s| s.local_addr().map_or(0, |a| a.port()))
+            .collect()
+    }
+}
+
+impl Drop for TcpClient {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.writer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+const TCP_PORT: u16 = 5201;
+
+pub(in crate::scenarios) fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<String> {
+    let Some(ns) = s.tapnet.as_ref().map(|t| t.ns.clone()) else {
+        bail!("tcp-tap needs the tap boot (the suite runs it in one)");
+    };
+    s.ensure_module()?;
+    let p = ping(s, 3)?;
+    c.check(p.received == p.sent, || {
+        format!("ping over the tap: {}/{}", p.received, p.sent)
+    });
+    let ncpu = usize::from(s.settings.cpus);
+    s.guest.agent.req::<Value>(Request::TcpStart {
+        port: TCP_PORT,
+        cpus: (0..ncpu).collect(),
+        echo: false,
+    })?;
+    let r = tcp_tap_inner(s, c, &ns);
+    let stop = s
+        .guest
+        .agent
+        .call_value(&Request::TcpStop, Duration::from_secs(30));
+    let figures = r?;
+    stop?;
+    Ok(figures)
+}
+
+#[allow(clippy::many_single_char_names)] // s session, c checks, d delta, p ping, w window: as in mod.rs
+fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
+    let n = s.settings.flows;
+    s.trace_since_mark()?; // the trace from the first SYN on is this scenario's
+    let client = TcpClient::start(
+        ns,
+        SocketAddrV4::new(GUEST_IP, TCP_PORT),
+        n,
+        s.settings.rate,
+    )?;
+    let agent = &mut s.guest.agent;
+    let stats: TcpStats = wait_for(
+        Duration::from_secs(30),
+        "the guest to accept every connection",
+        || {
+            let st: TcpStats = agent.req(Request::TcpStats)?;
+            Ok((st.conns.len() == n).then_some(st))
+        },
+    )?;
+    // Connection i of the agent is the client connection from its peer port.
+    let ports = client.local_ports();
+    let mut flows: Vec<(usize, Flow)> = Vec::new(); // (client index, flow)
+    for conn in &stats.conns {
+        let port: u16 = conn
+            .peer
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        let Some(ci) = ports.iter().position(|&p| p == port) else {
+            bail!("agent connection from {} is not one of ours", conn.peer);
+        };
+        let key = FlowKey::v4(L4Proto::Tcp, GEN_IP, port, GUEST_IP, TCP_PORT);
+        flows.push((
+            ci,
+            Flow {
+                local_port: port,
+                cpu: conn.cpu,
+                key,
+                rss_q: usize::from(s.rss.queue_for_key(&key)),
+            },
+        ));
+    }
+    // Warm-up: every flow whose RSS queue is not its receiver's has a filter there.
+    let want: Vec<(FlowKey, usize)> = flows
+        .iter()
+        .filter(|(_, f)| f.rss_q != f.cpu)
+        .map(|(_, f)| (f.key, f.cpu))
+        .collect();
+    let t0 = Instant::now();
+    let mut missing = 0;
+    let r = wait_for(s.settings.warmup_timeout, "every TCP flow's filter", || {
+        let have = s.device_filters()?;
+        missing = want
+            .iter()
+            .filter(|(k, q)| have.get(k).map(|v| v.1) != Some(*q))
+            .count();
+        Ok((missing == 0).then_some(()))
+    });
+    if let Err(e) = r {
+        bail!("{e}: {missing} of {} TCP flows not steered", want.len());
+    }
+    let warm = t0.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    // The window.
+    let a0: TcpStats = s.guest.agent.req(Request::TcpStats)?;
+    let d0 = s.device_filters()?;
+    let g0 = client.segs_out();
+    std::thread::sleep(s.settings.measure);
+    let a1: TcpStats = s.guest.agent.req(Request::TcpStats)?;
+    let d1 = s.device_filters()?;
+    let g1 = client.segs_out();
+    let mut w = Window::default();
+    let by_peer = |st: &TcpStats, port: u16| {
+        st.conns
+            .iter()
+            .find(|c| c.peer.ends_with(&format!(":{port}")))
+            .map(|c| (c.reads, c.on_cpu))
+            .unwrap_or_default()
+    };
+    let mut min: f64 = 1.0;
+    let mut min_hw: f64 = 1.0;
+    let mut sum = 0.0;
+    for (ci, f) in &flows {
+        let (r0, o0) = by_peer(&a0, f.local_port);
+        let (r1, o1) = by_peer(&a1, f.local_port);
+        let (reads, on) = (r1 - r0, o1 - o0);
+        w.packets.push(reads);
+        w.on_cpu.push(on);
+        let pct = if reads == 0 {
+            0.0
+        } else {
+            on as f64 / reads as f64
+        };
+        min = min.min(pct);
+        sum += pct;
+        c.check(reads >= 5, || {
+            format!(
+                "TCP :{}: {reads} reads in the window: not enough to judge",
+                f.local_port
+            )
+        });
+        c.check(pct >= s.settings.min_on_cpu, || {
+            format!(
+                "TCP :{} (rss q{}, receiver cpu{}): {:.1}% of {reads} reads on the receiver's CPU",
+                f.local_port,
+                f.rss_q,
+                f.cpu,
+                100.0 * pct
+            )
+        });
+        if f.rss_q != f.cpu {
+            let segs = g1[*ci].saturating_sub(g0[*ci]);
+            let hits = match (d0.get(&f.key), d1.get(&f.key)) {
+                (Some(&(i0, _, h0)), Some(&(i1, q, h1))) if i0 == i1 && q == f.cpu => {
+                    Some(h1.saturating_sub(h0))
+                }
+                _ => None,
+            };
+            let hw = match hits {
+                Some(h) if segs > 0 => (h as f64 / segs as f64).min(1.0),
+                _ => 0.0,
+            };
+            min_hw = min_hw.min(hw);
+            c.check(hw >= s.settings.min_on_cpu, || {
+                format!(
+                    "TCP :{}: filter to q{} steered {hits:?} of the {segs} segments the client sent",
+                    f.local_port, f.cpu
+                )
+            });
+        }
+    }
+    let trace = s.trace_since_mark()?;
+    let tcp_adds = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Add && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp))
+        .count();
+    // As in steer, every flow RSS gets wrong was programmed to its
+    // receiver's queue. Unlike UDP, the first steer of a TCP flow may follow
+    // the (unpinned) accepting thread's CPU: accept() records the flow for
+    // RFS too. The filter then moves with a REPLACE once the pinned receiver
+    // reads; so an ADD or a REPLACE to the receiver's queue counts.
+    for (_, f) in flows.iter().filter(|(_, f)| f.rss_q != f.cpu) {
+        let programmed = trace.iter().any(|r| {
+            matches!(r.event, EventKind::Add | EventKind::Replace)
+                && r.flow == Some(f.key)
+                && r.rxq.map(usize::from) == Some(f.cpu)
+        });
+        c.check(programmed, || {
+            format!(
+                "TCP :{}: no ADD or REPLACE to q{} in the trace (rss q{})",
+                f.local_port, f.cpu, f.rss_q
+            )
+        });
+    }
+    let tcp_replaces = trace
+        .iter()
+        .filter(|r| {
+            r.event == EventKind::Replace && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp)
+        })
+        .count();
+    let rejects = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Reject)
+        .count();
+    c.check(rejects == 0, || format!("{rejects} rejects in the trace"));
+    let st = s.guest.ctl.stats()?;
+    let tap_rx = counter(&st, "/peer/tap_rx");
+    c.check(tap_rx > 0, || "the device read nothing from the tap".into());
+    drop(client);
+    Ok(format!(
+        "conns={} steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) tap_rx={tap_rx} tap_tx={}",
+        flows.len(),
+        want.len(),
+        warm.as_secs_f64(),
+        100.0 * min,
+        100.0 * sum / flows.len().max(1) as f64,
+        100.0 * min_hw,
+        counter(&st, "/peer/tap_tx")
+    ))
+}

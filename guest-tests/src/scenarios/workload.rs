@@ -1,0 +1,461 @@
+//! The steering workload the scenarios share: connected UDP flows from the
+//! gen peer with pinned receivers, one generator set per flow, and the
+//! measurements over it (per-flow windows, device filters, the trace).
+
+use super::{Checks, Session, BASE_PORT, GEN_IP, GEN_PORT, GUEST_IP};
+use crate::harness::ctl::counter;
+use crate::harness::{wait_for, Context, Result};
+use crate::proto::{Request, UdpFlowSpec, UdpSpec, UdpStats};
+use crate::{bail, ensure};
+use arfs::{EventKind, FlowKey, L4Proto, TraceRecord};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// One flow of a workload.
+#[derive(Debug, Clone)]
+pub struct Flow {
+    pub local_port: u16,
+    pub cpu: usize,
+    pub key: FlowKey,
+    /// The rx queue RSS picks for the flow (arfs::Rss over the enabled queues).
+    pub rss_q: usize,
+}
+
+/// Per-flow figures over a measurement window.
+#[derive(Debug, Clone, Default)]
+pub struct Window {
+    pub packets: Vec<u64>,
+    pub on_cpu: Vec<u64>,
+    /// Device filter hits in the window per flow (None: no filter).
+    pub hits: Vec<Option<u64>>,
+    /// Packets the generator sent each flow in the window (one flow set
+    /// per flow, so this is exact up to packets in flight).
+    pub sent: Vec<u64>,
+    pub off_cpu_recv: u64,
+}
+
+impl Window {
+    pub fn pct(&self, i: usize) -> f64 {
+        if self.packets[i] == 0 {
+            0.0
+        } else {
+            self.on_cpu[i] as f64 / self.packets[i] as f64
+        }
+    }
+}
+
+impl Session {
+    /// One generator set per workload flow (exact per-flow send counts),
+    /// `rate` packets per second over all of them.
+    pub(super) fn start_gen_per_flow(&mut self, rate: u32) -> Result<()> {
+        let per_flow = (rate / self.flows.len().max(1) as u32).max(1);
+        self.gen_sets.clear();
+        for i in 0..self.flows.len() {
+            let spec = json!({
+                "flows": 1,
+                "src": GEN_IP.to_string(),
+                "sport": GEN_PORT.to_string(),
+                "dst": GUEST_IP.to_string(),
+                "dport": self.flows[i].local_port.to_string(),
+                "count": 0,
+                "rate": per_flow,
+                "size": 128,
+            });
+            let id = self.guest.ctl.gen_start(&spec)?;
+            self.gen_sets.push(id);
+            self.gen_running = true;
+        }
+        Ok(())
+    }
+
+    pub(super) fn make_flows(&self, n: usize) -> Vec<Flow> {
+        self.flows_at(BASE_PORT, n)
+    }
+
+    /// `n` connected UDP flows on guest ports `base..base+n`, receivers
+    /// round-robin over the CPUs.
+    pub(super) fn flows_at(&self, base: u16, n: usize) -> Vec<Flow> {
+        (0..n)
+            .map(|i| {
+                let local_port = base + i as u16;
+                let key = FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, local_port);
+                Flow {
+                    local_port,
+                    cpu: i % usize::from(self.settings.cpus),
+                    key,
+                    rss_q: usize::from(self.rss.queue_for_key(&key)),
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn udp_start(&mut self, flows: &[Flow]) -> Result<()> {
+        let spec = UdpSpec {
+            peer: GEN_IP.to_string(),
+            flows: flows
+                .iter()
+                .map(|f| UdpFlowSpec {
+                    local_port: f.local_port,
+                    peer_port: GEN_PORT,
+                    cpu: f.cpu,
+                })
+                .collect(),
+            connect: true,
+        };
+        self.guest
+            .agent
+            .call_value(&Request::UdpStart(spec), Duration::from_mins(1))?;
+        Ok(())
+    }
+
+    pub(super) fn gen_spec(&self, n: usize, count: u64) -> Value {
+        json!({
+            "flows": n,
+            "src": GEN_IP.to_string(),
+            "sport": GEN_PORT.to_string(),
+            "dst": GUEST_IP.to_string(),
+            "dport": format!("{}-{}", BASE_PORT, BASE_PORT + n as u16 - 1),
+            "count": count,
+            "rate": self.settings.rate,
+            "size": 128,
+        })
+    }
+
+    /// Packets sent so far to each flow of the workload (one generator
+    /// flow set per flow, see `setup_steering`).
+    pub(super) fn gen_sent_by_flow(&mut self) -> Result<Vec<u64>> {
+        let l = self.guest.ctl.gen_list()?;
+        let by_id: BTreeMap<u64, u64> = l
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| Some((s["id"].as_u64()?, s["sent"].as_u64()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.gen_sets
+            .iter()
+            .map(|id| {
+                by_id
+                    .get(id)
+                    .copied()
+                    .ok_or_else(|| format!("generator set {id} is gone").into())
+            })
+            .collect()
+    }
+
+    pub(super) fn udp_stats(&mut self) -> Result<UdpStats> {
+        self.guest.agent.req(Request::UdpStats)
+    }
+
+    /// New trace records since the last call.
+    pub(super) fn trace_since_mark(&mut self) -> Result<Vec<TraceRecord>> {
+        let text = std::fs::read_to_string(&self.guest.vnic.trace).ctx(format!(
+            "reading the trace {}",
+            self.guest.vnic.trace.display()
+        ))?;
+        let lines: Vec<&str> = text.lines().collect();
+        // A partially written last line is left for the next call.
+        let complete = if text.ends_with('\n') {
+            lines.len()
+        } else {
+            lines.len().saturating_sub(1)
+        };
+        let mut out = Vec::new();
+        for (n, l) in lines
+            .iter()
+            .enumerate()
+            .take(complete)
+            .skip(self.trace_mark)
+        {
+            let r: TraceRecord = serde_json::from_str(l)
+                .ctx(format!("trace line {} is not a trace record: {l}", n + 1))?;
+            out.push(r);
+        }
+        self.trace_mark = complete.max(self.trace_mark);
+        Ok(out)
+    }
+
+    /// Device filters by flow: (id, rxq, hits).
+    pub(super) fn device_filters(&mut self) -> Result<BTreeMap<FlowKey, (u64, usize, u64)>> {
+        let t = self.guest.ctl.table()?;
+        let mut m = BTreeMap::new();
+        for f in t["filters"].as_array().cloned().unwrap_or_default() {
+            let key: FlowKey = serde_json::from_value(f["flow"].clone())
+                .ctx(format!("table flow {}", f["flow"]))?;
+            m.insert(
+                key,
+                (
+                    f["id"].as_u64().unwrap_or(u64::MAX),
+                    f["rxq"].as_u64().unwrap_or(u64::MAX) as usize,
+                    f["hits"].as_u64().unwrap_or(0),
+                ),
+            );
+        }
+        Ok(m)
+    }
+
+    /// Wait until every flow that needs a filter (its RSS queue is not its
+    /// receiver's CPU's queue, or it had one before) has one to its CPU.
+    pub(super) fn wait_steered(&mut self, also: &BTreeSet<FlowKey>) -> Result<Duration> {
+        let start = Instant::now();
+        let want: Vec<(FlowKey, usize)> = self
+            .flows
+            .iter()
+            .filter(|f| f.rss_q != f.cpu || also.contains(&f.key))
+            .map(|f| (f.key, f.cpu))
+            .collect();
+        let timeout = self.settings.warmup_timeout;
+        let mut missing: Vec<String> = Vec::new();
+        let r = wait_for(
+            timeout,
+            "every flow's filter to point at its receiver's CPU",
+            || {
+                let have = self.device_filters()?;
+                missing = want
+                    .iter()
+                    .filter_map(|(k, cpu)| match have.get(k) {
+                        Some(&(_, q, _)) if q == *cpu => None,
+                        Some(&(id, q, _)) => Some(format!(
+                            ":{} filter {id} to q{q}, receiver cpu{cpu}",
+                            k.dst_port()
+                        )),
+                        None => Some(format!(":{} no filter, receiver cpu{cpu}", k.dst_port())),
+                    })
+                    .collect();
+                Ok(missing.is_empty().then_some(()))
+            },
+        );
+        if let Err(e) = r {
+            let shown: Vec<&str> = missing.iter().take(6).map(String::as_str).collect();
+            let more = if missing.len() > 6 { "; ..." } else { "" };
+            bail!(
+                "{e}: {} of {} flows not steered ({}{more})",
+                missing.len(),
+                want.len(),
+                shown.join("; ")
+            );
+        }
+        Ok(start.elapsed())
+    }
+
+    /// Measure a window: per-flow packets and on-CPU packets from the agent,
+    /// filter hits from the device.
+    pub(super) fn measure(&mut self) -> Result<Window> {
+        // Device-side figures (filter hits, generator counts) are read back
+        // to back; the guest's receive counters separately (receivers may
+        // have a socket backlog, so they are only compared with themselves).
+        let a0 = self.udp_stats()?;
+        let d0 = self.device_filters()?;
+        let s0 = self.gen_sent_by_flow()?;
+        std::thread::sleep(self.settings.measure);
+        let a1 = self.udp_stats()?;
+        let d1 = self.device_filters()?;
+        let s1 = self.gen_sent_by_flow()?;
+        ensure!(
+            a0.flows.len() == self.flows.len() && a1.flows.len() == self.flows.len(),
+            "agent flow count changed"
+        );
+        let mut w = Window {
+            sent: s1
+                .iter()
+                .zip(&s0)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            ..Window::default()
+        };
+        for (i, f) in self.flows.iter().enumerate() {
+            ensure!(
+                a1.flows[i].cpu == f.cpu,
+                "flow {} receiver is on CPU {}, expected {}",
+                f.local_port,
+                a1.flows[i].cpu,
+                f.cpu
+            );
+            w.packets.push(a1.flows[i].packets - a0.flows[i].packets);
+            w.on_cpu.push(a1.flows[i].on_cpu - a0.flows[i].on_cpu);
+            w.off_cpu_recv += a1.flows[i].off_cpu_recv - a0.flows[i].off_cpu_recv;
+            w.hits.push(match (d0.get(&f.key), d1.get(&f.key)) {
+                (Some(&(id0, _, h0)), Some(&(id1, q, h1))) if id0 == id1 && q == f.cpu => {
+                    Some(h1.saturating_sub(h0))
+                }
+                (None, Some(&(_, q, h1))) if q == f.cpu => Some(h1),
+                _ => None,
+            });
+        }
+        Ok(w)
+    }
+
+    /// Assert the >= 95% bar on every flow of a window; returns (min, mean) %.
+    pub(super) fn check_window(&self, w: &Window, c: &mut Checks) -> (f64, f64, f64) {
+        let min_pkts = (u64::from(self.settings.rate) * self.settings.measure.as_secs()
+            / self.flows.len() as u64
+            / 4)
+        .max(5);
+        let mut min: f64 = 1.0;
+        let mut sum = 0.0;
+        let mut min_hw: f64 = 1.0;
+        for (i, f) in self.flows.iter().enumerate() {
+            let p = w.pct(i);
+            min = min.min(p);
+            sum += p;
+            c.check(w.packets[i] >= min_pkts, || {
+                format!(
+                    "flow :{} got {} packets in the {:?} window (expected >= {min_pkts}): not enough to judge",
+                    f.local_port, w.packets[i], self.settings.measure
+                )
+            });
+            c.check(p >= self.settings.min_on_cpu, || {
+                format!(
+                    "flow :{} (rss q{}, receiver cpu{}): {:.1}% of {} packets processed on the receiver's CPU (< {:.0}%)",
+                    f.local_port,
+                    f.rss_q,
+                    f.cpu,
+                    100.0 * p,
+                    w.packets[i],
+                    100.0 * self.settings.min_on_cpu
+                )
+            });
+            if f.rss_q != f.cpu {
+                // The device side: the flow's packets must have been
+                // delivered by its filter, not by RSS + software RFS.
+                if let Some(h) = w.hits[i] {
+                    let hw = if w.sent[i] == 0 {
+                        0.0
+                    } else {
+                        (h as f64 / w.sent[i] as f64).min(1.0)
+                    };
+                    min_hw = min_hw.min(hw);
+                    c.check(hw >= self.settings.min_on_cpu, || {
+                        format!(
+                            "flow :{}: only {h} of {} packets sent were steered by its filter to q{}",
+                            f.local_port, w.sent[i], f.cpu
+                        )
+                    });
+                } else {
+                    min_hw = 0.0;
+                    c.check(false, || {
+                        format!(
+                            "flow :{}: no stable filter to q{} during the window",
+                            f.local_port, f.cpu
+                        )
+                    });
+                }
+            }
+        }
+        c.check(w.off_cpu_recv == 0, || {
+            format!("{} receives ran off their pinned CPU", w.off_cpu_recv)
+        });
+        (
+            100.0 * min,
+            100.0 * sum / self.flows.len() as f64,
+            100.0 * min_hw,
+        )
+    }
+
+    /// Wait until the device delivers no more frames to the guest (its rx
+    /// counters stay still for 300 ms), up to 10 s.
+    pub(super) fn wait_rx_quiet(&mut self) -> Result<()> {
+        let ctl = &mut self.guest.ctl;
+        let mut last = u64::MAX;
+        let mut still_since = Instant::now();
+        wait_for(Duration::from_secs(10), "rx to go quiet", || {
+            let st = ctl.stats()?;
+            let n: u64 = st["queues"]
+                .as_array()
+                .map_or(0, |qs| qs.iter().map(|q| counter(q, "/rx_packets")).sum());
+            if n != last {
+                last = n;
+                still_since = Instant::now();
+            }
+            Ok((still_since.elapsed() >= Duration::from_millis(300)).then_some(()))
+        })
+    }
+
+    /// Move every receiver to the next CPU (flow i: cpu -> (cpu + 1) % cpus).
+    pub(super) fn rotate_receivers(&mut self) -> Result<()> {
+        let ncpu = usize::from(self.settings.cpus);
+        let moves: Vec<(usize, usize)> = self
+            .flows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (i, (f.cpu + 1) % ncpu))
+            .collect();
+        self.guest.agent.call_value(
+            &Request::UdpMigrate {
+                moves: moves.clone(),
+            },
+            Duration::from_secs(30),
+        )?;
+        for (i, cpu) in moves {
+            self.flows[i].cpu = cpu;
+        }
+        Ok(())
+    }
+
+    /// Load the module, start the workload, wait for the filters.
+    pub(super) fn setup_steering(&mut self) -> Result<Duration> {
+        self.ensure_module()?;
+        if !self.flows.is_empty() {
+            return Ok(Duration::ZERO);
+        }
+        let flows = self.make_flows(self.settings.flows);
+        self.udp_start(&flows)?;
+        self.flows = flows;
+        self.trace_since_mark()?; // everything before the workload
+        self.start_gen_per_flow(self.settings.rate)?;
+        let t = self.wait_steered(&BTreeSet::new())?;
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(t)
+    }
+}
+
+/// The demo's filter-table summary: trace totals since the device started,
+/// the device table now, and the guest's view of where packets were processed.
+pub fn table_summary(s: &mut Session) -> Result<String> {
+    let text = std::fs::read_to_string(&s.guest.vnic.trace).ctx("reading the trace")?;
+    let mut n: BTreeMap<&str, u64> = BTreeMap::new();
+    for l in text.lines() {
+        let r: TraceRecord = serde_json::from_str(l).ctx(format!("bad trace line {l}"))?;
+        let k = match r.event {
+            EventKind::Add => "adds",
+            EventKind::Replace => "replaces",
+            EventKind::Del => "deletes",
+            EventKind::Reject => "rejects",
+            _ => continue,
+        };
+        *n.entry(k).or_default() += 1;
+    }
+    let table = s.guest.ctl.table()?;
+    let stats = s.udp_stats()?;
+    let (pk, on): (u64, u64) = stats
+        .flows
+        .iter()
+        .fold((0, 0), |(p, o), f| (p + f.packets, o + f.on_cpu));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "filter table summary ({} flows, {} vCPUs / rx queues):",
+        s.flows.len(),
+        s.settings.queues
+    );
+    for k in ["adds", "replaces", "deletes", "rejects"] {
+        let _ = writeln!(out, "  {k:<10} {}", n.get(k).copied().unwrap_or(0));
+    }
+    let _ = writeln!(
+        out,
+        "  {:<10} {} of capacity {}",
+        "live",
+        counter(&table, "/live"),
+        counter(&table, "/capacity")
+    );
+    let _ =
+        write!(
+        out,
+        "  packets processed on the receiver's CPU: {:.1}% of {pk} (whole run, warm-up included)",
+        if pk == 0 { 0.0 } else { 100.0 * on as f64 / pk as f64 }
+    );
+    Ok(out)
+}
