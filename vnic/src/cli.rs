@@ -229,27 +229,26 @@ impl FlowArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Buckets(pub Option<(u32, u16)>);
 
-fn parse_buckets_arg(s: &str) -> Result<Buckets, String> {
+fn parse_buckets_arg(s: &str) -> Result<Buckets, config::InvalidValue> {
     config::parse_buckets(s).map(Buckets)
 }
 
-fn parse_kv(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
-    if k.is_empty() {
-        return Err(format!("expected KEY=VALUE, got {s:?}"));
+fn parse_kv(s: &str) -> Result<(String, String), config::InvalidValue> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(config::InvalidValue(format!(
+            "expected KEY=VALUE, got {s:?}"
+        ))),
     }
-    Ok((k.to_string(), v.to_string()))
 }
 
-/// Runs `vnic ctl`.
 /// `vnic serve`: runs the daemon until a signal ends the process.
-pub fn serve(args: ServeArgs) -> Result<(), String> {
-    crate::serve::run(args.into_config()).map_err(|e| e.to_string())
+pub fn serve(args: ServeArgs) -> Result<(), crate::error::Error> {
+    crate::serve::run(args.into_config())
 }
 
-pub fn run_ctl(args: &CtlArgs) -> Result<(), String> {
+/// `vnic ctl`: one request, the reply pretty-printed.
+pub fn run_ctl(args: &CtlArgs) -> Result<(), crate::ctl::CtlError> {
     let req = match &args.cmd {
         CtlCmd::Stats => json!({"cmd": "stats"}),
         CtlCmd::Table => json!({"cmd": "table"}),
@@ -264,9 +263,8 @@ pub fn run_ctl(args: &CtlArgs) -> Result<(), String> {
             None => json!({"cmd": "gen", "op": "stop"}),
         },
         CtlCmd::Gen(GenCmd::List) => json!({"cmd": "gen", "op": "list"}),
-        CtlCmd::Raw { json } => {
-            serde_json::from_str(json).map_err(|e| format!("invalid JSON request: {e}"))?
-        }
+        CtlCmd::Raw { json } => serde_json::from_str(json)
+            .map_err(|e| crate::ctl::CtlError::Refused(format!("invalid JSON request: {e}")))?,
     };
     let reply = crate::ctl::request(&args.ctl, &req)?;
     if reply["ok"] == json!(true) {
@@ -276,10 +274,12 @@ pub fn run_ctl(args: &CtlArgs) -> Result<(), String> {
         );
         Ok(())
     } else {
-        Err(reply["error"]
-            .as_str()
-            .unwrap_or("request failed")
-            .to_string())
+        Err(crate::ctl::CtlError::Refused(
+            reply["error"]
+                .as_str()
+                .unwrap_or("request failed")
+                .to_string(),
+        ))
     }
 }
 

@@ -5,6 +5,16 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// An option or knob value that does not parse or is out of range; the
+/// message names the value and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidValue(pub String);
+
+fn invalid(msg: String) -> InvalidValue {
+    InvalidValue(msg)
+}
+
 /// The far side of the NIC.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerKind {
@@ -35,7 +45,7 @@ pub struct Config {
 }
 
 /// Parses `gen` or `tap:IFNAME`.
-pub fn parse_peer(s: &str) -> Result<PeerKind, String> {
+pub fn parse_peer(s: &str) -> Result<PeerKind, InvalidValue> {
     if s == "gen" {
         return Ok(PeerKind::Gen);
     }
@@ -45,37 +55,39 @@ pub fn parse_peer(s: &str) -> Result<PeerKind, String> {
             || name.contains('/')
             || name.contains(char::is_whitespace)
         {
-            return Err(format!(
+            return Err(invalid(format!(
                 "invalid tap interface name {name:?} (1..=15 characters, no '/' or spaces)"
-            ));
+            )));
         }
         return Ok(PeerKind::Tap(name.to_string()));
     }
-    Err(format!(
+    Err(invalid(format!(
         "unknown peer {s:?}: expected `gen` or `tap:IFNAME`"
-    ))
+    )))
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+pub fn parse_mac(s: &str) -> Result<[u8; 6], InvalidValue> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid MAC address {s:?}: expected six hex bytes like 02:76:6e:69:63:01"
-        ));
+        )));
     }
     let mut m = [0u8; 6];
     for (i, p) in parts.iter().enumerate() {
         if p.len() != 2 {
-            return Err(format!(
+            return Err(invalid(format!(
                 "invalid MAC address {s:?}: byte {p:?} is not two hex digits"
-            ));
+            )));
         }
         m[i] = u8::from_str_radix(p, 16)
-            .map_err(|_| format!("invalid MAC address {s:?}: {p:?} is not hex"))?;
+            .map_err(|_| invalid(format!("invalid MAC address {s:?}: {p:?} is not hex")))?;
     }
     if m[0] & 1 != 0 {
-        return Err(format!("invalid MAC address {s:?}: multicast bit set"));
+        return Err(invalid(format!(
+            "invalid MAC address {s:?}: multicast bit set"
+        )));
     }
     Ok(m)
 }
@@ -88,35 +100,37 @@ pub fn fmt_mac(m: [u8; 6]) -> String {
 }
 
 /// Parses `BxW` (buckets x ways), e.g. `1024x4`; `0` or `none` for no placement model.
-pub fn parse_buckets(s: &str) -> Result<Option<(u32, u16)>, String> {
+pub fn parse_buckets(s: &str) -> Result<Option<(u32, u16)>, InvalidValue> {
     if s == "0" || s == "none" {
         return Ok(None);
     }
     let (b, w) = s.split_once(['x', 'X']).ok_or_else(|| {
-        format!("invalid bucket geometry {s:?}: expected BxW, e.g. 1024x4, or `none`")
+        invalid(format!(
+            "invalid bucket geometry {s:?}: expected BxW, e.g. 1024x4, or `none`"
+        ))
     })?;
     let b: u32 = b
         .parse()
-        .map_err(|_| format!("invalid bucket count {b:?} in {s:?}"))?;
+        .map_err(|_| invalid(format!("invalid bucket count {b:?} in {s:?}")))?;
     let w: u16 = w
         .parse()
-        .map_err(|_| format!("invalid way count {w:?} in {s:?}"))?;
+        .map_err(|_| invalid(format!("invalid way count {w:?} in {s:?}")))?;
     if b == 0 || w == 0 {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid bucket geometry {s:?}: buckets and ways must be at least 1"
-        ));
+        )));
     }
     if b > arfs::table::MAX_BUCKETS {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid bucket geometry {s:?}: at most {} buckets",
             arfs::table::MAX_BUCKETS
-        ));
+        )));
     }
     Ok(Some((b, w)))
 }
 
 /// Parses a duration: `0`, `250us`, `2ms`, `1.5s`, `100ns`; a bare number is microseconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, InvalidValue> {
     let s = s.trim();
     let (num, mult_ns) = if let Some(n) = s.strip_suffix("ns") {
         (n, 1.0)
@@ -129,113 +143,130 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     } else {
         (s, 1e3)
     };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 0, 500us, 2ms, 1s"))?;
+    let v: f64 = num.trim().parse().map_err(|_| {
+        invalid(format!(
+            "invalid duration {s:?}: expected e.g. 0, 500us, 2ms, 1s"
+        ))
+    })?;
     if !v.is_finite() || v < 0.0 {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid duration {s:?}: must be a non-negative number"
-        ));
+        )));
     }
     let ns = v * mult_ns;
     if ns > arfs::table::MAX_LATENCY_NS as f64 {
-        return Err(format!(
+        return Err(invalid(format!(
             "duration {s:?} too large (at most {} s)",
             arfs::table::MAX_LATENCY_NS / 1_000_000_000
-        ));
+        )));
     }
     Ok(Duration::from_nanos(ns as u64))
 }
 
 /// Parses a probability 0.0..=1.0.
-pub fn parse_rate(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid probability {s:?}: expected a number in 0.0..=1.0"))?;
+pub fn parse_rate(s: &str) -> Result<f64, InvalidValue> {
+    let v: f64 = s.trim().parse().map_err(|_| {
+        invalid(format!(
+            "invalid probability {s:?}: expected a number in 0.0..=1.0"
+        ))
+    })?;
     if !(0.0..=1.0).contains(&v) {
-        return Err(format!("invalid probability {s:?}: must be in 0.0..=1.0"));
+        return Err(invalid(format!(
+            "invalid probability {s:?}: must be in 0.0..=1.0"
+        )));
     }
     Ok(v)
 }
 
 /// Parses the number of queue pairs, 1..=16.
-pub fn parse_queues(s: &str) -> Result<u16, String> {
+pub fn parse_queues(s: &str) -> Result<u16, InvalidValue> {
     let v: u16 = s
         .parse()
-        .map_err(|_| format!("invalid queue pair count {s:?}: expected 1..=16"))?;
+        .map_err(|_| invalid(format!("invalid queue pair count {s:?}: expected 1..=16")))?;
     if !(1..=16).contains(&v) {
-        return Err(format!("invalid queue pair count {v}: expected 1..=16"));
+        return Err(invalid(format!(
+            "invalid queue pair count {v}: expected 1..=16"
+        )));
     }
     Ok(v)
 }
 
 /// Parses the filter table capacity, 1..=65535.
-pub fn parse_capacity(s: &str) -> Result<u32, String> {
+pub fn parse_capacity(s: &str) -> Result<u32, InvalidValue> {
     let v: u32 = s
         .parse()
-        .map_err(|_| format!("invalid table capacity {s:?}: expected 1..=65535"))?;
+        .map_err(|_| invalid(format!("invalid table capacity {s:?}: expected 1..=65535")))?;
     if !(1..=arfs::table::MAX_CAPACITY).contains(&v) {
-        return Err(format!("invalid table capacity {v}: expected 1..=65535"));
+        return Err(invalid(format!(
+            "invalid table capacity {v}: expected 1..=65535"
+        )));
     }
     Ok(v)
 }
 
 /// Parses the largest virtqueue size offered: a power of two 256..=32768.
-pub fn parse_queue_size(s: &str) -> Result<u16, String> {
-    let v: u16 = s.parse().map_err(|_| format!("invalid queue size {s:?}"))?;
+pub fn parse_queue_size(s: &str) -> Result<u16, InvalidValue> {
+    let v: u16 = s
+        .parse()
+        .map_err(|_| invalid(format!("invalid queue size {s:?}")))?;
     if !v.is_power_of_two() || !(256..=32768).contains(&v) {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid queue size {v}: a power of two in 256..=32768"
-        ));
+        )));
     }
     Ok(v)
 }
 
 /// Parses an IPv4 address.
-pub fn parse_ipv4(s: &str) -> Result<Ipv4Addr, String> {
-    s.parse().map_err(|_| format!("invalid IPv4 address {s:?}"))
+pub fn parse_ipv4(s: &str) -> Result<Ipv4Addr, InvalidValue> {
+    s.parse()
+        .map_err(|_| invalid(format!("invalid IPv4 address {s:?}")))
 }
 
 /// Parses an inclusive port range `LO-HI` or a single port.
-pub fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+pub fn parse_port_range(s: &str) -> Result<(u16, u16), InvalidValue> {
     let (a, b) = s.split_once('-').unwrap_or((s, s));
     let lo: u16 = a
         .trim()
         .parse()
-        .map_err(|_| format!("invalid port {a:?} in {s:?}"))?;
+        .map_err(|_| invalid(format!("invalid port {a:?} in {s:?}")))?;
     let hi: u16 = b
         .trim()
         .parse()
-        .map_err(|_| format!("invalid port {b:?} in {s:?}"))?;
+        .map_err(|_| invalid(format!("invalid port {b:?} in {s:?}")))?;
     if lo > hi {
-        return Err(format!("invalid port range {s:?}: low end above high end"));
+        return Err(invalid(format!(
+            "invalid port range {s:?}: low end above high end"
+        )));
     }
     Ok((lo, hi))
 }
 
 /// Parses an inclusive address range `A-B` or a single address (both ends of one family).
-pub fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), String> {
+pub fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), InvalidValue> {
     let s = text;
     let (first, last) = s.split_once('-').unwrap_or((s, s));
     let lo: IpAddr = first
         .trim()
         .parse()
-        .map_err(|_| format!("invalid address {first:?} in {s:?}"))?;
+        .map_err(|_| invalid(format!("invalid address {first:?} in {s:?}")))?;
     let hi: IpAddr = last
         .trim()
         .parse()
-        .map_err(|_| format!("invalid address {last:?} in {s:?}"))?;
+        .map_err(|_| invalid(format!("invalid address {last:?} in {s:?}")))?;
     let ok = match (lo, hi) {
         (IpAddr::V4(l4), IpAddr::V4(h4)) => u32::from(l4) <= u32::from(h4),
         (IpAddr::V6(l6), IpAddr::V6(h6)) => u128::from(l6) <= u128::from(h6),
-        _ => return Err(format!("invalid address range {s:?}: mixed families")),
+        _ => {
+            return Err(invalid(format!(
+                "invalid address range {s:?}: mixed families"
+            )))
+        }
     };
     if !ok {
-        return Err(format!(
+        return Err(invalid(format!(
             "invalid address range {s:?}: low end above high end"
-        ));
+        )));
     }
     Ok((lo, hi))
 }
@@ -256,16 +287,29 @@ impl Knob {
     pub const NAMES: &'static str =
         "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity or buckets";
 
-    pub fn parse(key: &str, value: &str) -> Result<Self, String> {
+    pub fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
+        let bad = |err| KnobError::Value {
+            key: key.to_string(),
+            err,
+        };
         Ok(match key {
-            "add_fail_rate" => Self::AddFailRate(parse_rate(value)?),
-            "mgmt_loss_rate" => Self::MgmtLossRate(parse_rate(value)?),
-            "program_latency" => Self::ProgramLatency(parse_duration(value)?),
-            "table_capacity" => Self::TableCapacity(parse_capacity(value)?),
-            "buckets" => Self::Buckets(parse_buckets(value)?),
-            _ => return Err(format!("unknown knob {key:?}: expected {}", Self::NAMES)),
+            "add_fail_rate" => Self::AddFailRate(parse_rate(value).map_err(bad)?),
+            "mgmt_loss_rate" => Self::MgmtLossRate(parse_rate(value).map_err(bad)?),
+            "program_latency" => Self::ProgramLatency(parse_duration(value).map_err(bad)?),
+            "table_capacity" => Self::TableCapacity(parse_capacity(value).map_err(bad)?),
+            "buckets" => Self::Buckets(parse_buckets(value).map_err(bad)?),
+            _ => return Err(KnobError::Unknown(key.to_string())),
         })
     }
+}
+
+/// Why `set KEY VALUE` was refused before reaching the device.
+#[derive(Debug, thiserror::Error)]
+pub enum KnobError {
+    #[error("unknown knob {0:?}: expected {names}", names = Knob::NAMES)]
+    Unknown(String),
+    #[error("{key}: {err}")]
+    Value { key: String, err: InvalidValue },
 }
 
 #[cfg(test)]
@@ -277,7 +321,7 @@ mod tests {
         assert_eq!(parse_peer("gen"), Ok(PeerKind::Gen));
         assert_eq!(parse_peer("tap:vnic0"), Ok(PeerKind::Tap("vnic0".into())));
         assert!(parse_peer("tap:").is_err());
-        assert!(parse_peer("tun").unwrap_err().contains("gen"));
+        assert!(parse_peer("tun").unwrap_err().0.contains("gen"));
         assert_eq!(parse_mac("02:00:00:00:00:01"), Ok([2, 0, 0, 0, 0, 1]));
         assert!(parse_mac("01:00:00:00:00:01").is_err());
         assert!(parse_mac("02:00:00:00:00").is_err());

@@ -63,8 +63,7 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
             };
             let knob = match Knob::parse(&key, &value) {
                 Ok(k) => k,
-                Err(e) if e.starts_with("unknown knob") => return err(e),
-                Err(e) => return err(format!("{key}: {e}")),
+                Err(e) => return err(e.to_string()),
             };
             let r = {
                 let mut m = sh.lock_mgmt();
@@ -260,23 +259,45 @@ fn table_json(sh: &Shared, s: &Snapshot) -> Value {
 }
 
 /// Sends one request and returns the reply.
-pub fn request(path: &Path, req: &Value) -> Result<Value, String> {
-    let mut s = UnixStream::connect(path)
-        .map_err(|e| format!("--ctl {}: cannot connect: {e}", path.display()))?;
+pub fn request(path: &Path, req: &Value) -> Result<Value, CtlError> {
+    let io = |source| CtlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut s = UnixStream::connect(path).map_err(|source| CtlError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-    let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    let mut line = req.to_string();
     line.push('\n');
-    s.write_all(line.as_bytes())
-        .map_err(|e| format!("--ctl {}: {e}", path.display()))?;
+    s.write_all(line.as_bytes()).map_err(io)?;
     let mut r = BufReader::new(s);
     let mut out = String::new();
-    r.read_line(&mut out)
-        .map_err(|e| format!("--ctl {}: {e}", path.display()))?;
+    r.read_line(&mut out).map_err(io)?;
     if out.is_empty() {
-        return Err(format!(
-            "--ctl {}: connection closed without a reply",
-            path.display()
-        ));
+        return Err(CtlError::Closed(path.to_path_buf()));
     }
-    serde_json::from_str(&out).map_err(|e| format!("bad reply: {e}"))
+    Ok(serde_json::from_str(&out)?)
+}
+
+/// Why `vnic ctl` got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("--ctl {}: cannot connect: {source}", path.display())]
+    Connect {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--ctl {}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--ctl {}: connection closed without a reply", .0.display())]
+    Closed(std::path::PathBuf),
+    #[error("bad reply: {0}")]
+    BadReply(#[from] serde_json::Error),
+    #[error("{0}")]
+    Refused(String),
 }

@@ -435,33 +435,29 @@ impl Mgmt {
     }
 
     /// Sets a knob (parsed by the caller, see [`Knob::parse`]).
-    pub fn set_knob(&mut self, knob: Knob) -> Result<(), String> {
+    pub fn set_knob(&mut self, knob: Knob) -> Result<(), KnobRefused> {
         match knob {
-            Knob::AddFailRate(v) => self.table.set_add_fail_rate(v).map_err(|e| e.to_string()),
-            Knob::MgmtLossRate(v) => self.table.set_mgmt_loss_rate(v).map_err(|e| e.to_string()),
-            Knob::ProgramLatency(v) => self
-                .table
-                .set_latency_ns(v.as_nanos() as u64)
-                .map_err(|e| e.to_string()),
+            Knob::AddFailRate(v) => self.table.set_add_fail_rate(v)?,
+            Knob::MgmtLossRate(v) => self.table.set_mgmt_loss_rate(v)?,
+            Knob::ProgramLatency(v) => self.table.set_latency_ns(v.as_nanos() as u64)?,
             Knob::TableCapacity(v) => {
                 if v > self.replica_capacity {
-                    return Err(format!(
-                        "{v} exceeds the capacity the daemon started with ({}): restart it with a larger --table-capacity",
-                        self.replica_capacity
-                    ));
+                    return Err(KnobRefused::BeyondReplicas {
+                        asked: v,
+                        max: self.replica_capacity,
+                    });
                 }
                 let buckets = self.table.config().buckets;
-                self.table.reshape(v, buckets).map_err(|e| {
-                    format!("{e}; unload the guest driver (its FLUSH empties the table) and retry")
-                })
+                self.table
+                    .reshape(v, buckets)
+                    .map_err(KnobRefused::Reshape)?;
             }
             Knob::Buckets(v) => {
                 let cap = self.table.capacity();
-                self.table.reshape(cap, v).map_err(|e| {
-                    format!("{e}; unload the guest driver (its FLUSH empties the table) and retry")
-                })
+                self.table.reshape(cap, v).map_err(KnobRefused::Reshape)?;
             }
         }
+        Ok(())
     }
 
     /// What the control socket shows, copied out under the lock.
@@ -490,6 +486,17 @@ impl Mgmt {
             },
         }
     }
+}
+
+/// Why the device refused a knob value.
+#[derive(Debug, thiserror::Error)]
+pub enum KnobRefused {
+    #[error("{0}")]
+    Table(#[from] arfs::ConfigError),
+    #[error("{0}; unload the guest driver (its FLUSH empties the table) and retry")]
+    Reshape(arfs::ConfigError),
+    #[error("{asked} exceeds the capacity the daemon started with ({max}): restart it with a larger --table-capacity")]
+    BeyondReplicas { asked: u32, max: u32 },
 }
 
 /// The management state as the control socket shows it.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::config::{parse_addr_range, parse_port_range};
+use crate::config::{parse_addr_range, parse_port_range, InvalidValue};
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_ARP: u16 = 0x0806;
@@ -92,31 +92,32 @@ impl FlowSet {
         gen_ip: Ipv4Addr,
         guest_ip: Ipv4Addr,
         workers: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, InvalidValue> {
+        let bad = InvalidValue;
         let flows = spec.flows.unwrap_or(1);
         if !(1..=1_000_000).contains(&flows) {
-            return Err(format!("flows must be 1..=1000000, got {flows}"));
+            return Err(bad(format!("flows must be 1..=1000000, got {flows}")));
         }
         let (slo, shi) = parse_addr_range(spec.src.as_deref().unwrap_or(&gen_ip.to_string()))
-            .map_err(|e| format!("src: {e}"))?;
+            .map_err(|e| bad(format!("src: {e}")))?;
         let (dlo, dhi) = parse_addr_range(spec.dst.as_deref().unwrap_or(&guest_ip.to_string()))
-            .map_err(|e| format!("dst: {e}"))?;
+            .map_err(|e| bad(format!("dst: {e}")))?;
         if dlo != dhi {
-            return Err("dst must be a single address".into());
+            return Err(bad("dst must be a single address".into()));
         }
         if slo.is_ipv4() != dlo.is_ipv4() {
-            return Err("src and dst must be of the same family".into());
+            return Err(bad("src and dst must be of the same family".into()));
         }
         let (splo, sphi) = parse_port_range(spec.sport.as_deref().unwrap_or("10000"))
-            .map_err(|e| format!("sport: {e}"))?;
+            .map_err(|e| bad(format!("sport: {e}")))?;
         let (dplo, dphi) = parse_port_range(spec.dport.as_deref().unwrap_or("5001"))
-            .map_err(|e| format!("dport: {e}"))?;
+            .map_err(|e| bad(format!("dport: {e}")))?;
         let size = spec.size.unwrap_or(64);
         let min = if slo.is_ipv4() { 60 } else { 62 };
         if !(min..=MAX_FRAME).contains(&size) {
-            return Err(format!(
+            return Err(bad(format!(
                 "size must be {min}..={MAX_FRAME} bytes, got {size}"
-            ));
+            )));
         }
         let nsp = u64::from(sphi - splo) + 1;
         let ndp = u64::from(dphi - dplo) + 1;
@@ -127,9 +128,9 @@ impl FlowSet {
         };
         let distinct = u128::from(nsp) * u128::from(ndp) * nsrc;
         if u128::from(flows) > distinct {
-            return Err(format!(
+            return Err(bad(format!(
                 "flows = {flows} but the address/port ranges only give {distinct} distinct tuples"
-            ));
+            )));
         }
         let tuples: Vec<Tuple> = (0..u64::from(flows))
             .map(|i| {
@@ -506,6 +507,7 @@ mod tests {
             FlowSet::new(1, spec, gen_ip(), guest_ip(), 1)
                 .err()
                 .unwrap()
+                .0
         };
         assert!(f(FlowSpec {
             flows: Some(10),
