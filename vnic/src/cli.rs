@@ -79,6 +79,12 @@ pub struct ServeArgs {
     /// request received and each reply sent.
     #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
     pub mgmt_loss_rate: f64,
+    /// Fault: deliver every frame that hits a filter to the next enabled rx queue after the
+    /// one the filter names (a NIC that steers wrongly; counted as peer.misrouted). For
+    /// checking that a test watches where frames really arrive. Changeable at run time
+    /// (`vnic ctl set misroute=1|0`).
+    #[arg(long)]
+    pub misroute: bool,
     /// Seed of the fault-injection random draws (add failures, management loss).
     #[arg(long, value_name = "N", default_value = "1")]
     pub seed: u64,
@@ -117,6 +123,7 @@ impl ServeArgs {
             mgmt_loss_rate: self.mgmt_loss_rate,
             seed: self.seed,
             trace: self.trace,
+            misroute: self.misroute,
         }
     }
 }

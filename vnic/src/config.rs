@@ -42,6 +42,8 @@ pub struct Config {
     pub mgmt_loss_rate: f64,
     pub seed: u64,
     pub trace: Option<PathBuf>,
+    /// Start with the `misroute` fault on.
+    pub misroute: bool,
 }
 
 /// Parses `gen` or `tap:IFNAME`.
@@ -271,6 +273,26 @@ pub fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), InvalidValue> {
     Ok((lo, hi))
 }
 
+/// Parses `0`/`1`, `off`/`on`, `false`/`true`.
+pub fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
+    match s.trim() {
+        "0" | "off" | "false" => Ok(false),
+        "1" | "on" | "true" => Ok(true),
+        _ => Err(invalid(format!(
+            "invalid switch {s:?}: expected 0/1, off/on or false/true"
+        ))),
+    }
+}
+
+/// Faults of the packet path, read by every worker on every frame.
+#[derive(Debug, Default)]
+pub struct PathFaults {
+    /// A frame that hits a filter is delivered to the next enabled rx queue
+    /// after the filter's (a NIC that steers wrongly), and counted in
+    /// `peer.misrouted`.
+    pub misroute: std::sync::atomic::AtomicBool,
+}
+
 /// A fault knob the control socket sets at run time (`set KEY VALUE`),
 /// parsed and checked before the management lock is taken.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -280,12 +302,13 @@ pub enum Knob {
     ProgramLatency(Duration),
     TableCapacity(u32),
     Buckets(Option<(u32, u16)>),
+    Misroute(bool),
 }
 
 impl Knob {
     /// The knob names, as `set` takes them.
     pub const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity or buckets";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets or misroute";
 
     pub fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -298,6 +321,7 @@ impl Knob {
             "program_latency" => Self::ProgramLatency(parse_duration(value).map_err(bad)?),
             "table_capacity" => Self::TableCapacity(parse_capacity(value).map_err(bad)?),
             "buckets" => Self::Buckets(parse_buckets(value).map_err(bad)?),
+            "misroute" => Self::Misroute(parse_bool(value).map_err(bad)?),
             _ => return Err(KnobError::Unknown(key.to_string())),
         })
     }

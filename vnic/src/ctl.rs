@@ -51,7 +51,7 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
             let snap = sh.lock_mgmt().snapshot(true);
             json!({"ok": true, "table": table_json(sh, &snap)})
         }
-        "knobs" => json!({"ok": true, "knobs": knobs_json(&sh.lock_mgmt().snapshot(false))}),
+        "knobs" => json!({"ok": true, "knobs": knobs_json(sh, &sh.lock_mgmt().snapshot(false))}),
         "set" => {
             let Some(key) = req.key else {
                 return err("set needs \"key\"");
@@ -65,14 +65,17 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
                 Ok(k) => k,
                 Err(e) => return err(e.to_string()),
             };
-            let r = {
+            let r = if let Knob::Misroute(on) = knob {
+                sh.faults.misroute.store(on, Ordering::Relaxed);
+                Ok(sh.lock_mgmt().snapshot(false))
+            } else {
                 let mut m = sh.lock_mgmt();
                 m.set_knob(knob).map(|()| m.snapshot(false))
             };
             match r {
                 Ok(snap) => {
                     log::info!("knob {key} = {value}");
-                    json!({"ok": true, "knobs": knobs_json(&snap)})
+                    json!({"ok": true, "knobs": knobs_json(sh, &snap)})
                 }
                 Err(e) => err(format!("{key}: {e}")),
             }
@@ -189,9 +192,10 @@ pub fn stats_json(sh: &Shared) -> Value {
     })
 }
 
-fn knobs_json(s: &Snapshot) -> Value {
+fn knobs_json(sh: &Shared, s: &Snapshot) -> Value {
     let c = &s.table;
     json!({
+        "misroute": sh.faults.misroute.load(Ordering::Relaxed),
         "add_fail_rate": c.add_fail_rate,
         "mgmt_loss_rate": c.mgmt_loss_rate,
         "program_latency_us": c.latency_ns as f64 / 1000.0,

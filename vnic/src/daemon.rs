@@ -10,7 +10,7 @@ use std::time::Instant;
 use arfs::{TableConfig, TraceRecord, DEFAULT_KEY};
 
 use crate::clock::{initial_generation, now_ns};
-use crate::config::{Config, PeerKind};
+use crate::config::{Config, PathFaults, PeerKind};
 use crate::conn::Conn;
 use crate::error::Error;
 use crate::mgmt::Mgmt;
@@ -26,6 +26,8 @@ pub struct Shared {
     pub connected: AtomicBool,
     pub connections: AtomicU64,
     pub stats: Arc<Stats>,
+    /// Faults of the packet path (`misroute`).
+    pub faults: Arc<PathFaults>,
     pub mgmt: Mutex<Mgmt>,
     pub gen: Arc<GenControl>,
     pub tracer: Arc<Tracer>,
@@ -70,6 +72,9 @@ impl Shared {
         let mgmt = Mgmt::new(tcfg, tracer.clone(), generation.clone(), cfg.queues)?;
         let sh = Arc::new(Self {
             stats: Arc::new(Stats::new(usize::from(cfg.queues))),
+            faults: Arc::new(PathFaults {
+                misroute: AtomicBool::new(cfg.misroute),
+            }),
             generation,
             connected: AtomicBool::new(false),
             connections: AtomicU64::new(0),

@@ -25,6 +25,7 @@ use arfs::{FlowIndex, Rss, TableEvent, L3};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::config::PathFaults;
 use crate::pairs::Pairs;
 use crate::stats::{add, add_owned, Hits, Stats};
 use crate::trace::Tracer;
@@ -310,6 +311,7 @@ pub struct Router {
     hits: Arc<Hits>,
     tracer: Arc<Tracer>,
     generation: Arc<AtomicU32>,
+    faults: Arc<PathFaults>,
     index: FlowIndex<u16>,
     rss: Rss,
     mask: u32,
@@ -338,6 +340,7 @@ pub struct RouterLinks {
     pub hits: Arc<Hits>,
     pub tracer: Arc<Tracer>,
     pub generation: Arc<AtomicU32>,
+    pub faults: Arc<PathFaults>,
 }
 
 impl Router {
@@ -350,6 +353,7 @@ impl Router {
             hits: l.hits,
             tracer: l.tracer,
             generation: l.generation,
+            faults: l.faults,
             index: FlowIndex::new(capacity),
             rss: Rss::new(1),
             mask: 0,
@@ -469,11 +473,25 @@ impl Router {
         if let L3::Flow(k) = &p.l3 {
             if let Some((id, q)) = self.index.lookup(k) {
                 self.hits.count(self.id, id);
+                if self.faults.misroute.load(Ordering::Relaxed) {
+                    return Some((self.misroute(usize::from(q)), true));
+                }
                 return Some((usize::from(q), true));
             }
             return Some((usize::from(self.rss.queue_for_key(k)), false));
         }
         Some((usize::from(self.rss.queue_for(&p)), false))
+    }
+
+    /// The `misroute` fault: the next enabled queue after `q` (`q` itself
+    /// when only one is enabled).
+    fn misroute(&self, q: usize) -> usize {
+        let n = (self.mask.trailing_ones() as usize).max(1);
+        let to = (q + 1) % n;
+        if to != q {
+            add(&self.stats.peer.misrouted, 1);
+        }
+        to
     }
 
     /// A frame with the management EtherType arrived from the peer: dropped,

@@ -456,6 +456,9 @@ impl Mgmt {
                 let cap = self.table.capacity();
                 self.table.reshape(cap, v).map_err(KnobRefused::Reshape)?;
             }
+            // A packet-path fault, not the table's: the control socket
+            // sets it (`config::PathFaults`).
+            Knob::Misroute(_) => {}
         }
         Ok(())
     }

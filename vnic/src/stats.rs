@@ -82,6 +82,9 @@ pub struct PeerStats {
     pub spoofed_mgmt_dropped: AtomicU64,
     /// Frames from the peer that could not be parsed (delivered by RSS anyway).
     pub unparsable: AtomicU64,
+    /// Frames that hit a filter and were delivered to another queue on
+    /// purpose (the `misroute` fault).
+    pub misrouted: AtomicU64,
     /// Generator: UDP frames generated.
     pub gen_sent: AtomicU64,
     /// Generator: frames from the guest sunk (not answered).
@@ -103,6 +106,7 @@ impl PeerStats {
             "kind": kind,
             "spoofed_mgmt_dropped": get(&self.spoofed_mgmt_dropped),
             "unparsable": get(&self.unparsable),
+            "misrouted": get(&self.misrouted),
             "gen_sent": get(&self.gen_sent),
             "sink_packets": get(&self.sink_packets),
             "sink_bytes": get(&self.sink_bytes),

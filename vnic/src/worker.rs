@@ -65,6 +65,7 @@ impl Worker {
             hits: conn.hits.clone(),
             tracer: sh.tracer.clone(),
             generation: sh.generation.clone(),
+            faults: sh.faults.clone(),
         };
         let peer: Box<dyn Peer> = match &sh.cfg.peer {
             PeerKind::Gen => Box::new(GenPeer::new(

@@ -247,3 +247,54 @@ fn capacity_and_buckets_change_at_runtime_while_empty() {
     assert_eq!(counter(&s, "table.rejects.bucket_full"), 1);
     assert_eq!(counter(&s, "table.capacity"), 64);
 }
+
+/// The `misroute` fault: with it on, every frame that hits a filter lands
+/// on the next rx queue after the filter's (as the test frontend, the
+/// "guest", sees it), `rx_filter` still counts it and `peer.misrouted`
+/// counts the lie; with it off again, the filter's queue.
+#[test]
+fn misroute_delivers_filter_hits_to_another_queue() {
+    let d = daemon(&["--queues", "4"]);
+    let mut g = guest(&d, 4, 4);
+    let mut c = ctl(&d);
+    g.hello(T).expect("HELLO");
+    let flow = gen_flow(13000, 5001);
+    let target = (rss_queue(&flow, 4) + 1) % 4;
+    let ack = g.add(vec![AddOp::new(3, target, &flow)], T).expect("ADD");
+    assert!(ack.statuses.iter().all(|s| *s == 0), "{ack:?}");
+    let burst = |g: &mut vnic_frontend::guest::Guest, c: &mut vnic_frontend::harness::Ctl| {
+        gen_burst(
+            c,
+            &json!({"flows": 1, "sport": "13000", "count": 20, "rate": 10000}),
+        );
+        g.wait_until(T, "burst", |g| g.stashed() >= 20).unwrap();
+        g.take_all()
+            .into_iter()
+            .map(|r| r.rxq)
+            .collect::<Vec<u16>>()
+    };
+    assert!(burst(&mut g, &mut c).iter().all(|&q| q == target));
+    let k = c.set("misroute", &json!("1")).expect("set misroute");
+    assert_eq!(k["knobs"]["misroute"], json!(true), "{k}");
+    let before = c.stats().unwrap();
+    let qs = burst(&mut g, &mut c);
+    let wrong = (target + 1) % 4;
+    assert!(
+        qs.iter().all(|&q| q == wrong),
+        "misroute on: expected every frame on rxq {wrong}, got {qs:?}"
+    );
+    let after = c.stats().unwrap();
+    assert_eq!(
+        counter(&after, "peer.misrouted") - counter(&before, "peer.misrouted"),
+        20
+    );
+    assert_eq!(
+        sum_queues(&after, "rx_filter") - sum_queues(&before, "rx_filter"),
+        20
+    );
+    c.set("misroute", &json!(0)).expect("set misroute");
+    assert!(burst(&mut g, &mut c).iter().all(|&q| q == target));
+    // Bad values are refused with the knob's name.
+    let e = c.set("misroute", &json!("maybe")).unwrap_err().to_string();
+    assert!(e.contains("misroute") && e.contains("0/1"), "{e}");
+}
