@@ -51,6 +51,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::slow_hw },
     Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::add_failures },
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig::reconfig },
+    Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig::relayout },
     // issue 5, stress (stress/)
     Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, run: stress::hostile::hostile_mgmt },
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, run: stress::device_restart },

@@ -1,15 +1,15 @@
 //! Faults group: `reconfig`, the guest reconfiguring the NIC under the
 //! module (channels and NTUPLE).
 
-use super::{dev_delta, need_count, table_of};
-use crate::ensure;
+use super::{dev_delta, need_count, table_of, DevTable};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::proto::Request;
 use crate::scenarios::{Checks, Session, IFNAME};
+use crate::{bail, ensure};
 use arfs::{EventKind, Rss, TraceRecord};
 use serde_json::Value;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 // ---- 8. guest-side reconfiguration --------------------------------------
@@ -240,5 +240,149 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
         again.as_secs_f64(),
         m.get("queue_flushes"),
         m.get("ntuple_flushes")
+    ))
+}
+
+// ---- relayout: filters follow a new CPU -> queue layout -------------------
+
+/// The guest's own CPU -> rx queue map for `nq` queues: the CPUs of each
+/// `virtioN-input.Q` interrupt's affinity (`/proc/interrupts`,
+/// `/proc/irq/IRQ/smp_affinity_list`), as virtio_net spread them.
+fn irq_cpu_queue_map(s: &mut Session, nq: u16) -> Result<BTreeMap<usize, usize>> {
+    let text = s.guest.agent.read_file("/proc/interrupts")?;
+    let mut map = BTreeMap::new();
+    for line in text.lines() {
+        let Some(pos) = line.find("-input.") else {
+            continue;
+        };
+        let Ok(q) = line[pos + "-input.".len()..].trim().parse::<usize>() else {
+            continue;
+        };
+        if q >= usize::from(nq) {
+            continue;
+        }
+        let Some(irq) = line.split(':').next().map(str::trim) else {
+            continue;
+        };
+        let list = s
+            .guest
+            .agent
+            .read_file(&format!("/proc/irq/{irq}/smp_affinity_list"))?;
+        for part in list.trim().split(',') {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) else {
+                bail!("irq {irq}: smp_affinity_list {list:?}");
+            };
+            for cpu in a..=b {
+                map.entry(cpu).or_insert(q);
+            }
+        }
+    }
+    ensure!(
+        (0..usize::from(s.settings.cpus)).all(|c| map.contains_key(&c)),
+        "rx queue interrupts of {nq} queues do not cover every CPU: {map:?}"
+    );
+    Ok(map)
+}
+
+/// Flows whose device filter is not on the queue of their receiver's CPU
+/// under `map` (a flow that RSS already delivers there needs none), and
+/// flows that need a filter and have none.
+fn misplaced(s: &Session, t: &DevTable, map: &BTreeMap<usize, usize>) -> (Vec<String>, usize) {
+    let mut wrong = Vec::new();
+    let mut missing = 0;
+    for f in &s.flows {
+        let want = map[&f.cpu];
+        let filters: Vec<u16> = t
+            .values()
+            .filter(|(k, _)| *k == f.key)
+            .map(|(_, q)| *q)
+            .collect();
+        for q in &filters {
+            if usize::from(*q) != want {
+                wrong.push(format!(
+                    ":{} cpu{} on q{q} (want q{want})",
+                    f.local_port, f.cpu
+                ));
+            }
+        }
+        if filters.is_empty() && f.rss_q != want {
+            missing += 1;
+        }
+    }
+    (wrong, missing)
+}
+
+/// `ethtool -L` at run time, 4 -> 3 and 4 -> 2 channels (back to 4 in
+/// between) with steered flows: once traffic resumes, every live flow must
+/// be steered to the rx queue of its receiver's CPU under the new layout
+/// (the guest's own interrupt affinity) within 2 s, with no filter left on
+/// a queue that is not local to its CPU. The kernel's RFS tables still
+/// hold each flow's old CPU after the change, so this needs the module to
+/// make the kernel ask again.
+pub(in crate::scenarios) fn relayout(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    let full_q = s.settings.queues;
+    let flows = s.make_flows(s.settings.flows);
+    s.fault_start(flows)?;
+    s.wait_steered(&BTreeSet::new())?;
+    let mut figures = Vec::new();
+    for low in [3u16, 2] {
+        if low >= full_q {
+            continue;
+        }
+        for (n, back) in [(low, false), (full_q, true)] {
+            s.fault_stop_gen()?;
+            std::thread::sleep(Duration::from_millis(500));
+            let got: u32 = s.guest.agent.req(Request::SetChannels {
+                ifname: IFNAME.into(),
+                combined: u32::from(n),
+            })?;
+            ensure!(got == u32::from(n), "ethtool -L {n}: device has {got}");
+            s.rss = Rss::new(n);
+            for f in &mut s.flows {
+                f.rss_q = usize::from(s.rss.queue_for_key(&f.key));
+            }
+            s.wait_rmap(n)?;
+            let map = irq_cpu_queue_map(s, n)?;
+            s.fault_start_gen()?;
+            let t0 = Instant::now();
+            let (settled, last) = loop {
+                let t = table_of(&s.guest.ctl.table()?)?;
+                let last = misplaced(s, &t, &map);
+                if last.0.is_empty() && last.1 == 0 {
+                    break (Some(t0.elapsed()), last);
+                }
+                if t0.elapsed() > Duration::from_secs(10) {
+                    break (None, last);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            let what = if back { "back to" } else { "down to" };
+            if let Some(d) = settled {
+                c.check(d <= Duration::from_secs(2), || {
+                    format!("{what} {n} queues: flows followed the new layout only after {d:.1?}")
+                });
+                figures.push(format!("{full_q}->{n}:{:.1}s", d.as_secs_f64()));
+            } else {
+                c.check(false, || {
+                    format!(
+                        "{what} {n} queues: after 10 s of traffic {} filter(s) not local to their CPU ({}), {} flow(s) never steered; map {map:?}",
+                        last.0.len(),
+                        last.0.iter().take(6).cloned().collect::<Vec<_>>().join(" "),
+                        last.1
+                    )
+                });
+                figures.push(format!("{full_q}->{n}:unsettled"));
+            }
+        }
+    }
+    let m = s.module_counters()?;
+    Ok(format!(
+        "flows={} settled {} rmap_rebuilds={} resteers={}",
+        s.flows.len(),
+        figures.join(" "),
+        m.get("rmap_rebuilds"),
+        m.get("resteers")
     ))
 }
