@@ -521,8 +521,7 @@ impl Router {
             self.deliver_local(rx, pkt, Some(filter));
             return;
         }
-        let lanes = self.lanes.clone();
-        let Some(ib) = lanes.inbox.get(q) else {
+        let Some(ib) = self.lanes.inbox.get(q) else {
             add(&self.stats.queues[self.id].rx_drops_disabled, 1);
             return;
         };
@@ -556,8 +555,7 @@ impl Router {
             self.out[q] = Some(batch);
             return;
         }
-        let lanes = self.lanes.clone();
-        let ib = &lanes.inbox[q];
+        let ib = &self.lanes.inbox[q];
         if ib.starved.load(Ordering::Relaxed) {
             let mut batch = batch;
             add(self.starved_drops(q), batch.len() as u64);
