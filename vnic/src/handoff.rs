@@ -324,12 +324,78 @@ pub struct Router {
     /// Management replies waiting for buffers or for the replicas.
     backlog: VecDeque<Reply>,
     pub mrg: bool,
-    /// The current batch used rx chains.
+    pub flags: BatchFlags,
+}
+
+/// What happened to the rx side during one batch of work.
+#[derive(Default)]
+pub struct BatchFlags {
+    /// The batch used rx chains.
     pub added: bool,
-    /// The current batch found this worker's rx queue out of buffers.
+    /// The batch found this worker's rx queue out of buffers.
     pub nobufs: bool,
     /// Another worker's queue could not take frames during this batch.
     pub nobufs_remote: bool,
+}
+
+/// This worker's own rx queue, as [`Local::deliver`] needs it (borrowed
+/// field by field, so a caller may hold other parts of the router).
+struct Local<'a> {
+    q: &'a crate::stats::QueueStats,
+    starved: &'a AtomicBool,
+    mrg: bool,
+    id: usize,
+}
+
+impl Local<'_> {
+    #[inline]
+    fn deliver(
+        &self,
+        flags: &mut BatchFlags,
+        b: &mut RxBatch<'_>,
+        pkt: &mut [u8],
+        filter: Option<bool>,
+    ) -> bool {
+        let q = self.q;
+        if !b.ready() {
+            add(&q.rx_drops_disabled, 1);
+            return false;
+        }
+        let mut bad = 0;
+        let out = b.deliver(pkt, self.mrg, &mut bad);
+        if bad > 0 {
+            add_owned(&q.rx_bad_chains, bad);
+            flags.added = true;
+            log::debug!("pair {}: {bad} unusable rx chain(s) consumed", self.id);
+        }
+        match out {
+            RxOutcome::Delivered { .. } => {
+                flags.added = true;
+                add_owned(&q.rx_packets, 1);
+                add_owned(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
+                match filter {
+                    Some(true) => add_owned(&q.rx_filter, 1),
+                    Some(false) => add_owned(&q.rx_rss, 1),
+                    None => {}
+                }
+                true
+            }
+            RxOutcome::NoBuffers => {
+                flags.nobufs = true;
+                if !self.starved.load(Ordering::Relaxed) {
+                    self.starved.store(true, Ordering::Relaxed);
+                }
+                if filter.is_some() {
+                    add_owned(&q.rx_drops_no_buffers, 1);
+                }
+                false
+            }
+            RxOutcome::TooBig => {
+                add_owned(&q.rx_drops_too_big, 1);
+                false
+            }
+        }
+    }
 }
 
 /// What a [`Router`] shares with the rest of its connection and daemon.
@@ -362,9 +428,7 @@ impl Router {
             out: Vec::new(),
             backlog: VecDeque::new(),
             mrg: true,
-            added: false,
-            nobufs: false,
-            nobufs_remote: false,
+            flags: BatchFlags::default(),
         }
     }
 
@@ -379,14 +443,13 @@ impl Router {
 
     /// Starts a batch of work on the rx queue.
     pub fn begin(&mut self) {
-        self.added = false;
-        self.nobufs = false;
+        self.flags.added = false;
+        self.flags.nobufs = false;
     }
 
     /// Applies pending table events and picks up enabled-pair changes.
     pub fn sync(&mut self, mrg: bool) {
-        let lanes = self.lanes.clone();
-        let ib = &lanes.inbox[self.id];
+        let ib = &self.lanes.inbox[self.id];
         let mut n = 0;
         while let Some(e) = ib.updates.pop() {
             self.index.apply(&e);
@@ -394,7 +457,7 @@ impl Router {
         }
         if n > 0 {
             self.applied += n;
-            lanes.applied_by(self.id, self.applied);
+            self.lanes.applied_by(self.id, self.applied);
         }
         let mask = self.pairs.mask();
         if mask != self.mask {
@@ -407,52 +470,20 @@ impl Router {
     /// Delivers `pkt` (header space + frame) into this worker's rx queue.
     /// `filter`: Some(true/false) for steered frames (counted as filter /
     /// RSS), None for management replies.
+    #[inline]
     pub fn deliver_local(
         &mut self,
         b: &mut RxBatch<'_>,
         pkt: &mut [u8],
         filter: Option<bool>,
     ) -> bool {
-        let q = &self.stats.queues[self.id];
-        if !b.ready() {
-            add(&q.rx_drops_disabled, 1);
-            return false;
-        }
-        let mut bad = 0;
-        let out = b.deliver(pkt, self.mrg, &mut bad);
-        if bad > 0 {
-            add_owned(&q.rx_bad_chains, bad);
-            self.added = true;
-            log::debug!("pair {}: {bad} unusable rx chain(s) consumed", self.id);
-        }
-        match out {
-            RxOutcome::Delivered { .. } => {
-                self.added = true;
-                add_owned(&q.rx_packets, 1);
-                add_owned(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
-                match filter {
-                    Some(true) => add_owned(&q.rx_filter, 1),
-                    Some(false) => add_owned(&q.rx_rss, 1),
-                    None => {}
-                }
-                true
-            }
-            RxOutcome::NoBuffers => {
-                self.nobufs = true;
-                let st = &self.lanes.inbox[self.id].starved;
-                if !st.load(Ordering::Relaxed) {
-                    st.store(true, Ordering::Relaxed);
-                }
-                if filter.is_some() {
-                    add_owned(&q.rx_drops_no_buffers, 1);
-                }
-                false
-            }
-            RxOutcome::TooBig => {
-                add_owned(&q.rx_drops_too_big, 1);
-                false
-            }
-        }
+        let local = Local {
+            q: &self.stats.queues[self.id],
+            starved: &self.lanes.inbox[self.id].starved,
+            mrg: self.mrg,
+            id: self.id,
+        };
+        local.deliver(&mut self.flags, b, pkt, filter)
     }
 
     /// Picks the rx queue of a frame from the peer: a filter hit gives its
@@ -513,6 +544,7 @@ impl Router {
 
     /// Steers and delivers (or hands over) a frame from the peer: `pkt` is
     /// the header space followed by the frame.
+    #[inline]
     pub fn route(&mut self, rx: &mut RxBatch<'_>, pkt: &mut [u8]) {
         let Some((q, filter)) = self.steer(&pkt[NET_HDR_LEN..]) else {
             return;
@@ -594,7 +626,7 @@ impl Router {
     /// of them in flight): an unlimited generator stops for this batch,
     /// and `q` wakes this worker when it can take frames again.
     fn pause_on(&mut self, q: usize) {
-        self.nobufs_remote = true;
+        self.flags.nobufs_remote = true;
         let w = &self.lanes.inbox[q].waiters;
         let bit = 1u32 << self.id;
         if w.load(Ordering::Relaxed) & bit == 0 {
@@ -622,21 +654,28 @@ impl Router {
     /// of the frames this worker just handled itself). Then wakes the
     /// workers that paused on this inbox if it can take frames again.
     pub fn drain_inbox(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
-        let lanes = self.lanes.clone();
+        let lanes = &*self.lanes;
         let ib = &lanes.inbox[self.id];
+        let local = Local {
+            q: &self.stats.queues[self.id],
+            starved: &ib.starved,
+            mrg: self.mrg,
+            id: self.id,
+        };
         // Every frame a worker steered before it applied `floor` events
         // was pushed before it said so: this drain takes all of them.
         let floor = lanes.min_applied();
         while let Some(mut fb) = ib.frames.pop() {
             let mut off = 0;
             while let Some((pkt, filter)) = fb.next_mut(&mut off) {
-                self.deliver_local(rx, pkt, Some(filter));
+                local.deliver(&mut self.flags, rx, pkt, Some(filter));
             }
             fb.clear();
             let _ = ib.pool.push(fb);
         }
         lanes.drained_by(self.id, floor);
         self.drain_replies(rx, own);
+        let ib = &self.lanes.inbox[self.id];
         // Workers that paused on this inbox (full, or this queue out of
         // buffers) can go on once it is drained and the queue has buffers.
         if ib.waiters.load(Ordering::Relaxed) != 0 && !ib.starved.load(Ordering::Relaxed) {
@@ -647,19 +686,25 @@ impl Router {
     /// Delivers management replies in order; one that waits for the
     /// replicas holds back those behind it.
     fn drain_replies(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
-        let lanes = self.lanes.clone();
+        let lanes = &*self.lanes;
         let ib = &lanes.inbox[self.id];
         while let Some(r) = ib.replies.pop() {
             self.backlog.push_back(r);
         }
         self.backlog.extend(own.drain(..));
+        let local = Local {
+            q: &self.stats.queues[self.id],
+            starved: &ib.starved,
+            mrg: self.mrg,
+            id: self.id,
+        };
         while let Some(r) = self.backlog.front_mut() {
             if !lanes.may_send(self.id, r.needs) {
                 break;
             }
             let ready = rx.ready();
             let mut pkt = std::mem::take(&mut r.pkt);
-            if ready && self.deliver_local(rx, &mut pkt, None) {
+            if ready && local.deliver(&mut self.flags, rx, &mut pkt, None) {
                 self.backlog.pop_front();
                 continue;
             }

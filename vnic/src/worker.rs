@@ -19,7 +19,7 @@ use crate::daemon::Shared;
 use crate::handoff::{Reply, Router, RouterLinks};
 use crate::peer::gen::GenPeer;
 use crate::peer::tap::TapPeer;
-use crate::peer::Peer;
+use crate::peer::{AnyPeer, Peer};
 use crate::stats::{add, add_owned};
 use crate::virtq::rx::RxBatch;
 use crate::virtq::tx::{gather_tx, TxChain};
@@ -43,7 +43,7 @@ pub fn ev_peer(nq: usize) -> u16 {
 
 pub struct Worker {
     router: Router,
-    peer: Box<dyn Peer>,
+    peer: AnyPeer,
     sh: Arc<Shared>,
     conn: Arc<Conn>,
     mem: Mem,
@@ -67,14 +67,14 @@ impl Worker {
             generation: sh.generation.clone(),
             faults: sh.faults.clone(),
         };
-        let peer: Box<dyn Peer> = match &sh.cfg.peer {
-            PeerKind::Gen => Box::new(GenPeer::new(
+        let peer = match &sh.cfg.peer {
+            PeerKind::Gen => AnyPeer::Gen(GenPeer::new(
                 sh.gen.clone(),
                 sh.stats.clone(),
                 sh.cfg.gen_ip,
                 sh.cfg.gen_mac,
             )?),
-            PeerKind::Tap(_) => Box::new(TapPeer::new(sh.taps.clone(), id, sh.stats.clone())),
+            PeerKind::Tap(_) => AnyPeer::Tap(TapPeer::new(sh.taps.clone(), id, sh.stats.clone())),
         };
         Ok(Self {
             router: Router::new(id, sh.cfg.table_capacity as usize, links),
@@ -162,7 +162,12 @@ impl Worker {
     fn finish(&mut self, b: RxBatch<'_>) {
         self.router.flush_kicks();
         let r = &self.router;
-        if b.finish(r.id, r.added, r.nobufs, &mut self.rx_retry_avail) {
+        if b.finish(
+            r.id,
+            r.flags.added,
+            r.flags.nobufs,
+            &mut self.rx_retry_avail,
+        ) {
             r.inbox().wake();
         }
     }

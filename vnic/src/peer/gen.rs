@@ -109,7 +109,7 @@ impl GenPeer {
         self.last_tick = now;
         let mut total = 0u64;
         let mut changed = false;
-        r.nobufs_remote = false;
+        r.flags.nobufs_remote = false;
         for s in &mut self.sets {
             let mut n = if s.rate > 0.0 {
                 s.credit = (s.credit + s.rate * dt).min((s.rate * 0.02).max(32.0));
@@ -135,7 +135,7 @@ impl GenPeer {
                 r.route(rx, &mut self.genbuf[..NET_HDR_LEN + size]);
                 n += 1;
                 // Unlimited sets stop at the first full destination.
-                if unlimited && (r.nobufs || r.nobufs_remote) {
+                if unlimited && (r.flags.nobufs || r.flags.nobufs_remote) {
                     break;
                 }
             }
@@ -159,7 +159,7 @@ impl GenPeer {
         // Unlimited mode: come back at once unless a destination queue is
         // out of room (then the guest's rx kick or the 1 ms timer resumes):
         // as fast as the rx rings take the frames, not faster.
-        if self.unlimited && !r.nobufs && !r.nobufs_remote {
+        if self.unlimited && !r.flags.nobufs && !r.flags.nobufs_remote {
             r.inbox().wake();
         }
     }

@@ -6,8 +6,8 @@
 //! - [`tap`]: a multi-queue tap device, one queue per pair.
 //!
 //! Adding a peer: implement [`Peer`] in a new file here, add a
-//! `config::PeerKind` variant and its `--peer` syntax, and build it in
-//! `worker::Worker::new`.
+//! `config::PeerKind` variant and its `--peer` syntax, an [`AnyPeer`]
+//! variant, and build it in `worker::Worker::new`.
 
 use std::os::fd::RawFd;
 
@@ -17,6 +17,37 @@ use crate::virtq::rx::RxBatch;
 pub mod flows;
 pub mod gen;
 pub mod tap;
+
+/// The peer a worker runs: every kind, dispatched statically (the TX path
+/// calls it once per frame).
+pub enum AnyPeer {
+    Gen(gen::GenPeer),
+    Tap(tap::TapPeer),
+}
+
+impl Peer for AnyPeer {
+    fn fd(&self) -> Option<RawFd> {
+        match self {
+            Self::Gen(p) => p.fd(),
+            Self::Tap(p) => p.fd(),
+        }
+    }
+
+    #[inline]
+    fn guest_frame(&mut self, pkt: &mut [u8], r: &mut Router, rx: &mut RxBatch<'_>) {
+        match self {
+            Self::Gen(p) => p.guest_frame(pkt, r, rx),
+            Self::Tap(p) => p.guest_frame(pkt, r, rx),
+        }
+    }
+
+    fn frames_for_guest(&mut self, r: &mut Router, rx: &mut RxBatch<'_>, fd_event: bool) {
+        match self {
+            Self::Gen(p) => p.frames_for_guest(r, rx, fd_event),
+            Self::Tap(p) => p.frames_for_guest(r, rx, fd_event),
+        }
+    }
+}
 
 /// One worker's end of the peer.
 pub trait Peer: Send {

@@ -571,11 +571,13 @@ impl<'m> RxBatch<'m> {
     }
 
     /// Whether the queue is enabled and started.
+    #[inline]
     pub fn ready(&self) -> bool {
         self.ready
     }
 
     /// Delivers `pkt` (header space + frame) on this queue (see [`deliver`]).
+    #[inline]
     pub fn deliver(&mut self, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
         match &mut self.ring {
             Some(r) => deliver(r, pkt, mrg, bad),
