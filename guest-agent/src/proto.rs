@@ -79,6 +79,18 @@ pub enum Request {
     },
     /// delete_module(name).
     ModuleUnload { name: String },
+    /// delete_module(name) while another thread measures how long an
+    /// operation that needs RTNL waits: every `every_ms`, an ethtool
+    /// ETHTOOL_GLINK ioctl on `ifname` (the kernel runs every ethtool ioctl
+    /// under RTNL) and, with `toggle_ntuple`, rx-ntuple-filter off and on
+    /// again. Answers [`ProbedUnload`].
+    ProbedUnload {
+        name: String,
+        ifname: String,
+        every_ms: u64,
+        #[serde(default)]
+        toggle_ntuple: bool,
+    },
     /// ICMP echo to `addr` (raw socket). Answers [`PingResult`].
     Ping {
         addr: String,
@@ -147,6 +159,25 @@ pub struct Iface {
     pub driver: String,
     pub rx_queues: usize,
     pub tx_queues: usize,
+}
+
+/// What [`Request::ProbedUnload`] saw.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProbedUnload {
+    /// How long delete_module took.
+    pub unload_ms: f64,
+    /// Its error, if it failed.
+    pub unload_error: Option<String>,
+    /// RTNL probes made while it ran (and one right after).
+    pub probes: u64,
+    /// The slowest probe.
+    pub max_probe_ms: f64,
+    /// Probes slower than 100 ms.
+    pub slow_probes: u64,
+    /// NTUPLE off+on rounds done while it ran.
+    pub ntuple_toggles: u64,
+    /// Probe or toggle errors (first few).
+    pub errors: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -17,6 +17,7 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 
 const ETHTOOL_GSTRINGS: u32 = 0x1b;
 const ETHTOOL_GSSET_INFO: u32 = 0x37;
+const ETHTOOL_GLINK: u32 = 0x0000_000a;
 const ETHTOOL_GFEATURES: u32 = 0x3a;
 const ETHTOOL_SFEATURES: u32 = 0x3b;
 const ETH_SS_FEATURES: u32 = 4;
@@ -113,6 +114,14 @@ fn ethtool(ifname: &str, buf: &mut [u32]) -> io::Result<()> {
     let ptr = buf.as_mut_ptr() as usize as u64;
     ifr.data[0..8].copy_from_slice(&ptr.to_ne_bytes());
     ioctl_ifreq(&fd, SIOCETHTOOL, &mut ifr)
+}
+
+/// ETHTOOL_GLINK: whether the link is up (an ethtool ioctl: runs under RTNL).
+pub fn link_detected(ifname: &str) -> io::Result<bool> {
+    // struct ethtool_value { u32 cmd; u32 data; }
+    let mut v = [ETHTOOL_GLINK, 0];
+    ethtool(ifname, &mut v)?;
+    Ok(v[1] != 0)
 }
 
 /// The feature strings of a device (ETH_SS_FEATURES), in bit order.

@@ -71,7 +71,7 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             let a = parse_v4(&addr)?;
             sys::link_up("lo").map_err(err("lo up"))?;
             sys::set_ipv4(&ifname, a, prefix).map_err(err("set address"))?;
-            sys::link_up(&ifname).map_err(err("link up"))?;
+            sys::link_detected(&ifname).map_err(err("link up"))?;
             Ok(Value::Null)
         }
         Request::WriteFile { path, value } => {
@@ -126,6 +126,12 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             sys::module_unload(&name).map_err(err(&format!("delete_module {name}")))?;
             Ok(Value::Null)
         }
+        Request::ProbedUnload {
+            name,
+            ifname,
+            every_ms,
+            toggle_ntuple,
+        } => to_value(&probed_unload(&name, &ifname, every_ms, toggle_ntuple)),
         Request::Ping {
             addr,
             count,
@@ -656,4 +662,67 @@ fn spawn_tcp_conn(
         closed,
         thread: Some(thread),
     })
+}
+
+/// delete_module while a second thread times RTNL-taking operations (see
+/// `Request::ProbedUnload`).
+fn probed_unload(
+    name: &str,
+    ifname: &str,
+    every_ms: u64,
+    toggle_ntuple: bool,
+) -> vnic_agent::proto::ProbedUnload {
+    use vnic_agent::proto::ProbedUnload;
+    let done = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let done = done.clone();
+        let ifname = ifname.to_string();
+        std::thread::spawn(move || {
+            let mut r = ProbedUnload::default();
+            let note = |r: &mut ProbedUnload, e: String| {
+                if r.errors.len() < 5 {
+                    r.errors.push(e);
+                }
+            };
+            loop {
+                // One more probe after the unload returned.
+                let last = done.load(Ordering::Acquire);
+                let t = Instant::now();
+                if let Err(e) = sys::link_detected(&ifname) {
+                    note(&mut r, format!("ETHTOOL_GLINK {ifname}: {e}"));
+                }
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                r.probes += 1;
+                r.max_probe_ms = r.max_probe_ms.max(ms);
+                if ms > 100.0 {
+                    r.slow_probes += 1;
+                }
+                if toggle_ntuple && !last {
+                    let off = sys::set_feature(&ifname, "rx-ntuple-filter", false);
+                    let on = sys::set_feature(&ifname, "rx-ntuple-filter", true);
+                    match (off, on) {
+                        (Ok(_), Ok(_)) => r.ntuple_toggles += 1,
+                        (Err(e), _) | (_, Err(e)) => note(&mut r, format!("ntuple toggle: {e}")),
+                    }
+                }
+                if last {
+                    return r;
+                }
+                std::thread::sleep(Duration::from_millis(every_ms.max(1)));
+            }
+        })
+    };
+    // Let the prober take its first measurement before the unload starts.
+    std::thread::sleep(Duration::from_millis(every_ms.max(1)));
+    let t = Instant::now();
+    let unload = sys::module_unload(name);
+    let unload_ms = t.elapsed().as_secs_f64() * 1e3;
+    done.store(true, Ordering::Release);
+    let mut r = prober.join().unwrap_or_else(|_| ProbedUnload {
+        errors: vec!["prober thread panicked".into()],
+        ..ProbedUnload::default()
+    });
+    r.unload_ms = unload_ms;
+    r.unload_error = unload.err().map(|e| format!("delete_module {name}: {e}"));
+    r
 }

@@ -57,6 +57,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, run: stress::device_restart },
     Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, run: stress::tap::tcp_tap },
     Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_reload },
+    Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_rtnl },
 ];
 
 /// One scenario: one line of [`SCENARIOS`].

@@ -19,7 +19,7 @@ use super::{BootKind, Checks, Session, GEN_IP, IFNAME};
 use crate::bail;
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
-use crate::proto::{PingResult, Request};
+use crate::proto::{PingResult, ProbedUnload, Request};
 use arfs::{EventKind, TraceRecord};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -392,4 +392,92 @@ pub(super) fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         flushed.iter().max().copied().unwrap_or(0),
         unload_ms.iter().max().copied().unwrap_or(0)
     ))
+}
+
+/// The device's longest programming latency (arfs::table::MAX_LATENCY_NS).
+const MAX_LATENCY: &str = "10s";
+
+/// Unload while the device delays every ACK by its maximum (10 s): the
+/// module must wait for its FLUSH's ACK without holding RTNL. The guest
+/// agent times an ethtool ioctl (which the kernel runs under RTNL) every
+/// 20 ms during `delete_module`: none may take over 100 ms. The second
+/// round also turns NTUPLE off and on again and again while the module
+/// unloads. On the debug boot (lockdep, KASAN) the teardown's kernel-log
+/// check catches what that race would break.
+pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    if s.flows.is_empty() {
+        let flows = s.make_flows(16.min(s.settings.flows));
+        s.udp_start(&flows)?;
+        s.flows = flows;
+    }
+    if !s.gen_running {
+        s.start_gen_per_flow(DEBUG_RATE.min(s.settings.rate))?;
+    }
+    let mut figures = Vec::new();
+    for toggle in [false, true] {
+        s.ensure_module()?;
+        let ctl = &mut s.guest.ctl;
+        let live = wait_for(
+            Duration::from_mins(1),
+            "filters to be programmed under traffic",
+            || {
+                let n = counter(&ctl.table()?, "/live");
+                Ok((n > 0).then_some(n))
+            },
+        )?;
+        s.guest
+            .ctl
+            .set("program_latency", &serde_json::json!(MAX_LATENCY))?;
+        let r: ProbedUnload = s.guest.agent.call(
+            &Request::ProbedUnload {
+                name: crate::module::NAME.into(),
+                ifname: IFNAME.into(),
+                every_ms: 20,
+                toggle_ntuple: toggle,
+            },
+            Duration::from_mins(2),
+        )?;
+        s.guest.ctl.set("program_latency", &serde_json::json!(0))?;
+        let what = if toggle {
+            "with NTUPLE toggling"
+        } else {
+            "plain"
+        };
+        match &r.unload_error {
+            None => s.module_loaded = false,
+            Some(e) => c.check(false, || format!("{what}: {e}")),
+        }
+        c.check(r.slow_probes == 0, || {
+            format!(
+                "{what}: RTNL held during the unload: {} of {} ethtool ioctls took over 100 ms (slowest {:.0} ms; unload {:.0} ms)",
+                r.slow_probes, r.probes, r.max_probe_ms, r.unload_ms
+            )
+        });
+        c.check(r.errors.is_empty(), || {
+            format!("{what}: probe errors: {}", r.errors.join("; "))
+        });
+        if toggle {
+            c.check(r.ntuple_toggles > 0, || {
+                format!("{what}: no NTUPLE toggle happened during the unload")
+            });
+        }
+        // The FLUSH takes effect on the device 10 s after it was sent.
+        let ctl = &mut s.guest.ctl;
+        let emptied = wait_for(Duration::from_secs(20), "the unload FLUSH to apply", || {
+            Ok((counter(&ctl.table()?, "/live") == 0).then_some(()))
+        });
+        if let Err(e) = emptied {
+            c.check(false, || format!("{what}: {e}"));
+        }
+        figures.push(format!(
+            "{what}: live={live} unload={:.1}s probes={} slowest={:.1}ms toggles={}",
+            r.unload_ms / 1e3,
+            r.probes,
+            r.max_probe_ms,
+            r.ntuple_toggles
+        ));
+    }
+    s.ensure_module()?;
+    Ok(figures.join("; "))
 }
