@@ -393,6 +393,7 @@ static void vnic_dev_work(struct work_struct *work)
 {
 	struct vnic_ctx *ctx = container_of(to_delayed_work(work), struct vnic_ctx, work);
 	unsigned long delay;
+	bool retry;
 	int state;
 
 	spin_lock_bh(&ctx->lock);
@@ -407,11 +408,11 @@ static void vnic_dev_work(struct work_struct *work)
 		vnic_dev_work_install(ctx);
 		break;
 	case VS_ACTIVE:
-		if (!vnic_dev_work_layout(ctx)) {
-			vnic_work_queue(ctx, 1);
-			break;
-		}
+		/* the session goes on while RTNL is busy; the layout is retried soon */
+		retry = !vnic_dev_work_layout(ctx);
 		delay = vnic_mgmt_pass(ctx);
+		if (retry)
+			delay = min(delay, msecs_to_jiffies(10));
 		vnic_work_queue(ctx, delay);
 		break;
 	default:
