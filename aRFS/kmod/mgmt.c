@@ -665,9 +665,9 @@ unsigned long vnic_mgmt_pass(struct vnic_ctx *ctx)
  */
 void vnic_mgmt_unload_flush(struct vnic_ctx *ctx)
 {
+	unsigned long idx, rto, acked;
 	unsigned int hlen, flen, live, tries;
 	struct vnic_filter *f;
-	unsigned long idx, rto;
 	u32 seq;
 
 	might_sleep();
@@ -690,10 +690,11 @@ void vnic_mgmt_unload_flush(struct vnic_ctx *ctx)
 
 		vnic_mgmt_xmit_count(ctx, ctx->hello_buf, hlen);
 		vnic_mgmt_xmit_count(ctx, ctx->flush_buf, flen);
-		wait_for_completion_timeout(&ctx->unload_done, rto);
+		/* consumes the completion: its return value is the only witness */
+		acked = wait_for_completion_timeout(&ctx->unload_done, rto);
 
 		spin_lock_bh(&ctx->lock);
-		if (completion_done(&ctx->unload_done) && !ctx->unload_abort) {
+		if (acked && !ctx->unload_abort) {
 			/* every filter the device may have had is gone */
 			live = 0;
 			xa_for_each(&ctx->ids, idx, f)
