@@ -134,6 +134,37 @@ void vnic_rmap_reset_kernel_rfs(struct net_device *dev)
 	rcu_read_unlock();
 }
 
+/*
+ * Shrinking real_num_rx_queues releases the sysfs objects of the queues
+ * that go away, and with them their RFS tables (rx_queue_release() in
+ * net/core/net-sysfs.c); queues added back start with rps_flow_cnt 0. The
+ * kernel never calls ndo_rx_flow_steer for a target queue without a table
+ * (set_rps_cpu()), so flows whose CPU maps to such a queue stay on RSS until
+ * the administrator writes its rps_flow_cnt again. Say so.
+ */
+static void vnic_rmap_warn_no_table(struct vnic_ctx *ctx, unsigned int nq)
+{
+	struct net_device *dev = ctx->dev;
+	unsigned int i, with = 0, without = 0, first = 0;
+
+	rcu_read_lock();
+	for (i = 0; i < nq && i < dev->num_rx_queues; i++) {
+#ifdef VNIC_HAVE_RPS_TAG_PTR
+		bool has = READ_ONCE(dev->_rx[i].rps_flow_table);
+#else
+		bool has = rcu_dereference(dev->_rx[i].rps_flow_table);
+#endif
+		if (has)
+			with++;
+		else if (!without++)
+			first = i;
+	}
+	rcu_read_unlock();
+	if (with && without)
+		vnic_warn(ctx, "%u rx queue(s) from rx-%u on have no rps_flow_cnt (dropped when ethtool -L removed them): no aRFS to them until it is set\n",
+			  without, first);
+}
+
 /**
  * vnic_rmap_check - follow a change of the rx queue count or of the online CPUs
  * @ctx: an installed context
@@ -173,4 +204,5 @@ void vnic_rmap_check(struct vnic_ctx *ctx)
 	vnic_work_kick_locked(ctx);
 	spin_unlock_bh(&ctx->lock);
 	vnic_rmap_reset_kernel_rfs(dev);
+	vnic_rmap_warn_no_table(ctx, nq);
 }
