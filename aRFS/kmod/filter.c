@@ -543,3 +543,27 @@ void vnic_flt_reap_rejected_locked(struct vnic_ctx *ctx, unsigned long now)
 		vnic_flt_rejected_free_locked(ctx, f);
 	}
 }
+
+/**
+ * vnic_flt_owns_slot - whether a kernel RFS slot was written for our filter
+ * @ctx: the context
+ * @id: the filter id the slot holds
+ * @rxq: the slot's rx queue
+ * @slot: the slot's index (the flow_id of the steer call)
+ *
+ * Process context, takes ctx->lock.
+ *
+ * Return: true when @id is a live filter whose last steer call was for
+ * this queue and slot.
+ */
+bool vnic_flt_owns_slot(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot)
+{
+	struct vnic_filter *f;
+	bool ret;
+
+	spin_lock_bh(&ctx->lock);
+	f = xa_load(&ctx->ids, id);
+	ret = f && f->state == VF_LIVE && f->slot_rxq == rxq && f->flow_id == slot;
+	spin_unlock_bh(&ctx->lock);
+	return ret;
+}

@@ -361,7 +361,7 @@ static void vnic_dev_work_install(struct vnic_ctx *ctx)
 	vnic_work_kick_locked(ctx);
 	spin_unlock_bh(&ctx->lock);
 	/* only now: a steer call before VS_ACTIVE fails and RFS would not retry */
-	vnic_rmap_reset_kernel_rfs(dev);
+	vnic_rmap_reset_kernel_rfs(ctx);
 }
 
 /*
@@ -382,7 +382,7 @@ static bool vnic_dev_work_layout(struct vnic_ctx *ctx)
 	ntuple = !!(dev->features & NETIF_F_NTUPLE);
 	if (ntuple && !ctx->ntuple_on) {
 		/* back on: the kernel's slots still name the flushed filters */
-		vnic_rmap_reset_kernel_rfs(dev);
+		vnic_rmap_reset_kernel_rfs(ctx);
 	}
 	ctx->ntuple_on = ntuple;
 	rtnl_unlock();

@@ -84,7 +84,7 @@ fail:
 
 /**
  * vnic_rmap_reset_kernel_rfs - make the kernel ask for every flow again
- * @dev: the netdev
+ * @ctx: an active context
  *
  * Forget what RFS recorded in the rx queues' rps_dev_flow tables: the CPU
  * each flow went to and the filter ids. Left alone, a flow already on its
@@ -95,13 +95,20 @@ fail:
  * asks us to steer it (as after `rps_flow_cnt` is rewritten).
  *
  * Called after attach (slots written while there was no aRFS, or by a
- * previous instance) and after a queue/CPU layout change (slots naming CPUs
- * and filters of the old layout). The tables are read and written by the
- * receive path without a lock (READ_ONCE/WRITE_ONCE) and freed through RCU
- * when rps_flow_cnt is rewritten: RCU read side here, no other lock.
+ * previous instance), after a queue/CPU layout change (slots naming CPUs
+ * and filters of the old layout) and when NTUPLE comes back on. Steer calls
+ * go on meanwhile: a slot that names one of our live filters, for that very
+ * queue and slot, was written by such a call and is kept, or
+ * rps_may_expire_flow() would call the fresh filter expired and the kernel,
+ * which then finds the flow on its queue, would not ask again.
+ *
+ * The tables are read and written by the receive path without a lock
+ * (READ_ONCE/WRITE_ONCE) and freed through RCU when rps_flow_cnt is
+ * rewritten: RCU read side here; ctx->lock only to look a filter up.
  */
-void vnic_rmap_reset_kernel_rfs(struct net_device *dev)
+void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx)
 {
+	struct net_device *dev = ctx->dev;
 	unsigned int i, j, n;
 
 	rcu_read_lock();
@@ -125,8 +132,13 @@ void vnic_rmap_reset_kernel_rfs(struct net_device *dev)
 		n = t->mask + 1;
 #endif
 		for (j = 0; j < n; j++) {
-			if (READ_ONCE(flows[j].filter) != RPS_NO_FILTER)
+			u16 fid = READ_ONCE(flows[j].filter);
+
+			if (fid != RPS_NO_FILTER) {
+				if (vnic_flt_owns_slot(ctx, fid, i, j))
+					continue;
 				WRITE_ONCE(flows[j].filter, RPS_NO_FILTER);
+			}
 			if (READ_ONCE(flows[j].cpu) != RPS_NO_CPU)
 				WRITE_ONCE(flows[j].cpu, RPS_NO_CPU);
 		}
@@ -203,6 +215,6 @@ void vnic_rmap_check(struct vnic_ctx *ctx)
 	vnic_flt_layout_changed_locked(ctx, nq);
 	vnic_work_kick_locked(ctx);
 	spin_unlock_bh(&ctx->lock);
-	vnic_rmap_reset_kernel_rfs(dev);
+	vnic_rmap_reset_kernel_rfs(ctx);
 	vnic_rmap_warn_no_table(ctx, nq);
 }

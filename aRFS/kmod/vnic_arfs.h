@@ -342,11 +342,12 @@ void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, i
 void vnic_flt_del_acked_locked(struct vnic_ctx *ctx, u16 id, u32 seq, int st);
 void vnic_flt_expire_locked(struct vnic_ctx *ctx, unsigned long now);
 void vnic_flt_reap_rejected_locked(struct vnic_ctx *ctx, unsigned long now);
+bool vnic_flt_owns_slot(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot);
 
 /* rmap.c */
 struct cpu_rmap *vnic_rmap_build(struct vnic_ctx *ctx, unsigned int nq,
 				 unsigned int *ncpu_out);
-void vnic_rmap_reset_kernel_rfs(struct net_device *dev);
+void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx);
 void vnic_rmap_check(struct vnic_ctx *ctx);
 
 /* debugfs.c */
