@@ -1,79 +1,359 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * vnic management protocol, version 1: constants shared by the parser and the
- * frame builders of vnic_arfs.c. The normative text is aRFS/PROTOCOL.md.
+ * vnic_arfs internal header: the per-netdev context, the filter, the
+ * cross-file functions of each concern, and the kernel-version compat.
+ *
+ * Files and prefixes (one concern each):
+ *   netdev.c   vnic_dev_   module, parameters, notifier, attach, install,
+ *                          teardown, ndo_rx_flow_steer entry, the work item
+ *   mgmt.c     vnic_mgmt_  management frames, session, window, receive path
+ *   filter.c   vnic_flt_   filter table (rhashtable + id xarray), steer, expiry
+ *   rmap.c     vnic_rmap_  rx_cpu_rmap, the kernel's RFS tables, layout changes
+ *   debugfs.c  vnic_dbg_   /sys/kernel/debug/vnic_arfs/<ifname>/
+ *
+ * Locking (README.md, "Locking", says the same at more length):
+ *   RTNL       every change of the netdev hooks: netdev_ops, rx_cpu_rmap,
+ *              NETIF_F_NTUPLE, the packet handler; the vnic_devs list (writers);
+ *              the RTNL fields of struct vnic_ctx. The work item only ever
+ *              takes it with rtnl_trylock(), so teardown may wait for the work
+ *              item (disable_delayed_work_sync) while holding RTNL.
+ *   ctx->lock  the session, the window, the filter table and the counters.
+ *              A BH lock: spin_lock() only where BH is already disabled
+ *              (ndo_rx_flow_steer, the packet handler; both assert it with
+ *              lockdep_assert_in_softirq()), spin_lock_bh() everywhere else.
+ *   RCU        vnic_devs readers (ndo_rx_flow_steer).
  */
 #ifndef VNIC_ARFS_H
 #define VNIC_ARFS_H
 
-#define VNIC_ETH_P		0x88B5	/* IEEE local experimental 1 */
-#define VNIC_MAGIC		0x7641	/* "vA" */
-#define VNIC_VERSION		1
-#define VNIC_DRIVER_VERSION	1
+#include <linux/netdevice.h>
+#include <linux/cpu_rmap.h>
+#include <linux/rhashtable.h>
+#include <linux/workqueue.h>
+#include <linux/xarray.h>
+#include <linux/spinlock.h>
+#include <linux/completion.h>
 
-/* Sizes, in bytes. The management header follows the 14-byte Ethernet header. */
-#define VNIC_HDR_LEN		16
-#define VNIC_MGMT_MAX		1500	/* header + body */
-#define VNIC_FRAME_MAX		(ETH_HLEN + VNIC_MGMT_MAX)
-#define VNIC_HELLO_BODY		16
-#define VNIC_CAPS_BODY		24
-#define VNIC_ADD_OP		44
-#define VNIC_DEL_OP		4
-#define VNIC_FLUSH_BODY		4
-#define VNIC_ACK_FIXED		4
+#include "vnic_proto.h"
 
-/* Most ops that fit in one frame of each type. */
-#define VNIC_ADD_FIT		((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_ADD_OP)
-#define VNIC_DEL_FIT		((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_DEL_OP)
+#if !IS_ENABLED(CONFIG_RFS_ACCEL)
+#error "vnic_arfs needs a kernel built with CONFIG_RFS_ACCEL=y"
+#endif
 
-/* Header field offsets (from the start of the management header). */
-#define VNIC_OFF_MAGIC		0
-#define VNIC_OFF_VERSION	2
-#define VNIC_OFF_TYPE		3
-#define VNIC_OFF_SEQ		4
-#define VNIC_OFF_GEN		8
-#define VNIC_OFF_COUNT		12
-#define VNIC_OFF_BODYLEN	14
+/* ------------------------------------------------------------------------ */
+/* Compat, 6.1 .. 7.3: VNIC_HAVE_* come from the feature tests in Kbuild    */
+/* (each commented there with the kernel version that changed).              */
 
-enum vnic_msg_type {
-	VNIC_T_HELLO	= 1,
-	VNIC_T_CAPS	= 2,
-	VNIC_T_ADD	= 3,
-	VNIC_T_DEL	= 4,
-	VNIC_T_FLUSH	= 5,
-	VNIC_T_ACK	= 6,
+#ifdef VNIC_HAVE_LINUX_UNALIGNED_H	/* 6.12+ */
+#include <linux/unaligned.h>
+#else
+#include <asm/unaligned.h>
+#endif
+
+#ifdef VNIC_HAVE_NETDEV_RX_QUEUE_H	/* 6.5+; before, in linux/netdevice.h */
+#include <net/netdev_rx_queue.h>
+#endif
+
+#ifdef VNIC_HAVE_NET_RPS_H		/* 6.10+; before, in linux/netdevice.h */
+#include <net/rps.h>
+#endif
+
+/* 6.15+: the per-netdev instance lock that some ops need besides RTNL. */
+#ifdef VNIC_HAVE_NETDEV_LOCK_OPS
+#include <net/netdev_lock.h>
+static inline void vnic_lock_ops(struct net_device *dev) { netdev_lock_ops(dev); }
+static inline void vnic_unlock_ops(struct net_device *dev) { netdev_unlock_ops(dev); }
+#else
+static inline void vnic_lock_ops(struct net_device *dev) { }
+static inline void vnic_unlock_ops(struct net_device *dev) { }
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Module parameters (netdev.c); names as seen in /sys/module/vnic_arfs.     */
+
+extern char *vnic_ifnames;
+extern unsigned int vnic_interval_ms;
+extern unsigned int vnic_expire_quota;
+extern unsigned int vnic_idle_timeout_ms;
+extern unsigned int vnic_retransmit_ms;
+extern unsigned int vnic_hello_timeout_ms;
+extern unsigned int vnic_keepalive_ms;
+extern unsigned int vnic_reject_holdoff_ms;
+extern unsigned int vnic_mgmt_txq;
+
+extern struct workqueue_struct *vnic_wq;
+
+/* Messages: netdev_*() does not use pr_fmt, so the module names itself. */
+#define vnic_info(ctx, fmt, ...) netdev_info((ctx)->dev, "vnic_arfs: " fmt, ##__VA_ARGS__)
+#define vnic_warn(ctx, fmt, ...) netdev_warn((ctx)->dev, "vnic_arfs: " fmt, ##__VA_ARGS__)
+
+/* ------------------------------------------------------------------------ */
+/* Filters                                                                   */
+
+/* A flow as the guest receives it: src = remote peer, dst = this host. */
+struct vnic_flow {
+	u8 family;		/* 4 or 6 */
+	u8 proto;		/* IPPROTO_TCP or IPPROTO_UDP */
+	u16 pad;
+	__be16 sport;
+	__be16 dport;
+	u8 saddr[16];		/* IPv4 in bytes 0..3, zeros after */
+	u8 daddr[16];
 };
 
-/* DEL / FLUSH reasons. */
-enum vnic_del_reason {
-	VNIC_R_EXPIRED	= 1,
-	VNIC_R_IDLE	= 2,
-	VNIC_R_REPLACED	= 3,
-	VNIC_R_FLUSH	= 4,
-	VNIC_R_UNLOAD	= 5,
-	VNIC_R_MAX	= 5,
+enum vnic_fstate {
+	VF_LIVE,		/* in the flow table and live_list, owns an id */
+	VF_DELETING,		/* DEL queued or in flight; owns its id until ACKed */
+	VF_REJECTED,		/* device refused it: no id, in the flow table for the hold-off */
 };
 
-/* Per-op ACK status codes. */
-enum vnic_op_status {
-	VNIC_S_OK		= 0,
-	VNIC_S_TABLE_FULL	= 1,
-	VNIC_S_BUCKET_FULL	= 2,
-	VNIC_S_BAD_QUEUE	= 3,
-	VNIC_S_BAD_KEY		= 4,
-	VNIC_S_INJECTED		= 5,
-	VNIC_S_UNKNOWN_ID	= 6,
-	VNIC_S_BAD_ID		= 7,
-	VNIC_S_MAX		= 7,
+struct vnic_filter {
+	struct rhash_head hnode;	/* ctx->flows (LIVE, REJECTED) */
+	struct list_head node;		/* live_list (LIVE) or rej_list (REJECTED) */
+	struct list_head pend;		/* add_list or del_list, while @pending */
+	struct vnic_flow key;
+	u32 flow_id;			/* from the last steer call */
+	u32 add_seq;			/* frame of the last ADD sent */
+	u32 del_seq;			/* frame of the DEL */
+	unsigned long last_seen;	/* jiffies of the last steer call */
+	unsigned long since;		/* created, or rejected */
+	u16 id;
+	u16 rxq;			/* queue the next ADD carries */
+	u16 slot_rxq;			/* queue of the last steer call (its RFS slot) */
+	u16 dev_rxq;			/* queue of the last ADD the device ACKed ok */
+	u8 state;
+	u8 del_reason;
+	u8 rej_status;
+	bool pending;
+	bool add_inflight;
+	bool on_dev;			/* an ADD of this id was ACKed ok */
+	bool sent;			/* an ADD went out in this generation */
+	bool resteer_blocked;		/* a re-steer was refused at @since */
 };
 
-/* Malformed-frame codes (ACK frame_status); 0 is ok. */
-#define VNIC_FS_MAX		10
+/* Flow table size: every id (0..0xFFFE) plus the refused flows in hold-off. */
+#define VNIC_MAX_REJECTED	16384
+#define VNIC_FLOWS_MAX_BUCKETS	65536
 
-#define VNIC_NO_FILTER		0xFFFF	/* the kernel's RPS_NO_FILTER */
-#define VNIC_MAX_ID		0xFFFE
+/* ------------------------------------------------------------------------ */
+/* The per-netdev context                                                    */
 
-#define VNIC_WINDOW		64	/* most unacked request frames */
-#define VNIC_MAX_RETRIES	5	/* then HELLO again (session restart) */
+struct vnic_slot {
+	u32 seq;
+	bool used;
+	bool acked;
+	u8 type;
+	u16 nops;
+	u8 retries;
+	u16 len;			/* whole frame, Ethernet header included */
+	unsigned long sent_at;
+	u8 buf[VNIC_FRAME_MAX];
+};
+
+struct vnic_caps {
+	u16 max_queue_pairs;
+	u16 enabled_queue_pairs;
+	u32 capacity;
+	u32 buckets;
+	u16 ways;
+	u16 max_ops;
+	u32 latency_us;
+};
+
+struct vnic_counters {
+	u64 steer_calls, steer_dedup, adds, resteers;
+	u64 busy, busy_rejected, unsupported, bad_rxq, nomem;
+	u64 del[VNIC_R_MAX + 1];	/* deletes ACKed ok, by reason */
+	u64 del_unknown;		/* DEL answered unknown_id */
+	u64 del_cancelled;		/* removed before its ADD was sent */
+	u64 del_lost;			/* made moot by a device reset */
+	u64 add_ops, del_ops, add_ok, replaced_rejected;
+	u64 rej[VNIC_S_MAX + 1];	/* ops answered with a non-ok status */
+	u64 rej_other;
+	u64 frames_sent, retransmits, hellos, flushes, flush_acks, acks;
+	u64 naks, rx_malformed, rx_stale, rx_wrong_gen, xmit_errors;
+	u64 gen_changes, replays, replayed, rmap_rebuilds, ntuple_flushes, queue_flushes;
+	u64 stalls;
+	u64 layout_flushes;		/* filters deleted by a queue/CPU layout change */
+	u64 max_chain;			/* longest flow-table chain walked by a lookup */
+};
+
+enum vnic_state {
+	VS_PROBING,		/* HELLO sent, waiting for CAPS */
+	VS_CAPS,		/* CAPS received, hooks not installed yet */
+	VS_ACTIVE,
+	VS_FAILED,		/* device never answered: netdev left untouched */
+};
+
+struct vnic_ctx {
+	/* Set at attach, constant until the context is freed. */
+	struct net_device *dev;
+	netdevice_tracker tracker;
+	struct packet_type pt;
+	struct delayed_work work;
+
+	/* RTNL. */
+	struct list_head list;		/* vnic_devs; RCU for readers */
+	struct rcu_head rcu;
+	struct dentry *dbg;
+	bool pack_added;
+	bool installed;
+	bool unloading;			/* module exit owns it: unhooked, flush to come */
+	bool flush_on_unload;
+	struct net_device_ops *ops;	/* our copy, with ndo_rx_flow_steer */
+	const struct net_device_ops *orig_ops;
+	struct cpu_rmap *rmap;
+	unsigned int rmap_nq;		/* also read (READ_ONCE) by debugfs */
+	unsigned int rmap_ncpu;
+	bool ntuple_on;			/* NETIF_F_NTUPLE seen by the last pass */
+
+	/* ctx->lock. */
+	spinlock_t lock;
+#ifndef VNIC_HAVE_DISABLE_WORK
+	bool work_off;			/* before 6.10: no disable_delayed_work() */
+#endif
+	int state;
+	bool have_gen;
+	bool hello_out;
+	bool resync;
+	bool flush_pending;
+	u8 flush_reason;
+	bool table_full;
+	bool unload_wait;
+	bool unload_abort;
+	u32 gen;
+	u32 hello_seq;
+	u32 una;			/* oldest unacked request */
+	u32 next_seq;			/* next request sequence number */
+	u32 unload_seq;
+	unsigned long hello_sent_at;
+	unsigned long probe_start;
+	unsigned long last_rx;
+	unsigned long table_full_since;
+	struct vnic_caps caps;
+	struct completion unload_done;
+
+	struct xarray ids;		/* id -> filter, every filter that owns an id */
+	u32 id_next;
+	unsigned int nr_ids;
+	unsigned int nr_live;
+	unsigned int nr_rejected;
+	struct rhashtable flows;	/* flow -> filter (LIVE, REJECTED) */
+	struct list_head live_list;
+	struct list_head rej_list;
+	struct list_head add_list;
+	struct list_head del_list;
+	struct vnic_counters c;
+
+	u8 hello_buf[ETH_HLEN + VNIC_HDR_LEN + VNIC_HELLO_BODY];
+	u8 flush_buf[ETH_HLEN + VNIC_HDR_LEN + VNIC_FLUSH_BODY];
+	struct vnic_slot slots[VNIC_WINDOW];
+};
+
+extern const char * const vnic_state_names[];
+
+/* ------------------------------------------------------------------------ */
+/* The work item: queue, kick, disable (compat for kernels before 6.10).     */
+
+#ifdef VNIC_HAVE_DISABLE_WORK
+/* The caller may or may not hold ctx->lock. */
+static inline void vnic_work_kick_locked(struct vnic_ctx *ctx)
+{
+	mod_delayed_work(vnic_wq, &ctx->work, 0);
+}
+
+static inline void vnic_work_kick(struct vnic_ctx *ctx)
+{
+	mod_delayed_work(vnic_wq, &ctx->work, 0);
+}
+
+static inline void vnic_work_queue(struct vnic_ctx *ctx, unsigned long delay)
+{
+	queue_delayed_work(vnic_wq, &ctx->work, delay);
+}
+
+static inline void vnic_work_disable(struct vnic_ctx *ctx)
+{
+	disable_delayed_work_sync(&ctx->work);
+}
+#else
+/*
+ * 6.1 .. 6.9: disable_delayed_work_sync() appeared in 6.10. A flag written
+ * and tested under ctx->lock, together with the queueing itself, gives the
+ * same guarantee: once vnic_work_disable() returns the work is neither
+ * running nor pending, and nothing queues it again.
+ */
+static inline void vnic_work_kick_locked(struct vnic_ctx *ctx)
+{
+	lockdep_assert_held(&ctx->lock);
+	if (!ctx->work_off)
+		mod_delayed_work(vnic_wq, &ctx->work, 0);
+}
+
+static inline void vnic_work_kick(struct vnic_ctx *ctx)
+{
+	spin_lock_bh(&ctx->lock);
+	vnic_work_kick_locked(ctx);
+	spin_unlock_bh(&ctx->lock);
+}
+
+static inline void vnic_work_queue(struct vnic_ctx *ctx, unsigned long delay)
+{
+	spin_lock_bh(&ctx->lock);
+	if (!ctx->work_off)
+		queue_delayed_work(vnic_wq, &ctx->work, delay);
+	spin_unlock_bh(&ctx->lock);
+}
+
+static inline void vnic_work_disable(struct vnic_ctx *ctx)
+{
+	spin_lock_bh(&ctx->lock);
+	ctx->work_off = true;
+	spin_unlock_bh(&ctx->lock);
+	cancel_delayed_work_sync(&ctx->work);
+}
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Cross-file functions (kernel-doc at each definition).                     */
+
+/* netdev.c */
+bool vnic_dev_link_ok(const struct net_device *dev);
+
+/* mgmt.c */
+unsigned long vnic_mgmt_rto(const struct vnic_ctx *ctx);
+int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
+		  struct packet_type *pt, struct net_device *orig_dev);
+bool vnic_mgmt_probe(struct vnic_ctx *ctx, unsigned long *delay);
+unsigned long vnic_mgmt_pass(struct vnic_ctx *ctx);
+void vnic_mgmt_unload_flush(struct vnic_ctx *ctx);
+
+/* filter.c */
+int vnic_flt_init(struct vnic_ctx *ctx);
+void vnic_flt_destroy(struct vnic_ctx *ctx);
+int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
+		   u16 rxq_index, u32 flow_id);
+void vnic_flt_queue_add_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
+void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
+void vnic_flt_del_all_locked(struct vnic_ctx *ctx, u8 reason);
+void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq);
+void vnic_flt_replay_locked(struct vnic_ctx *ctx);
+void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, int st);
+void vnic_flt_del_acked_locked(struct vnic_ctx *ctx, u16 id, u32 seq, int st);
+void vnic_flt_expire_locked(struct vnic_ctx *ctx, unsigned long now);
+void vnic_flt_reap_rejected_locked(struct vnic_ctx *ctx, unsigned long now);
+bool vnic_flt_owns_slot(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot);
+
+/* rmap.c */
+struct cpu_rmap *vnic_rmap_build(struct vnic_ctx *ctx, unsigned int nq,
+				 unsigned int *ncpu_out);
+void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx);
+void vnic_rmap_check(struct vnic_ctx *ctx);
+
+/* debugfs.c */
+void vnic_dbg_init(void);
+void vnic_dbg_exit(void);
+void vnic_dbg_add(struct vnic_ctx *ctx);
+void vnic_dbg_remove(struct vnic_ctx *ctx);
 
 #endif /* VNIC_ARFS_H */

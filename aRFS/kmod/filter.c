@@ -1,0 +1,569 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vnic_arfs filter table: one filter per flow the kernel asked us to steer.
+ *
+ * A filter owns an id (0..0xFFFE, cyclic, from ctx->ids) from its creation
+ * until the device acknowledged its DEL, so that a late duplicate frame can
+ * never hit a newer filter. Flows are found through ctx->flows, an rhashtable
+ * (bounded chains: it grows at 75% load and rehashes a chain longer than 16,
+ * up to VNIC_FLOWS_MAX_BUCKETS buckets for the at most 65,535 + 16,384
+ * entries). Every function here runs under ctx->lock unless it says otherwise.
+ */
+
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/jiffies.h>
+#include <linux/slab.h>
+#include <net/flow_dissector.h>
+
+#include "vnic_arfs.h"
+
+/*
+ * The lookup key: the flow, followed by a count of the entries the lookup
+ * compared. Only the flow is hashed (key_len); rhashtable hands the key to
+ * vnic_flt_cmp() for every entry of the chain it walks, which counts them.
+ * The key is always a writable object on the caller's stack: rhashtable only
+ * passes it on as a const pointer.
+ */
+struct vnic_flt_key {
+	struct vnic_flow flow;		/* must stay first: the hashed part */
+	unsigned int walked;
+};
+
+static int vnic_flt_cmp(struct rhashtable_compare_arg *arg, const void *obj)
+{
+	struct vnic_flt_key *k = (struct vnic_flt_key *)arg->key;
+	const struct vnic_filter *f = obj;
+
+	k->walked++;
+	return memcmp(&k->flow, &f->key, sizeof(k->flow));
+}
+
+static const struct rhashtable_params vnic_flt_params = {
+	.key_len = sizeof(struct vnic_flow),
+	.key_offset = offsetof(struct vnic_filter, key),
+	.head_offset = offsetof(struct vnic_filter, hnode),
+	.obj_cmpfn = vnic_flt_cmp,
+	.min_size = 64,
+	.max_size = VNIC_FLOWS_MAX_BUCKETS,
+	.automatic_shrinking = true,
+};
+
+/**
+ * vnic_flt_init - set up an empty filter table
+ * @ctx: the context, being attached (process context, no lock needed)
+ *
+ * Return: 0, or a negative errno from rhashtable_init().
+ */
+int vnic_flt_init(struct vnic_ctx *ctx)
+{
+	BUILD_BUG_ON(sizeof(struct vnic_flow) % sizeof(u32));
+	BUILD_BUG_ON(VNIC_MAX_ID + 1 + VNIC_MAX_REJECTED > 2 * VNIC_FLOWS_MAX_BUCKETS);
+	xa_init_flags(&ctx->ids, XA_FLAGS_ALLOC);
+	INIT_LIST_HEAD(&ctx->live_list);
+	INIT_LIST_HEAD(&ctx->rej_list);
+	INIT_LIST_HEAD(&ctx->add_list);
+	INIT_LIST_HEAD(&ctx->del_list);
+	return rhashtable_init(&ctx->flows, &vnic_flt_params);
+}
+
+/**
+ * vnic_flt_destroy - free every filter and the table
+ * @ctx: the context, at the end of teardown
+ *
+ * Runs without ctx->lock: the netdev hooks and the packet handler are gone
+ * and the work item is disabled, so nothing else can reach the table.
+ */
+void vnic_flt_destroy(struct vnic_ctx *ctx)
+{
+	struct vnic_filter *f, *tmp;
+	unsigned long idx;
+
+	rhashtable_destroy(&ctx->flows);
+	list_for_each_entry_safe(f, tmp, &ctx->rej_list, node)
+		kfree(f);
+	xa_for_each(&ctx->ids, idx, f)
+		kfree(f);
+	xa_destroy(&ctx->ids);
+	INIT_LIST_HEAD(&ctx->live_list);
+	INIT_LIST_HEAD(&ctx->rej_list);
+	INIT_LIST_HEAD(&ctx->add_list);
+	INIT_LIST_HEAD(&ctx->del_list);
+	ctx->nr_ids = 0;
+	ctx->nr_live = 0;
+	ctx->nr_rejected = 0;
+}
+
+static int vnic_flt_flow_from_skb(const struct sk_buff *skb, struct vnic_flow *k)
+{
+	struct flow_keys fk;
+
+	memset(k, 0, sizeof(*k));
+	if (skb->encapsulation)
+		return -EPROTONOSUPPORT;
+	if (!skb_flow_dissect_flow_keys(skb, &fk, 0))
+		return -EPROTONOSUPPORT;
+	if (fk.control.flags & (FLOW_DIS_IS_FRAGMENT | FLOW_DIS_ENCAPSULATION))
+		return -EPROTONOSUPPORT;
+	if (fk.basic.ip_proto != IPPROTO_TCP && fk.basic.ip_proto != IPPROTO_UDP)
+		return -EPROTONOSUPPORT;
+
+	if (fk.basic.n_proto == htons(ETH_P_IP) &&
+	    fk.control.addr_type == FLOW_DISSECTOR_KEY_IPV4_ADDRS) {
+		k->family = 4;
+		memcpy(k->saddr, &fk.addrs.v4addrs.src, 4);
+		memcpy(k->daddr, &fk.addrs.v4addrs.dst, 4);
+	} else if (fk.basic.n_proto == htons(ETH_P_IPV6) &&
+		   fk.control.addr_type == FLOW_DISSECTOR_KEY_IPV6_ADDRS) {
+		k->family = 6;
+		memcpy(k->saddr, &fk.addrs.v6addrs.src, 16);
+		memcpy(k->daddr, &fk.addrs.v6addrs.dst, 16);
+	} else {
+		return -EPROTONOSUPPORT;
+	}
+	k->proto = fk.basic.ip_proto;
+	k->sport = fk.ports.src;
+	k->dport = fk.ports.dst;
+	return 0;
+}
+
+static struct vnic_filter *vnic_flt_lookup_locked(struct vnic_ctx *ctx,
+						  struct vnic_flt_key *key)
+{
+	struct vnic_filter *f;
+
+	key->walked = 0;
+	f = rhashtable_lookup_fast(&ctx->flows, key, vnic_flt_params);
+	if (key->walked > ctx->c.max_chain)
+		ctx->c.max_chain = key->walked;
+	return f;
+}
+
+static void vnic_flt_unhash_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	rhashtable_remove_fast(&ctx->flows, &f->hnode, vnic_flt_params);
+}
+
+/**
+ * vnic_flt_queue_add_locked - queue an ADD of @f (no-op if one is queued)
+ * @ctx: the context
+ * @f: a LIVE filter
+ */
+void vnic_flt_queue_add_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	if (f->pending)
+		return;
+	list_add_tail(&f->pend, &ctx->add_list);
+	f->pending = true;
+}
+
+/**
+ * vnic_flt_free_locked - free a filter that owns an id
+ * @ctx: the context
+ * @f: a filter already out of the flow table and live_list (DELETING, or a
+ *     LIVE one whose ADD was never sent)
+ */
+void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	if (f->pending)
+		list_del(&f->pend);
+	xa_erase(&ctx->ids, f->id);
+	ctx->nr_ids--;
+	kfree(f);
+}
+
+/* Take a LIVE filter out of service; the device is told with a DEL. */
+static void vnic_flt_del_locked(struct vnic_ctx *ctx, struct vnic_filter *f, u8 reason)
+{
+	vnic_flt_unhash_locked(ctx, f);
+	list_del(&f->node);
+	ctx->nr_live--;
+	if (f->pending) {
+		list_del(&f->pend);
+		f->pending = false;
+	}
+	if (!f->sent) {
+		/* the device never saw this id: nothing to delete there */
+		ctx->c.del_cancelled++;
+		vnic_flt_free_locked(ctx, f);
+		return;
+	}
+	f->state = VF_DELETING;
+	f->del_reason = reason;
+	f->add_inflight = false;
+	list_add_tail(&f->pend, &ctx->del_list);
+	f->pending = true;
+}
+
+static void vnic_flt_rejected_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	vnic_flt_unhash_locked(ctx, f);
+	list_del(&f->node);
+	ctx->nr_rejected--;
+	kfree(f);
+}
+
+/*
+ * The device refused the first ADD of a filter: free the id, and keep the
+ * flow in the table for reject_holdoff_ms so that the steer calls the kernel
+ * keeps making for it (6.12) get -EBUSY instead of a new ADD each time. With
+ * VNIC_MAX_REJECTED flows already held off, the filter is simply freed.
+ */
+static void vnic_flt_reject_locked(struct vnic_ctx *ctx, struct vnic_filter *f, u8 status)
+{
+	list_del(&f->node);
+	ctx->nr_live--;
+	if (f->pending) {
+		list_del(&f->pend);
+		f->pending = false;
+	}
+	xa_erase(&ctx->ids, f->id);
+	ctx->nr_ids--;
+	if (ctx->nr_rejected >= VNIC_MAX_REJECTED) {
+		vnic_flt_unhash_locked(ctx, f);
+		kfree(f);
+		return;
+	}
+	f->id = VNIC_NO_FILTER;
+	f->state = VF_REJECTED;
+	f->rej_status = status;
+	f->since = jiffies;
+	list_add_tail(&f->node, &ctx->rej_list);
+	ctx->nr_rejected++;
+}
+
+/**
+ * vnic_flt_del_all_locked - delete every live filter
+ * @ctx: the context
+ * @reason: DEL reason sent to the device (VNIC_R_*)
+ */
+void vnic_flt_del_all_locked(struct vnic_ctx *ctx, u8 reason)
+{
+	struct vnic_filter *f, *tmp;
+
+	list_for_each_entry_safe(f, tmp, &ctx->live_list, node)
+		vnic_flt_del_locked(ctx, f, reason);
+}
+
+/**
+ * vnic_flt_layout_changed_locked - the CPU -> rx queue layout changed
+ * @ctx: the context
+ * @nq: the new number of rx queues
+ *
+ * Every live filter is deleted (reason flush): its queue was chosen for the
+ * old layout and may not be local to the receiving CPU any more. Refused
+ * flows are forgotten too (a refusal such as bad_queue may not hold now).
+ * The caller then resets the kernel's RFS tables, so that the next packet
+ * of every flow asks for a filter again, under the new layout.
+ */
+void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq)
+{
+	struct vnic_filter *f, *tmp;
+
+	list_for_each_entry_safe(f, tmp, &ctx->live_list, node) {
+		if (f->rxq >= nq || f->dev_rxq >= nq)
+			ctx->c.queue_flushes++;
+		ctx->c.layout_flushes++;
+		vnic_flt_del_locked(ctx, f, VNIC_R_FLUSH);
+	}
+	list_for_each_entry_safe(f, tmp, &ctx->rej_list, node)
+		vnic_flt_rejected_free_locked(ctx, f);
+	ctx->table_full = false;
+}
+
+/**
+ * vnic_flt_replay_locked - queue an ADD for every live filter
+ * @ctx: the context, whose device lost its table (new generation)
+ */
+void vnic_flt_replay_locked(struct vnic_ctx *ctx)
+{
+	struct vnic_filter *f;
+
+	ctx->c.replays++;
+	ctx->table_full = false;
+	list_for_each_entry(f, &ctx->live_list, node) {
+		f->on_dev = false;
+		f->sent = false;
+		f->add_inflight = false;
+		vnic_flt_queue_add_locked(ctx, f);
+		ctx->c.replayed++;
+	}
+}
+
+static bool vnic_flt_held_off(unsigned long now, unsigned long since)
+{
+	return time_before(now, since + msecs_to_jiffies(READ_ONCE(vnic_reject_holdoff_ms)));
+}
+
+/**
+ * vnic_flt_steer - the body of ndo_rx_flow_steer
+ * @ctx: the context of @skb's netdev
+ * @skb: the packet the kernel wants steered
+ * @rxq_index: the rx queue local to the receiving CPU (from rx_cpu_rmap)
+ * @flow_id: the kernel's RFS slot, for rps_may_expire_flow()
+ *
+ * Softirq (or BH-disabled process context, busy polling), RCU held: takes
+ * ctx->lock with spin_lock(), allocates with GFP_ATOMIC, does bounded work.
+ *
+ * Return: the filter id (>= 0), or -EPROTONOSUPPORT, -ENODEV, -EINVAL,
+ * -EBUSY, -ENOMEM.
+ */
+int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
+		   u16 rxq_index, u32 flow_id)
+{
+	struct net_device *dev = ctx->dev;
+	unsigned long now = jiffies;
+	struct vnic_flt_key key;
+	struct vnic_filter *f;
+	int ret, err;
+	u32 id;
+
+	lockdep_assert_in_softirq();
+	ret = vnic_flt_flow_from_skb(skb, &key.flow);
+
+	spin_lock(&ctx->lock);
+	ctx->c.steer_calls++;
+	if (ret) {
+		ctx->c.unsupported++;
+		goto out;
+	}
+	if (ctx->state != VS_ACTIVE) {
+		ret = -ENODEV;
+		goto out;
+	}
+	if (rxq_index >= READ_ONCE(dev->real_num_rx_queues)) {
+		ctx->c.bad_rxq++;
+		ret = -EINVAL;
+		goto out;
+	}
+
+	f = vnic_flt_lookup_locked(ctx, &key);
+	if (f && f->state == VF_LIVE) {
+		f->last_seen = now;
+		f->flow_id = flow_id;
+		f->slot_rxq = rxq_index;
+		ret = f->id;
+		if (f->rxq == rxq_index) {
+			ctx->c.steer_dedup++;
+			goto out;
+		}
+		if (f->resteer_blocked && vnic_flt_held_off(now, f->since)) {
+			/* the device refused this move lately: no ADD per packet */
+			ctx->c.busy++;
+			ctx->c.busy_rejected++;
+			ret = -EBUSY;
+			goto out;
+		}
+		f->resteer_blocked = false;
+		f->rxq = rxq_index;
+		ctx->c.resteers++;
+		vnic_flt_queue_add_locked(ctx, f);
+		vnic_work_kick_locked(ctx);
+		goto out;
+	}
+	if (f) {		/* VF_REJECTED */
+		if (vnic_flt_held_off(now, f->since)) {
+			ctx->c.busy++;
+			ctx->c.busy_rejected++;
+			ret = -EBUSY;
+			goto out;
+		}
+		vnic_flt_rejected_free_locked(ctx, f);
+	}
+
+	if (ctx->table_full && !vnic_flt_held_off(now, ctx->table_full_since))
+		ctx->table_full = false;
+	if (ctx->table_full || ctx->nr_ids >= min_t(u32, ctx->caps.capacity, VNIC_MAX_ID + 1)) {
+		ctx->c.busy++;
+		ret = -EBUSY;
+		goto out;
+	}
+
+	f = kzalloc(sizeof(*f), GFP_ATOMIC);
+	if (!f) {
+		ctx->c.nomem++;
+		ret = -ENOMEM;
+		goto out;
+	}
+	f->key = key.flow;
+	err = rhashtable_insert_fast(&ctx->flows, &f->hnode, vnic_flt_params);
+	if (err) {
+		kfree(f);
+		if (err == -ENOMEM) {
+			ctx->c.nomem++;
+		} else {
+			ctx->c.busy++;
+			err = -EBUSY;
+		}
+		ret = err;
+		goto out;
+	}
+	err = xa_alloc_cyclic(&ctx->ids, &id, f, XA_LIMIT(0, VNIC_MAX_ID),
+			      &ctx->id_next, GFP_ATOMIC);
+	if (err < 0) {
+		vnic_flt_unhash_locked(ctx, f);
+		kfree(f);
+		if (err == -EBUSY)
+			ctx->c.busy++;
+		else
+			ctx->c.nomem++;
+		ret = err;
+		goto out;
+	}
+	f->id = id;
+	f->rxq = rxq_index;
+	f->slot_rxq = rxq_index;
+	f->dev_rxq = rxq_index;
+	f->flow_id = flow_id;
+	f->last_seen = now;
+	f->since = now;
+	f->state = VF_LIVE;
+	list_add_tail(&f->node, &ctx->live_list);
+	vnic_flt_queue_add_locked(ctx, f);
+	ctx->nr_ids++;
+	ctx->nr_live++;
+	ctx->c.adds++;
+	vnic_work_kick_locked(ctx);
+	ret = id;
+out:
+	spin_unlock(&ctx->lock);
+	return ret;
+}
+
+/**
+ * vnic_flt_add_acked_locked - apply the device's answer to one ADD op
+ * @ctx: the context
+ * @id: the op's filter id
+ * @rxq: the op's queue
+ * @seq: the frame that carried the op
+ * @st: the op status (VNIC_S_*), or -1 when the frame was NAKed
+ */
+void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, int st)
+{
+	struct vnic_filter *f = xa_load(&ctx->ids, id);
+
+	if (st == VNIC_S_OK)
+		ctx->c.add_ok++;
+	if (!f)
+		return;
+	if (st == VNIC_S_OK) {
+		f->on_dev = true;
+		f->dev_rxq = rxq;
+		if (f->state == VF_LIVE && f->add_seq == seq)
+			f->add_inflight = false;
+		return;
+	}
+	if (st == VNIC_S_TABLE_FULL) {
+		ctx->table_full = true;
+		ctx->table_full_since = jiffies;
+	}
+	if (f->state != VF_LIVE || f->add_seq != seq)
+		return;		/* superseded, or being deleted */
+	f->add_inflight = false;
+	if (f->pending)
+		return;		/* a newer ADD (re-steer) is queued */
+	if (f->on_dev) {
+		/* a refused re-steer: the device keeps the previous queue */
+		f->rxq = f->dev_rxq;
+		f->resteer_blocked = true;
+		f->since = jiffies;
+		ctx->c.replaced_rejected++;
+		return;
+	}
+	vnic_flt_reject_locked(ctx, f, st < 0 ? 0xFF : st);
+}
+
+/**
+ * vnic_flt_del_acked_locked - apply the device's answer to one DEL op
+ * @ctx: the context
+ * @id: the op's filter id
+ * @seq: the frame that carried the op
+ * @st: the op status (VNIC_S_*), or -1 when the frame was NAKed
+ *
+ * Acknowledged, even refused, the id is free again.
+ */
+void vnic_flt_del_acked_locked(struct vnic_ctx *ctx, u16 id, u32 seq, int st)
+{
+	struct vnic_filter *f = xa_load(&ctx->ids, id);
+
+	if (!f || f->state != VF_DELETING || f->del_seq != seq || f->pending) {
+		ctx->c.rx_stale++;
+		return;
+	}
+	if (st == VNIC_S_OK) {
+		ctx->c.del[f->del_reason]++;
+		ctx->table_full = false;
+	} else if (st == VNIC_S_UNKNOWN_ID) {
+		ctx->c.del_unknown++;
+	}
+	vnic_flt_free_locked(ctx, f);
+}
+
+/**
+ * vnic_flt_expire_locked - one expiry pass
+ * @ctx: the context
+ * @now: jiffies
+ *
+ * Round-robin over the live filters, at most expire_quota of them: a filter
+ * whose ADD is acknowledged is deleted (reason expired) when
+ * rps_may_expire_flow() allows it, else (reason idle) after idle_timeout_ms
+ * without a steer call.
+ */
+void vnic_flt_expire_locked(struct vnic_ctx *ctx, unsigned long now)
+{
+	unsigned int n = min(READ_ONCE(vnic_expire_quota), ctx->nr_live);
+	unsigned int idle_ms = READ_ONCE(vnic_idle_timeout_ms);
+	unsigned long idle = msecs_to_jiffies(idle_ms);
+	struct vnic_filter *f;
+
+	while (n-- && !list_empty(&ctx->live_list)) {
+		f = list_first_entry(&ctx->live_list, struct vnic_filter, node);
+		list_move_tail(&f->node, &ctx->live_list);
+		if (!f->on_dev || f->add_inflight || f->pending)
+			continue;
+		if (rps_may_expire_flow(ctx->dev, f->slot_rxq, f->flow_id, f->id))
+			vnic_flt_del_locked(ctx, f, VNIC_R_EXPIRED);
+		else if (idle_ms && time_after(now, f->last_seen + idle))
+			vnic_flt_del_locked(ctx, f, VNIC_R_IDLE);
+	}
+}
+
+/**
+ * vnic_flt_reap_rejected_locked - forget refused flows whose hold-off ended
+ * @ctx: the context
+ * @now: jiffies
+ */
+void vnic_flt_reap_rejected_locked(struct vnic_ctx *ctx, unsigned long now)
+{
+	struct vnic_filter *f, *tmp;
+
+	list_for_each_entry_safe(f, tmp, &ctx->rej_list, node) {
+		if (vnic_flt_held_off(now, f->since))
+			break;
+		vnic_flt_rejected_free_locked(ctx, f);
+	}
+}
+
+/**
+ * vnic_flt_owns_slot - whether a kernel RFS slot was written for our filter
+ * @ctx: the context
+ * @id: the filter id the slot holds
+ * @rxq: the slot's rx queue
+ * @slot: the slot's index (the flow_id of the steer call)
+ *
+ * Process context, takes ctx->lock.
+ *
+ * Return: true when @id is a live filter whose last steer call was for
+ * this queue and slot.
+ */
+bool vnic_flt_owns_slot(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot)
+{
+	struct vnic_filter *f;
+	bool ret;
+
+	spin_lock_bh(&ctx->lock);
+	f = xa_load(&ctx->ids, id);
+	ret = f && f->state == VF_LIVE && f->slot_rxq == rxq && f->flow_id == slot;
+	spin_unlock_bh(&ctx->lock);
+	return ret;
+}

@@ -1,0 +1,596 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vnic_arfs: accelerated RFS for a stock virtio_net netdev backed by the vnic
+ * device. This file: the module, its parameters, the netdevice notifier,
+ * attach, install of the netdev hooks, teardown, and the work item.
+ *
+ * The module attaches to virtio_net netdevs whose device answers a HELLO
+ * management frame with CAPS, and then gives them what the kernel's RFS code
+ * needs to call a driver: a copy of the netdev_ops with ndo_rx_flow_steer,
+ * an rx_cpu_rmap and NETIF_F_NTUPLE. Filters are sent to the device in-band
+ * (mgmt.c). See README.md in this directory, and vnic_arfs.h for the locking.
+ *
+ * Teardown order (the hooks come off in the reverse order they went on):
+ *   under RTNL: disable the work item; clear NTUPLE (wanted_features, then
+ *   netdev_update_features(), then hw_features); synchronize_net(); set
+ *   rx_cpu_rmap to NULL; restore netdev_ops (or, when someone replaced them
+ *   after us, neuter our copy); synchronize_net(); free the rmap and the
+ *   ops copy.
+ *   At module exit RTNL is dropped here and the FLUSH(unload) is sent and
+ *   waited for (mgmt.c); NETDEV_UNREGISTER skips it (the device is gone).
+ *   under RTNL: dev_remove_pack() (before the netdev reference is dropped:
+ *   netdev_run_todo() has a BUG_ON on a non-empty ptype_specific); unlink;
+ *   debugfs; free the filters; netdev_put(); kvfree_rcu() of the context.
+ */
+
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/module.h>
+#include <linux/moduleparam.h>
+#include <linux/kmemleak.h>
+#include <linux/random.h>
+#include <linux/rtnetlink.h>
+#include <linux/slab.h>
+
+#include "vnic_arfs.h"
+
+/* ------------------------------------------------------------------------ */
+/* Module parameters                                                        */
+
+char *vnic_ifnames;
+module_param_named(ifnames, vnic_ifnames, charp, 0444);
+MODULE_PARM_DESC(ifnames,
+		 "comma-separated interface names to attach to (default: every virtio_net netdev)");
+
+unsigned int vnic_interval_ms = 100;
+module_param_named(interval_ms, vnic_interval_ms, uint, 0644);
+MODULE_PARM_DESC(interval_ms,
+		 "period of the work item: send, retransmit, expiry pass (ms, default 100)");
+
+unsigned int vnic_expire_quota = 64;
+module_param_named(expire_quota, vnic_expire_quota, uint, 0644);
+MODULE_PARM_DESC(expire_quota, "filters examined per expiry pass, round-robin (default 64)");
+
+unsigned int vnic_idle_timeout_ms = 5000;
+module_param_named(idle_timeout_ms, vnic_idle_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(idle_timeout_ms,
+		 "delete a filter whose flow had no steer call for this long (ms, 0 = off, default 5000)");
+
+unsigned int vnic_retransmit_ms = 200;
+module_param_named(retransmit_ms, vnic_retransmit_ms, uint, 0644);
+MODULE_PARM_DESC(retransmit_ms,
+		 "retransmit timeout on top of the device's programming latency (ms, default 200)");
+
+unsigned int vnic_hello_timeout_ms = 3000;
+module_param_named(hello_timeout_ms, vnic_hello_timeout_ms, uint, 0644);
+MODULE_PARM_DESC(hello_timeout_ms,
+		 "give up on a device that does not answer HELLO with CAPS (ms while up, default 3000)");
+
+unsigned int vnic_keepalive_ms = 2000;
+module_param_named(keepalive_ms, vnic_keepalive_ms, uint, 0644);
+MODULE_PARM_DESC(keepalive_ms,
+		 "send HELLO after this long without a device frame, to notice a device reset (ms, 0 = off, default 2000)");
+
+unsigned int vnic_reject_holdoff_ms = 1000;
+module_param_named(reject_holdoff_ms, vnic_reject_holdoff_ms, uint, 0644);
+MODULE_PARM_DESC(reject_holdoff_ms,
+		 "answer -EBUSY for a flow the device rejected, for this long (ms, default 1000)");
+
+unsigned int vnic_mgmt_txq;
+module_param_named(mgmt_txq, vnic_mgmt_txq, uint, 0444);
+MODULE_PARM_DESC(mgmt_txq, "tx queue carrying the management frames (default 0)");
+
+struct workqueue_struct *vnic_wq;
+
+/* RTNL for writers, RCU for readers (ndo_rx_flow_steer). */
+static LIST_HEAD(vnic_devs);
+/* Set under RTNL at module exit: no new attach; UNREGISTER only aborts. */
+static bool vnic_unloading;
+
+const char * const vnic_state_names[] = {
+	[VS_PROBING] = "probing", [VS_CAPS] = "installing",
+	[VS_ACTIVE] = "active", [VS_FAILED] = "failed",
+};
+
+/* ------------------------------------------------------------------------ */
+/* Helpers                                                                  */
+
+/**
+ * vnic_dev_link_ok - whether frames can be sent on @dev now
+ * @dev: the netdev
+ *
+ * Return: true when @dev is running and has carrier.
+ */
+bool vnic_dev_link_ok(const struct net_device *dev)
+{
+	return netif_running(dev) && netif_carrier_ok(dev);
+}
+
+static bool vnic_dev_is_virtio_net(const struct net_device *dev)
+{
+	const struct device *parent = dev->dev.parent;
+
+	return parent && parent->driver && parent->driver->name &&
+	       !strcmp(parent->driver->name, "virtio_net");
+}
+
+static bool vnic_dev_name_wanted(const char *name)
+{
+	const char *p = vnic_ifnames;
+	size_t len = strlen(name);
+
+	if (!p || !*p)
+		return true;
+	while (*p) {
+		const char *end = strchrnul(p, ',');
+
+		if ((size_t)(end - p) == len && !memcmp(p, name, len))
+			return true;
+		p = *end ? end + 1 : end;
+	}
+	return false;
+}
+
+/* Under RTNL. */
+static struct vnic_ctx *vnic_dev_find(const struct net_device *dev)
+{
+	struct vnic_ctx *ctx;
+
+	ASSERT_RTNL();
+	list_for_each_entry(ctx, &vnic_devs, list)
+		if (ctx->dev == dev)
+			return ctx;
+	return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* ndo_rx_flow_steer                                                        */
+
+/*
+ * Reached through our copy of the netdev_ops only while rx_cpu_rmap and
+ * NETIF_F_NTUPLE are set, from set_rps_cpu(): softirq (or busy polling with
+ * BH disabled), RCU held.
+ */
+static int vnic_dev_rx_flow_steer(struct net_device *dev, const struct sk_buff *skb,
+				  u16 rxq_index, u32 flow_id)
+{
+	struct vnic_ctx *ctx;
+
+	list_for_each_entry_rcu(ctx, &vnic_devs, list)
+		if (ctx->dev == dev)
+			return vnic_flt_steer(ctx, skb, rxq_index, flow_id);
+	return -ENODEV;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Install and teardown of the hooks                                        */
+
+/* Under RTNL: ops, rmap, NTUPLE, in this order (the packet handler is in place). */
+static int vnic_dev_install(struct vnic_ctx *ctx)
+{
+	struct net_device *dev = ctx->dev;
+	unsigned int nq = dev->real_num_rx_queues, ncpu = 0;
+	struct net_device_ops *ops;
+	struct cpu_rmap *rmap;
+
+	ASSERT_RTNL();
+	if (dev->rx_cpu_rmap)
+		return -EEXIST;
+	if (dev->hw_features & NETIF_F_NTUPLE)
+		return -EBUSY;	/* someone else's ntuple filters */
+	rmap = vnic_rmap_build(ctx, nq, &ncpu);
+	if (!rmap)
+		return -ENOMEM;
+	ops = kmemdup(dev->netdev_ops, sizeof(*ops), GFP_KERNEL);
+	if (!ops) {
+		cpu_rmap_put(rmap);
+		return -ENOMEM;
+	}
+	ops->ndo_rx_flow_steer = vnic_dev_rx_flow_steer;
+
+	ctx->orig_ops = dev->netdev_ops;
+	ctx->ops = ops;
+	WRITE_ONCE(dev->netdev_ops, ops);
+	ctx->rmap = rmap;
+	WRITE_ONCE(ctx->rmap_nq, nq);
+	ctx->rmap_ncpu = ncpu;
+	WRITE_ONCE(dev->rx_cpu_rmap, rmap);
+	dev->hw_features |= NETIF_F_NTUPLE;
+	dev->wanted_features |= NETIF_F_NTUPLE;
+	vnic_lock_ops(dev);
+	netdev_update_features(dev);
+	vnic_unlock_ops(dev);
+	ctx->ntuple_on = !!(dev->features & NETIF_F_NTUPLE);
+	ctx->installed = true;
+	return 0;
+}
+
+/*
+ * Under RTNL. After this, set_rps_cpu() no longer calls ndo_rx_flow_steer
+ * (NTUPLE is off, then rx_cpu_rmap is NULL) and no CPU is inside it or holds
+ * our ops copy. See the teardown order at the top of this file.
+ */
+static void vnic_dev_unhook(struct vnic_ctx *ctx)
+{
+	struct net_device *dev = ctx->dev;
+	bool stacked;
+
+	ASSERT_RTNL();
+	/* the work item only takes RTNL with rtnl_trylock(): no deadlock */
+	vnic_work_disable(ctx);
+	if (!ctx->installed)
+		return;
+
+	/*
+	 * NTUPLE off first: set_rps_cpu() tests rx_cpu_rmap and then reads it
+	 * again, so rx_cpu_rmap may only become NULL once no CPU can be past
+	 * the NTUPLE test. Features are recomputed from wanted_features and
+	 * hw_features: wanted first, so that the bit leaves dev->features,
+	 * and only then hw_features. A netdev being unregistered is closed and
+	 * its receive path quiesced (the core ran synchronize_net() before
+	 * NETDEV_UNREGISTER): there the features are only tidied directly.
+	 */
+	dev->wanted_features &= ~NETIF_F_NTUPLE;
+	if (dev->reg_state == NETREG_REGISTERED) {
+		vnic_lock_ops(dev);
+		netdev_update_features(dev);
+		vnic_unlock_ops(dev);
+	}
+	if (dev->features & NETIF_F_NTUPLE) {
+		/* ndo_set_features failed, or unregistering: last resort */
+		dev->features &= ~NETIF_F_NTUPLE;
+		if (dev->reg_state == NETREG_REGISTERED)
+			netdev_features_change(dev);
+	}
+	dev->hw_features &= ~NETIF_F_NTUPLE;
+	synchronize_net();
+	WRITE_ONCE(dev->rx_cpu_rmap, NULL);
+
+	stacked = dev->netdev_ops != ctx->ops;
+	if (!stacked) {
+		WRITE_ONCE(dev->netdev_ops, ctx->orig_ops);
+	} else {
+		/*
+		 * Someone replaced the netdev_ops after us, probably with a
+		 * copy of ours (ndo_rx_flow_steer pointing into this module),
+		 * and may restore ours later. Their copy cannot be changed,
+		 * but the kernel only calls ndo_rx_flow_steer while
+		 * rx_cpu_rmap is set, and it is NULL from now on (nothing else
+		 * installs one on a virtio_net netdev). Our copy must outlive
+		 * us, because they may put it back: it is leaked, with
+		 * ndo_rx_flow_steer cleared so that it never points into
+		 * freed module text.
+		 */
+		vnic_warn(ctx, "netdev_ops were replaced after ours: leaving them, neutering our copy\n");
+		WRITE_ONCE(ctx->ops->ndo_rx_flow_steer, NULL);
+		kmemleak_not_leak(ctx->ops);
+	}
+	synchronize_net();
+	cpu_rmap_put(ctx->rmap);
+	ctx->rmap = NULL;
+	if (!stacked)
+		kfree(ctx->ops);
+	ctx->ops = NULL;
+	ctx->installed = false;
+}
+
+/* Under RTNL, after vnic_dev_unhook() (and the unload flush, if any). */
+static void vnic_dev_release(struct vnic_ctx *ctx)
+{
+	ASSERT_RTNL();
+	if (ctx->pack_added) {
+		dev_remove_pack(&ctx->pt);
+		ctx->pack_added = false;
+	}
+	list_del_rcu(&ctx->list);
+	vnic_dbg_remove(ctx);
+	/* no packet handler, no hooks, no work item: nothing else reaches it */
+	vnic_flt_destroy(ctx);
+	netdev_put(ctx->dev, &ctx->tracker);
+	kvfree_rcu(ctx, rcu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The work item                                                            */
+
+/* Probe or install failed: undo the packet handler only. Under RTNL. */
+static void vnic_dev_give_up(struct vnic_ctx *ctx, const char *why)
+{
+	ASSERT_RTNL();
+	if (ctx->pack_added) {
+		dev_remove_pack(&ctx->pt);
+		ctx->pack_added = false;
+	}
+	spin_lock_bh(&ctx->lock);
+	ctx->state = VS_FAILED;
+	ctx->hello_out = false;
+	spin_unlock_bh(&ctx->lock);
+	vnic_info(ctx, "not attaching: %s\n", why);
+}
+
+static void vnic_dev_work_probe(struct vnic_ctx *ctx)
+{
+	unsigned long delay;
+
+	if (vnic_mgmt_probe(ctx, &delay)) {
+		if (delay != MAX_JIFFY_OFFSET)
+			vnic_work_queue(ctx, delay);
+		return;
+	}
+	if (!rtnl_trylock()) {
+		vnic_work_queue(ctx, 1);
+		return;
+	}
+	vnic_dev_give_up(ctx, "the device did not answer HELLO with CAPS");
+	rtnl_unlock();
+}
+
+static void vnic_dev_work_install(struct vnic_ctx *ctx)
+{
+	struct net_device *dev = ctx->dev;
+	int err;
+
+	if (!rtnl_trylock()) {
+		vnic_work_queue(ctx, 1);
+		return;
+	}
+	if (dev->reg_state != NETREG_REGISTERED) {
+		rtnl_unlock();
+		return;
+	}
+	err = vnic_dev_install(ctx);
+	if (err) {
+		vnic_dev_give_up(ctx, err == -EEXIST ? "the netdev already has an rx_cpu_rmap" :
+				 err == -EBUSY ? "the netdev already has ntuple filters" :
+				 "out of memory");
+		rtnl_unlock();
+		return;
+	}
+	rtnl_unlock();
+
+	spin_lock_bh(&ctx->lock);
+	ctx->state = VS_ACTIVE;
+	/* a previous instance of the module may have left filters behind */
+	ctx->flush_pending = true;
+	ctx->flush_reason = VNIC_R_FLUSH;
+	ctx->last_rx = jiffies;
+	vnic_info(ctx, "attached: generation %u, %u/%u queue pairs, capacity %u, buckets %u x %u, max_ops %u, latency %u us, %u rx queues\n",
+		  ctx->gen, ctx->caps.enabled_queue_pairs, ctx->caps.max_queue_pairs,
+		  ctx->caps.capacity, ctx->caps.buckets, ctx->caps.ways,
+		  ctx->caps.max_ops, ctx->caps.latency_us, ctx->rmap_nq);
+	vnic_work_kick_locked(ctx);
+	spin_unlock_bh(&ctx->lock);
+	/* only now: a steer call before VS_ACTIVE fails and RFS would not retry */
+	vnic_rmap_reset_kernel_rfs(ctx);
+}
+
+/*
+ * Queue/CPU layout and NTUPLE transitions, under RTNL when it can be had
+ * without waiting. Return: false to retry soon (RTNL was busy).
+ */
+static bool vnic_dev_work_layout(struct vnic_ctx *ctx)
+{
+	struct net_device *dev = ctx->dev;
+	bool ntuple = !!(READ_ONCE(dev->features) & NETIF_F_NTUPLE);
+
+	if (READ_ONCE(dev->real_num_rx_queues) == ctx->rmap_nq &&
+	    num_online_cpus() == ctx->rmap_ncpu && ntuple == ctx->ntuple_on)
+		return true;
+	if (!rtnl_trylock())
+		return false;
+	vnic_rmap_check(ctx);
+	ntuple = !!(dev->features & NETIF_F_NTUPLE);
+	if (ntuple && !ctx->ntuple_on) {
+		/* back on: the kernel's slots still name the flushed filters */
+		vnic_rmap_reset_kernel_rfs(ctx);
+	}
+	ctx->ntuple_on = ntuple;
+	rtnl_unlock();
+	return true;
+}
+
+static void vnic_dev_work(struct work_struct *work)
+{
+	struct vnic_ctx *ctx = container_of(to_delayed_work(work), struct vnic_ctx, work);
+	unsigned long delay;
+	bool retry;
+	int state;
+
+	spin_lock_bh(&ctx->lock);
+	state = ctx->state;
+	spin_unlock_bh(&ctx->lock);
+
+	switch (state) {
+	case VS_PROBING:
+		vnic_dev_work_probe(ctx);
+		break;
+	case VS_CAPS:
+		vnic_dev_work_install(ctx);
+		break;
+	case VS_ACTIVE:
+		/* the session goes on while RTNL is busy; the layout is retried soon */
+		retry = !vnic_dev_work_layout(ctx);
+		delay = vnic_mgmt_pass(ctx);
+		if (retry)
+			delay = min(delay, msecs_to_jiffies(10));
+		vnic_work_queue(ctx, delay);
+		break;
+	default:
+		break;
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* Netdevice notifier                                                       */
+
+/* Under RTNL. */
+static void vnic_dev_attach(struct net_device *dev)
+{
+	struct vnic_ctx *ctx;
+
+	ASSERT_RTNL();
+	if (vnic_unloading || !vnic_dev_is_virtio_net(dev) ||
+	    !vnic_dev_name_wanted(dev->name) || vnic_dev_find(dev))
+		return;
+	ctx = kvzalloc(sizeof(*ctx), GFP_KERNEL);
+	if (!ctx) {
+		netdev_err(dev, "vnic_arfs: out of memory\n");
+		return;
+	}
+	ctx->dev = dev;
+	spin_lock_init(&ctx->lock);
+	INIT_DELAYED_WORK(&ctx->work, vnic_dev_work);
+	init_completion(&ctx->unload_done);
+	if (vnic_flt_init(ctx)) {
+		netdev_err(dev, "vnic_arfs: cannot create the flow table\n");
+		kvfree(ctx);
+		return;
+	}
+	ctx->next_seq = get_random_u32();
+	ctx->una = ctx->next_seq;
+	ctx->state = VS_PROBING;
+	netdev_hold(dev, &ctx->tracker, GFP_KERNEL);
+
+	ctx->pt.type = htons(VNIC_ETH_P);
+	ctx->pt.dev = dev;
+	ctx->pt.func = vnic_mgmt_rcv;
+	dev_add_pack(&ctx->pt);
+	ctx->pack_added = true;
+
+	list_add_tail_rcu(&ctx->list, &vnic_devs);
+	vnic_dbg_add(ctx);
+	vnic_work_queue(ctx, 0);
+}
+
+static int vnic_dev_event(struct notifier_block *nb, unsigned long event, void *ptr)
+{
+	struct net_device *dev = netdev_notifier_info_to_dev(ptr);
+	struct vnic_ctx *ctx;
+
+	if (event == NETDEV_REGISTER) {
+		vnic_dev_attach(dev);
+		return NOTIFY_DONE;
+	}
+	ctx = vnic_dev_find(dev);
+	if (!ctx)
+		return NOTIFY_DONE;
+	if (ctx->unloading) {
+		/* module exit owns the context: only cut its FLUSH wait short */
+		if (event == NETDEV_UNREGISTER) {
+			spin_lock_bh(&ctx->lock);
+			ctx->unload_abort = true;
+			complete(&ctx->unload_done);
+			spin_unlock_bh(&ctx->lock);
+		}
+		return NOTIFY_DONE;
+	}
+
+	switch (event) {
+	case NETDEV_UNREGISTER:
+		vnic_dev_unhook(ctx);
+		vnic_dev_release(ctx);
+		break;
+	case NETDEV_UP:
+		spin_lock_bh(&ctx->lock);
+		if (ctx->state == VS_FAILED) {
+			/* try again: the device may have come up since */
+			ctx->state = VS_PROBING;
+			ctx->probe_start = 0;
+			ctx->hello_out = false;
+			ctx->have_gen = false;
+			spin_unlock_bh(&ctx->lock);
+			if (!ctx->pack_added) {
+				dev_add_pack(&ctx->pt);
+				ctx->pack_added = true;
+			}
+			spin_lock_bh(&ctx->lock);
+		} else if (ctx->state == VS_ACTIVE) {
+			/* link was down: check the device's generation now */
+			ctx->resync = true;
+		}
+		vnic_work_kick_locked(ctx);
+		spin_unlock_bh(&ctx->lock);
+		break;
+	case NETDEV_CHANGE:
+	case NETDEV_FEAT_CHANGE:
+		vnic_work_kick(ctx);
+		break;
+	case NETDEV_CHANGENAME:
+		vnic_dbg_remove(ctx);
+		vnic_dbg_add(ctx);
+		break;
+	default:
+		break;
+	}
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block vnic_dev_nb = {
+	.notifier_call = vnic_dev_event,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Module                                                                   */
+
+static int __init vnic_dev_init(void)
+{
+	int err;
+
+	vnic_wq = alloc_workqueue("vnic_arfs", WQ_UNBOUND, 0);
+	if (!vnic_wq)
+		return -ENOMEM;
+	vnic_dbg_init();
+	/* replays NETDEV_REGISTER for the netdevs that exist already */
+	err = register_netdevice_notifier(&vnic_dev_nb);
+	if (err) {
+		vnic_dbg_exit();
+		destroy_workqueue(vnic_wq);
+		return err;
+	}
+	return 0;
+}
+
+/*
+ * Three phases, so that the wait for the device's FLUSH ACK (up to three
+ * retransmit timeouts) holds neither RTNL nor pernet_ops_rwsem:
+ * 1. RTNL: no new attach; unhook every context (the netdev is left as it
+ *    was before us, but our packet handler stays to receive the ACK).
+ * 2. no lock: FLUSH(unload) and wait, one netdev after the other. The list
+ *    is frozen: attach is refused and UNREGISTER only aborts the wait.
+ * 3. RTNL: release every context. Then the notifier is unregistered; its
+ *    UNREGISTER replay finds no context left.
+ */
+static void __exit vnic_dev_exit(void)
+{
+	struct vnic_ctx *ctx, *tmp;
+
+	rtnl_lock();
+	vnic_unloading = true;
+	list_for_each_entry(ctx, &vnic_devs, list) {
+		ctx->flush_on_unload = ctx->installed && ctx->pack_added;
+		vnic_dev_unhook(ctx);
+		ctx->unloading = true;
+	}
+	rtnl_unlock();
+
+	list_for_each_entry(ctx, &vnic_devs, list)
+		if (ctx->flush_on_unload && vnic_dev_link_ok(ctx->dev))
+			vnic_mgmt_unload_flush(ctx);
+
+	rtnl_lock();
+	list_for_each_entry_safe(ctx, tmp, &vnic_devs, list)
+		vnic_dev_release(ctx);
+	rtnl_unlock();
+
+	unregister_netdevice_notifier(&vnic_dev_nb);
+	destroy_workqueue(vnic_wq);
+	rcu_barrier();		/* the kvfree_rcu() of every context */
+	vnic_dbg_exit();
+}
+
+module_init(vnic_dev_init);
+module_exit(vnic_dev_exit);
+
+MODULE_LICENSE("GPL");
+MODULE_DESCRIPTION("aRFS (ndo_rx_flow_steer) for virtio_net netdevs backed by the vnic device");
+MODULE_AUTHOR("vnic project");

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * vnic_arfs rx_cpu_rmap: which rx queue is local to which CPU, and what the
+ * kernel's RFS tables remember about it.
+ *
+ * The kernel's set_rps_cpu() reads dev->rx_cpu_rmap twice (a NULL test, then
+ * the lookup) and then calls ndo_rx_flow_steer. dev->rx_cpu_rmap therefore
+ * only ever goes from one valid rmap to another while NETIF_F_NTUPLE is set
+ * (here, under RTNL, followed by synchronize_net() before the old one is
+ * put); it becomes NULL only after NTUPLE was cleared and synchronize_net()
+ * ran (netdev.c, teardown).
+ */
+
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/cpu.h>
+#include <linux/cpumask.h>
+#include <linux/rtnetlink.h>
+#include <linux/slab.h>
+
+#include "vnic_arfs.h"
+
+/**
+ * vnic_rmap_build - CPU -> rx queue map the way virtio_net spreads its IRQs
+ * @ctx: the context (its address is the rmap's object for every queue)
+ * @nq: number of rx queues
+ * @ncpu_out: set to the number of online CPUs the map was built for
+ *
+ * Like virtnet_set_affinity(): stride = max(online / nq, 1), the first
+ * (online % nq) queues get one more CPU (only when online >= nq),
+ * consecutive online CPUs, wrapping. Built with cpu_rmap_add/update, not
+ * the IRQ variants (virtio's IRQs are private to virtio_pci).
+ *
+ * Return: the map (one reference), or NULL.
+ */
+struct cpu_rmap *vnic_rmap_build(struct vnic_ctx *ctx, unsigned int nq,
+				 unsigned int *ncpu_out)
+{
+	unsigned int i, ncpu, stride, stragglers, group;
+	struct cpu_rmap *rmap;
+	cpumask_var_t mask;
+	int cpu, rc = 0;
+
+	if (!nq || nq > U16_MAX)
+		return NULL;
+	rmap = alloc_cpu_rmap(nq, GFP_KERNEL);
+	if (!rmap)
+		return NULL;
+	for (i = 0; i < nq; i++) {
+		rc = cpu_rmap_add(rmap, ctx);
+		if (rc < 0)
+			goto fail;
+	}
+	if (!zalloc_cpumask_var(&mask, GFP_KERNEL))
+		goto fail;
+
+	cpus_read_lock();
+	ncpu = num_online_cpus();
+	stride = max_t(unsigned int, ncpu / nq, 1);
+	stragglers = ncpu >= nq ? ncpu % nq : 0;
+	cpu = cpumask_first(cpu_online_mask);
+	for (i = 0; i < nq; i++) {
+		cpumask_clear(mask);
+		for (group = stride + (i < stragglers ? 1 : 0); group; group--) {
+			cpumask_set_cpu(cpu, mask);
+			cpu = cpumask_next(cpu, cpu_online_mask);
+			if (cpu >= nr_cpu_ids)
+				cpu = cpumask_first(cpu_online_mask);
+		}
+		rc = cpu_rmap_update(rmap, i, mask);
+		if (rc)
+			break;
+	}
+	cpus_read_unlock();
+	free_cpumask_var(mask);
+	if (rc)
+		goto fail;
+	*ncpu_out = ncpu;
+	return rmap;
+fail:
+	cpu_rmap_put(rmap);
+	return NULL;
+}
+
+/**
+ * vnic_rmap_reset_kernel_rfs - make the kernel ask for every flow again
+ * @ctx: an active context
+ *
+ * Forget what RFS recorded in the rx queues' rps_dev_flow tables: the CPU
+ * each flow went to and the filter ids. Left alone, a flow already on its
+ * desired CPU is never handed to ndo_rx_flow_steer again: get_rps_cpu()
+ * only calls set_rps_cpu() when the slot's CPU differs from the desired one,
+ * and 7.3 also skips the call while the target queue's slot holds a filter
+ * id that looks active. With the slots reset the next packet of every flow
+ * asks us to steer it (as after `rps_flow_cnt` is rewritten).
+ *
+ * Called after attach (slots written while there was no aRFS, or by a
+ * previous instance), after a queue/CPU layout change (slots naming CPUs
+ * and filters of the old layout) and when NTUPLE comes back on. Steer calls
+ * go on meanwhile: a slot that names one of our live filters, for that very
+ * queue and slot, was written by such a call and is kept, or
+ * rps_may_expire_flow() would call the fresh filter expired and the kernel,
+ * which then finds the flow on its queue, would not ask again.
+ *
+ * The tables are read and written by the receive path without a lock
+ * (READ_ONCE/WRITE_ONCE) and freed through RCU when rps_flow_cnt is
+ * rewritten: RCU read side here; ctx->lock only to look a filter up.
+ */
+void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx)
+{
+	struct net_device *dev = ctx->dev;
+	unsigned int i, j, n;
+
+	rcu_read_lock();
+	for (i = 0; i < dev->num_rx_queues; i++) {
+		struct netdev_rx_queue *q = dev->_rx + i;
+		struct rps_dev_flow *flows;
+#ifdef VNIC_HAVE_RPS_TAG_PTR
+		/* after 6.12: a tagged pointer (table | log2 size) */
+		rps_tag_ptr tp = READ_ONCE(q->rps_flow_table);
+
+		if (!tp)
+			continue;
+		flows = rps_tag_to_table(tp);
+		n = rps_tag_to_mask(tp) + 1;
+#else
+		struct rps_dev_flow_table *t = rcu_dereference(q->rps_flow_table);
+
+		if (!t)
+			continue;
+		flows = t->flows;
+		n = t->mask + 1;
+#endif
+		for (j = 0; j < n; j++) {
+			u16 fid = READ_ONCE(flows[j].filter);
+
+			if (fid != RPS_NO_FILTER) {
+				if (vnic_flt_owns_slot(ctx, fid, i, j))
+					continue;
+				WRITE_ONCE(flows[j].filter, RPS_NO_FILTER);
+			}
+			if (READ_ONCE(flows[j].cpu) != RPS_NO_CPU)
+				WRITE_ONCE(flows[j].cpu, RPS_NO_CPU);
+		}
+	}
+	rcu_read_unlock();
+}
+
+/*
+ * Shrinking real_num_rx_queues releases the sysfs objects of the queues
+ * that go away, and with them their RFS tables (rx_queue_release() in
+ * net/core/net-sysfs.c); queues added back start with rps_flow_cnt 0. The
+ * kernel never calls ndo_rx_flow_steer for a target queue without a table
+ * (set_rps_cpu()), so flows whose CPU maps to such a queue stay on RSS until
+ * the administrator writes its rps_flow_cnt again. Say so.
+ */
+static void vnic_rmap_warn_no_table(struct vnic_ctx *ctx, unsigned int nq)
+{
+	struct net_device *dev = ctx->dev;
+	unsigned int i, with = 0, without = 0, first = 0;
+
+	rcu_read_lock();
+	for (i = 0; i < nq && i < dev->num_rx_queues; i++) {
+#ifdef VNIC_HAVE_RPS_TAG_PTR
+		bool has = READ_ONCE(dev->_rx[i].rps_flow_table);
+#else
+		bool has = rcu_dereference(dev->_rx[i].rps_flow_table);
+#endif
+		if (has)
+			with++;
+		else if (!without++)
+			first = i;
+	}
+	rcu_read_unlock();
+	if (with && without)
+		vnic_warn(ctx, "%u rx queue(s) from rx-%u on have no rps_flow_cnt (dropped when ethtool -L removed them): no aRFS to them until it is set\n",
+			  without, first);
+}
+
+/**
+ * vnic_rmap_check - follow a change of the rx queue count or of the online CPUs
+ * @ctx: an installed context
+ *
+ * Under RTNL (the work item holds it through rtnl_trylock()). When
+ * `ethtool -L` or CPU hotplug changed the layout: publish a new rmap
+ * (non-NULL to non-NULL, see the top of this file), wait for the receive
+ * path to be done with the old one, delete every filter (they were placed
+ * for the old layout) and reset the kernel's RFS tables so that each flow is
+ * steered again, to the queue of its receiver's CPU under the new layout.
+ */
+void vnic_rmap_check(struct vnic_ctx *ctx)
+{
+	struct net_device *dev = ctx->dev;
+	unsigned int nq = READ_ONCE(dev->real_num_rx_queues);
+	unsigned int ncpu = num_online_cpus();
+	struct cpu_rmap *rmap, *old;
+
+	ASSERT_RTNL();
+	if (!ctx->installed || (nq == ctx->rmap_nq && ncpu == ctx->rmap_ncpu))
+		return;
+	rmap = vnic_rmap_build(ctx, nq, &ncpu);
+	if (!rmap)
+		return;		/* try again next pass */
+	old = ctx->rmap;
+	ctx->rmap = rmap;
+	WRITE_ONCE(ctx->rmap_nq, nq);
+	ctx->rmap_ncpu = ncpu;
+	WRITE_ONCE(dev->rx_cpu_rmap, rmap);
+	/* no steer call is still using the old map (or chose a queue from it) */
+	synchronize_net();
+	cpu_rmap_put(old);
+
+	spin_lock_bh(&ctx->lock);
+	ctx->c.rmap_rebuilds++;
+	vnic_flt_layout_changed_locked(ctx, nq);
+	vnic_work_kick_locked(ctx);
+	spin_unlock_bh(&ctx->lock);
+	vnic_rmap_reset_kernel_rfs(ctx);
+	vnic_rmap_warn_no_table(ctx, nq);
+}
