@@ -71,7 +71,7 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             let a = parse_v4(&addr)?;
             sys::link_up("lo").map_err(err("lo up"))?;
             sys::set_ipv4(&ifname, a, prefix).map_err(err("set address"))?;
-            sys::link_detected(&ifname).map_err(err("link up"))?;
+            sys::link_up(&ifname).map_err(err("link up"))?;
             Ok(Value::Null)
         }
         Request::WriteFile { path, value } => {

@@ -169,27 +169,37 @@ pub fn vnic_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// Build `vnic_arfs.ko` for one kernel tree. The module sources are copied
-/// into `work` first so builds for different kernels never share objects.
-pub fn module(kdir: &Path, work: &Path) -> Result<PathBuf> {
-    let src = repo_root().join("aRFS/kmod");
-    if !src.join("vnic_arfs.c").is_file() {
-        bail!(
-            "{} has no vnic_arfs.c: the guest module is missing",
-            src.display()
-        );
-    }
-    let _ = std::fs::remove_dir_all(work);
-    std::fs::create_dir_all(work).ctx(format!("creating {}", work.display()))?;
-    for ent in std::fs::read_dir(&src).ctx(format!("reading {}", src.display()))? {
+/// Copies the kernel sources of `src` (`.c`, `.h`, `Kbuild`, `Makefile`)
+/// into `dst`.
+fn copy_kbuild_sources(src: &Path, dst: &Path) -> Result<()> {
+    std::fs::create_dir_all(dst).ctx(format!("creating {}", dst.display()))?;
+    for ent in std::fs::read_dir(src).ctx(format!("reading {}", src.display()))? {
         let ent = ent?;
         let name = ent.file_name();
         let n = name.to_string_lossy();
         let keep = n.ends_with(".c") || n.ends_with(".h") || n == "Kbuild" || n == "Makefile";
         if keep && ent.file_type()?.is_file() {
-            std::fs::copy(ent.path(), work.join(&name)).ctx(format!("copying {n}"))?;
+            std::fs::copy(ent.path(), dst.join(&name)).ctx(format!("copying {n}"))?;
         }
     }
+    Ok(())
+}
+
+/// Build `vnic_arfs.ko` and the test helper modules of `aRFS/kmod/tests/`
+/// (`vnic_opswap.ko`) for one kernel tree; returns them, `vnic_arfs.ko`
+/// first. The sources are copied into `work` first so builds for
+/// different kernels never share objects.
+pub fn module(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
+    let src = repo_root().join("aRFS/kmod");
+    if !src.join("Kbuild").is_file() {
+        bail!(
+            "{} has no Kbuild: the guest module is missing",
+            src.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(work);
+    copy_kbuild_sources(&src, work)?;
+    copy_kbuild_sources(&src.join("tests"), &work.join("tests"))?;
     eprintln!(
         "[guest-tests] building vnic_arfs.ko against {}",
         kdir.display()
@@ -215,12 +225,37 @@ pub fn module(kdir: &Path, work: &Path) -> Result<PathBuf> {
     if !ko.is_file() {
         bail!("make succeeded but produced no {}", ko.display());
     }
-    Ok(ko)
+    let tests = work.join("tests");
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(kdir)
+        .arg(format!("M={}", tests.display()))
+        .arg("modules")
+        .stdin(Stdio::null())
+        .output()
+        .ctx("running make for the test helper modules")?;
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::write(tests.join("build.log"), &log);
+    if !out.status.success() {
+        bail!(
+            "building the test helper modules failed ({}):\n{log}",
+            out.status
+        );
+    }
+    let opswap = tests.join("vnic_opswap.ko");
+    if !opswap.is_file() {
+        bail!("make succeeded but produced no {}", opswap.display());
+    }
+    Ok(vec![ko, opswap])
 }
 
-/// An initramfs with busybox, the agent and (optionally) the module, via
+/// An initramfs with busybox, the agent and the given modules, via
 /// `images/build-initramfs`. Returns its path.
-pub fn initramfs(kdir: &Path, agent: &Path, module: Option<&Path>) -> Result<PathBuf> {
+pub fn initramfs(kdir: &Path, agent: &Path, modules: &[PathBuf]) -> Result<PathBuf> {
     let script = repo_root().join("images/build-initramfs");
     if !script.exists() {
         bail!(
@@ -230,7 +265,7 @@ pub fn initramfs(kdir: &Path, agent: &Path, module: Option<&Path>) -> Result<Pat
     }
     let mut cmd = Command::new(&script);
     cmd.arg("--kernel-dir").arg(kdir).arg("--agent").arg(agent);
-    if let Some(m) = module {
+    for m in modules {
         cmd.arg("--module").arg(m);
     }
     let out = run_stdout(&mut cmd, "images/build-initramfs")?;

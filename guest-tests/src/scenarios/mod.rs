@@ -58,6 +58,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, run: stress::tap::tcp_tap },
     Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_reload },
     Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_rtnl },
+    Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, run: stress::stacked_ops },
 ];
 
 /// One scenario: one line of [`SCENARIOS`].

@@ -151,11 +151,11 @@ impl Session {
         art: Artifacts,
         kind: BootKind,
     ) -> Result<Self> {
-        let (ko, module_error) = match build::module(&kernel.kdir, &art.path("kmod-build")) {
-            Ok(ko) => (Some(ko), None),
-            Err(e) => (None, Some(e.0)),
+        let (kos, module_error) = match build::module(&kernel.kdir, &art.path("kmod-build")) {
+            Ok(kos) => (kos, None),
+            Err(e) => (Vec::new(), Some(e.0)),
         };
-        let initrd = build::initramfs(&kernel.kdir, &tools.agent, ko.as_deref())?;
+        let initrd = build::initramfs(&kernel.kdir, &tools.agent, &kos)?;
         let release = build::kernel_release(&kernel.kdir)?;
         let mut vnic = VnicOptions {
             queues: settings.queues,

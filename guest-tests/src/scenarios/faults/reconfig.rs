@@ -319,7 +319,9 @@ fn misplaced(s: &Session, t: &DevTable, map: &BTreeMap<usize, usize>) -> (Vec<St
 /// (the guest's own interrupt affinity) within 2 s, with no filter left on
 /// a queue that is not local to its CPU. The kernel's RFS tables still
 /// hold each flow's old CPU after the change, so this needs the module to
-/// make the kernel ask again.
+/// make the kernel ask again. (When the queues come back the suite sets
+/// `rps_flow_cnt` on the added ones only, as an admin would: a queue that
+/// `ethtool -L` adds has no RFS table, and the kernel never steers to it.)
 pub(in crate::scenarios) fn relayout(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.ensure_module()?;
     let full_q = s.settings.queues;
@@ -344,6 +346,19 @@ pub(in crate::scenarios) fn relayout(s: &mut Session, c: &mut Checks) -> Result<
                 f.rss_q = usize::from(s.rss.queue_for_key(&f.key));
             }
             s.wait_rmap(n)?;
+            // Queues that `ethtool -L` adds start without an RFS table
+            // (rps_flow_cnt 0: the kernel never steers to them): give the
+            // new ones theirs, as an admin would. Only the new ones:
+            // writing rps_flow_cnt replaces a queue's table, which would
+            // wipe the old CPU records the module must deal with itself.
+            if back {
+                for q in low..n {
+                    s.guest.agent.write_file(
+                        &format!("/sys/class/net/{IFNAME}/queues/rx-{q}/rps_flow_cnt"),
+                        &s.settings.flow_cnt.to_string(),
+                    )?;
+                }
+            }
             let map = irq_cpu_queue_map(s, n)?;
             s.fault_start_gen()?;
             let t0 = Instant::now();

@@ -19,7 +19,7 @@ use super::{BootKind, Checks, Session, GEN_IP, IFNAME};
 use crate::bail;
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
-use crate::proto::{PingResult, ProbedUnload, Request};
+use crate::proto::{Kmsg, PingResult, ProbedUnload, Request};
 use arfs::{EventKind, TraceRecord};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -397,8 +397,9 @@ pub(super) fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
 /// The device's longest programming latency (arfs::table::MAX_LATENCY_NS).
 const MAX_LATENCY: &str = "10s";
 
-/// Unload while the device delays every ACK by its maximum (10 s): the
-/// module must wait for its FLUSH's ACK without holding RTNL. The guest
+/// Unload while the device delays every ACK by its maximum (10 s, known to
+/// the module from CAPS): the module must wait for its FLUSH's ACK (rmmod
+/// takes about 10 s) without holding RTNL. The guest
 /// agent times an ethtool ioctl (which the kernel runs under RTNL) every
 /// 20 ms during `delete_module`: none may take over 100 ms. The second
 /// round also turns NTUPLE off and on again and again while the module
@@ -416,19 +417,24 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
     }
     let mut figures = Vec::new();
     for toggle in [false, true] {
+        // The module learns the device's latency from CAPS (its
+        // retransmit timeout follows it): load it with the delay on.
+        if s.module_loaded {
+            s.rmmod(Duration::from_mins(2))?;
+        }
+        s.guest
+            .ctl
+            .set("program_latency", &serde_json::json!(MAX_LATENCY))?;
         s.ensure_module()?;
         let ctl = &mut s.guest.ctl;
         let live = wait_for(
             Duration::from_mins(1),
-            "filters to be programmed under traffic",
+            "filters to be programmed under traffic (each ADD applies 10 s late)",
             || {
                 let n = counter(&ctl.table()?, "/live");
                 Ok((n > 0).then_some(n))
             },
         )?;
-        s.guest
-            .ctl
-            .set("program_latency", &serde_json::json!(MAX_LATENCY))?;
         let r: ProbedUnload = s.guest.agent.call(
             &Request::ProbedUnload {
                 name: crate::module::NAME.into(),
@@ -444,6 +450,14 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
         } else {
             "plain"
         };
+        // The unload FLUSH is acknowledged 10 s after it was sent: an
+        // unload that returned sooner did not wait for it (or gave up).
+        c.check(r.unload_ms >= 9_000.0, || {
+            format!(
+                "{what}: rmmod returned after {:.1} s, before the device could acknowledge its FLUSH (10 s)",
+                r.unload_ms / 1e3
+            )
+        });
         match &r.unload_error {
             None => s.module_loaded = false,
             Some(e) => c.check(false, || format!("{what}: {e}")),
@@ -480,4 +494,83 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
     }
     s.ensure_module()?;
     Ok(figures.join("; "))
+}
+
+/// Another module replaces the netdev's ops after ours ("stacked", the
+/// test helper `vnic_opswap.ko`): `rmmod vnic_arfs` must leave the other
+/// module's ops in place (it says so in the kernel log), must not leave
+/// the kernel a way into its freed text (traffic keeps flowing for a
+/// while, the kernel log stays clean), and the device table must be
+/// flushed; then the helper goes, and a fresh load steers again.
+pub(super) fn stacked_ops(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    if s.flows.is_empty() {
+        let flows = s.make_flows(16.min(s.settings.flows));
+        s.udp_start(&flows)?;
+        s.flows = flows;
+    }
+    if !s.gen_running {
+        s.start_gen_per_flow(DEBUG_RATE.min(s.settings.rate))?;
+    }
+    let ctl = &mut s.guest.ctl;
+    let live = wait_for(
+        Duration::from_mins(1),
+        "filters to be programmed under traffic",
+        || {
+            let n = counter(&ctl.table()?, "/live");
+            Ok((n > 0).then_some(n))
+        },
+    )?;
+    let opswap = s.module_path.replace("vnic_arfs.ko", "vnic_opswap.ko");
+    s.guest.agent.call_value(
+        &Request::ModuleLoad {
+            path: opswap.clone(),
+            params: format!("ifname={IFNAME}"),
+        },
+        Duration::from_secs(30),
+    )?;
+    let t = Instant::now();
+    s.rmmod(Duration::from_mins(1))?;
+    let unload_ms = t.elapsed().as_millis();
+    let left = counter(&s.guest.ctl.table()?, "/live");
+    c.check(left == 0, || {
+        format!("{left} filters left on the device after rmmod (had {live})")
+    });
+    // Traffic through the stacked ops for a while: nothing may call into
+    // the unloaded module.
+    std::thread::sleep(Duration::from_secs(2));
+    let log: Kmsg = s.guest.agent.req(Request::Dmesg { since: 0 })?;
+    let said = log
+        .records
+        .iter()
+        .any(|r| r.msg.contains("netdev_ops were replaced after ours"));
+    c.check(said, || {
+        "rmmod vnic_arfs under stacked ops: no \"netdev_ops were replaced after ours\" in the kernel log".into()
+    });
+    s.guest.agent.call_value(
+        &Request::ModuleUnload {
+            name: "vnic_opswap".into(),
+        },
+        Duration::from_secs(30),
+    )?;
+    s.ensure_module()?;
+    let ctl = &mut s.guest.ctl;
+    let again = wait_for(
+        Duration::from_mins(1),
+        "filters to be programmed again after the reload",
+        || {
+            let n = counter(&ctl.table()?, "/live");
+            Ok((n > 0).then_some(n))
+        },
+    );
+    let again = match again {
+        Ok(n) => n,
+        Err(e) => {
+            c.check(false, || e.0);
+            0
+        }
+    };
+    Ok(format!(
+        "live_before={live} rmmod={unload_ms}ms left={left} warned={said} live_after_reload={again}"
+    ))
 }
