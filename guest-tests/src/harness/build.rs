@@ -204,53 +204,37 @@ pub fn module(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
         "[guest-tests] building vnic_arfs.ko against {}",
         kdir.display()
     );
-    let out = Command::new("make")
-        .arg("-C")
-        .arg(kdir)
-        .arg(format!("M={}", work.display()))
-        .arg("modules")
-        .stdin(Stdio::null())
-        .output()
-        .ctx("running make for the module")?;
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::fs::write(work.join("build.log"), &log);
-    if !out.status.success() {
-        bail!("building vnic_arfs.ko failed ({}):\n{log}", out.status);
-    }
-    let ko = work.join("vnic_arfs.ko");
-    if !ko.is_file() {
-        bail!("make succeeded but produced no {}", ko.display());
-    }
+    let ko = make_module(kdir, work, "vnic_arfs.ko")?;
     let tests = work.join("tests");
+    let opswap = make_module(kdir, &tests, "vnic_opswap.ko")?;
+    Ok(vec![ko, opswap])
+}
+
+/// `make -C kdir M=dir modules`, its output kept in `dir/build.log`;
+/// returns `dir/ko`.
+fn make_module(kdir: &Path, dir: &Path, ko: &str) -> Result<PathBuf> {
     let out = Command::new("make")
         .arg("-C")
         .arg(kdir)
-        .arg(format!("M={}", tests.display()))
+        .arg(format!("M={}", dir.display()))
         .arg("modules")
         .stdin(Stdio::null())
         .output()
-        .ctx("running make for the test helper modules")?;
+        .ctx(format!("running make for {ko}"))?;
     let log = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = std::fs::write(tests.join("build.log"), &log);
+    let _ = std::fs::write(dir.join("build.log"), &log);
     if !out.status.success() {
-        bail!(
-            "building the test helper modules failed ({}):\n{log}",
-            out.status
-        );
+        bail!("building {ko} failed ({}):\n{log}", out.status);
     }
-    let opswap = tests.join("vnic_opswap.ko");
-    if !opswap.is_file() {
-        bail!("make succeeded but produced no {}", opswap.display());
+    let path = dir.join(ko);
+    if !path.is_file() {
+        bail!("make succeeded but produced no {}", path.display());
     }
-    Ok(vec![ko, opswap])
+    Ok(path)
 }
 
 /// An initramfs with busybox, the agent and the given modules, via

@@ -267,34 +267,17 @@ pub(super) fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         kmemleak(s, "clear")?;
     }
     s.ensure_module()?;
-    if s.flows.is_empty() {
-        // A lighter workload than steer's (the debug kernel is slow):
-        // 16 flows at DEBUG_RATE.
-        let flows = s.make_flows(16.min(s.settings.flows));
-        s.udp_start(&flows)?;
-        s.flows = flows;
-    }
-    if !s.gen_running {
-        // A KASAN kernel under TCG handles a few hundred packets/s: at the
-        // steer rate (2000/s) its rx rings overflow and the agent starves.
-        s.start_gen_per_flow(DEBUG_RATE.min(s.settings.rate))?;
-    }
+    // A lighter workload than steer's: at the steer rate (2000/s) a KASAN
+    // kernel's rx rings overflow and the agent starves.
+    light_workload(s)?;
     s.trace_since_mark()?;
     let st0 = s.guest.ctl.stats()?;
     let mut flushed = Vec::new();
     let mut unload_ms = Vec::new();
     for cycle in 0..CYCLES {
         // Under traffic the module programs filters; unload with some live.
-        let ctl = &mut s.guest.ctl;
-        let live = wait_for(
-            Duration::from_mins(1),
-            "filters to be programmed under traffic",
-            || {
-                let n = counter(&ctl.table()?, "/live");
-                Ok((n > 0).then_some(n))
-            },
-        )
-        .ctx(format!("cycle {cycle}"))?;
+        let live =
+            wait_live(s, "filters to be programmed under traffic").ctx(format!("cycle {cycle}"))?;
         let t = Instant::now();
         s.rmmod(Duration::from_mins(1))?;
         unload_ms.push(t.elapsed().as_millis() as u64);
@@ -394,6 +377,29 @@ pub(super) fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
     ))
 }
 
+/// The light steering workload of the debug-boot scenarios (a KASAN kernel
+/// under TCG handles a few hundred packets/s): 16 flows at [`DEBUG_RATE`].
+fn light_workload(s: &mut Session) -> Result<()> {
+    if s.flows.is_empty() {
+        let flows = s.make_flows(16.min(s.settings.flows));
+        s.udp_start(&flows)?;
+        s.flows = flows;
+    }
+    if !s.gen_running {
+        s.start_gen_per_flow(DEBUG_RATE.min(s.settings.rate))?;
+    }
+    Ok(())
+}
+
+/// Waits (up to a minute) for the device to hold filters; returns how many.
+fn wait_live(s: &mut Session, what: &str) -> Result<u64> {
+    let ctl = &mut s.guest.ctl;
+    wait_for(Duration::from_mins(1), what, || {
+        let n = counter(&ctl.table()?, "/live");
+        Ok((n > 0).then_some(n))
+    })
+}
+
 /// The device's longest programming latency (arfs::table::MAX_LATENCY_NS).
 const MAX_LATENCY: &str = "10s";
 
@@ -407,14 +413,7 @@ const MAX_LATENCY: &str = "10s";
 /// check catches what that race would break.
 pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.ensure_module()?;
-    if s.flows.is_empty() {
-        let flows = s.make_flows(16.min(s.settings.flows));
-        s.udp_start(&flows)?;
-        s.flows = flows;
-    }
-    if !s.gen_running {
-        s.start_gen_per_flow(DEBUG_RATE.min(s.settings.rate))?;
-    }
+    light_workload(s)?;
     let mut figures = Vec::new();
     for toggle in [false, true] {
         // The module learns the device's latency from CAPS (its
@@ -426,14 +425,9 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
             .ctl
             .set("program_latency", &serde_json::json!(MAX_LATENCY))?;
         s.ensure_module()?;
-        let ctl = &mut s.guest.ctl;
-        let live = wait_for(
-            Duration::from_mins(1),
+        let live = wait_live(
+            s,
             "filters to be programmed under traffic (each ADD applies 10 s late)",
-            || {
-                let n = counter(&ctl.table()?, "/live");
-                Ok((n > 0).then_some(n))
-            },
         )?;
         let r: ProbedUnload = s.guest.agent.call(
             &Request::ProbedUnload {
@@ -504,23 +498,8 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
 /// flushed; then the helper goes, and a fresh load steers again.
 pub(super) fn stacked_ops(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.ensure_module()?;
-    if s.flows.is_empty() {
-        let flows = s.make_flows(16.min(s.settings.flows));
-        s.udp_start(&flows)?;
-        s.flows = flows;
-    }
-    if !s.gen_running {
-        s.start_gen_per_flow(DEBUG_RATE.min(s.settings.rate))?;
-    }
-    let ctl = &mut s.guest.ctl;
-    let live = wait_for(
-        Duration::from_mins(1),
-        "filters to be programmed under traffic",
-        || {
-            let n = counter(&ctl.table()?, "/live");
-            Ok((n > 0).then_some(n))
-        },
-    )?;
+    light_workload(s)?;
+    let live = wait_live(s, "filters to be programmed under traffic")?;
     let opswap = s.module_path.replace("vnic_arfs.ko", "vnic_opswap.ko");
     s.guest.agent.call_value(
         &Request::ModuleLoad {
@@ -554,16 +533,7 @@ pub(super) fn stacked_ops(s: &mut Session, c: &mut Checks) -> Result<String> {
         Duration::from_secs(30),
     )?;
     s.ensure_module()?;
-    let ctl = &mut s.guest.ctl;
-    let again = wait_for(
-        Duration::from_mins(1),
-        "filters to be programmed again after the reload",
-        || {
-            let n = counter(&ctl.table()?, "/live");
-            Ok((n > 0).then_some(n))
-        },
-    );
-    let again = match again {
+    let again = match wait_live(s, "filters to be programmed again after the reload") {
         Ok(n) => n,
         Err(e) => {
             c.check(false, || e.0);
