@@ -312,6 +312,9 @@ pub struct Router {
     tracer: Arc<Tracer>,
     generation: Arc<AtomicU32>,
     faults: Arc<PathFaults>,
+    /// `faults.misroute` as of the last [`Router::sync`] (read once per
+    /// event, not per frame).
+    misroute: bool,
     index: FlowIndex<u16>,
     rss: Rss,
     mask: u32,
@@ -420,6 +423,7 @@ impl Router {
             tracer: l.tracer,
             generation: l.generation,
             faults: l.faults,
+            misroute: false,
             index: FlowIndex::new(capacity),
             rss: Rss::new(1),
             mask: 0,
@@ -459,6 +463,7 @@ impl Router {
             self.applied += n;
             self.lanes.applied_by(self.id, self.applied);
         }
+        self.misroute = self.faults.misroute.load(Ordering::Relaxed);
         let mask = self.pairs.mask();
         if mask != self.mask {
             self.mask = mask;
@@ -504,7 +509,7 @@ impl Router {
         if let L3::Flow(k) = &p.l3 {
             if let Some((id, q)) = self.index.lookup(k) {
                 self.hits.count(self.id, id);
-                if self.faults.misroute.load(Ordering::Relaxed) {
+                if self.misroute {
                     return Some((self.misroute(usize::from(q)), true));
                 }
                 return Some((usize::from(q), true));
