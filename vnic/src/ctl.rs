@@ -14,10 +14,13 @@ use serde_json::{json, Value};
 
 use arfs::proto::FrameError;
 
+use crate::clock::now_ns;
 use crate::config::{Knob, PeerKind};
+use crate::conn::Conn;
 use crate::daemon::Shared;
 use crate::mgmt::Snapshot;
 use crate::peer::flows::{FlowSet, FlowSpec};
+use crate::virtq::watchdog::RingView;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -189,6 +192,32 @@ pub fn stats_json(sh: &Shared) -> Value {
         "table": table_stats_json(&snap),
         "peer": sh.stats.peer.to_json(&kind),
         "trace": sh.tracer.to_json(),
+        "rings": conn.as_ref().map_or(Value::Null, |c| rings_json(c)),
+    })
+}
+
+/// The rings as the connection's last 50 ms look saw them (see CTL.md):
+/// where a stuck queue shows.
+fn rings_json(c: &Conn) -> Value {
+    let seen = c.watchdog.seen();
+    let ring = |r: &RingView| {
+        json!({
+            "enabled": r.enabled,
+            "ready": r.ready,
+            "event_idx": r.event_idx,
+            "avail": r.avail,
+            "next_avail": r.next_avail,
+            "next_used": r.next_used,
+            "used_event": r.used_event,
+            "nudged": r.nudged,
+        })
+    };
+    json!({
+        "age_ms": (seen.at_ns > 0).then(|| now_ns().saturating_sub(seen.at_ns) / 1_000_000),
+        "watchdog_nudges": c.watchdog.nudges.load(Ordering::Relaxed),
+        "pairs": seen.rings.iter().map(|p| p.as_ref().map_or(Value::Null, |[rx, tx]| {
+            json!({"rx": ring(rx), "tx": ring(tx)})
+        })).collect::<Vec<_>>(),
     })
 }
 

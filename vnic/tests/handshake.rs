@@ -104,6 +104,21 @@ fn add_mem_reg_path_moves_frames() {
         .unwrap();
     assert_eq!(g.stashed(), 40);
     assert!(g.faults.is_empty(), "{:?}", g.faults);
+    // `ctl stats` shows the rings as the 50 ms poll saw them: running, the
+    // 40 frames and the CAPS reply used on rx, the HELLO taken from tx.
+    let s = wait_stats(&mut c, "the poll to see the rings", |s| {
+        s["rings"]["pairs"][0]["rx"]["next_used"] == json!(41)
+    });
+    let (rx, tx) = (&s["rings"]["pairs"][0]["rx"], &s["rings"]["pairs"][0]["tx"]);
+    assert_eq!(
+        (&rx["enabled"], &rx["ready"]),
+        (&json!(true), &json!(true)),
+        "{rx}"
+    );
+    assert_eq!(tx["avail"], tx["next_avail"], "tx fully taken: {tx}");
+    assert_eq!(tx["next_avail"], json!(1), "{tx}");
+    assert!(s["rings"]["age_ms"].as_u64().unwrap() < 5_000, "{s}");
+    assert_eq!(s["rings"]["watchdog_nudges"], json!(0));
 }
 
 /// Enable pairs one by one (as QEMU does when the guest raises VQ_PAIRS):

@@ -281,7 +281,7 @@ fn run_boot(
     outcomes: &mut Vec<Outcome>,
     extra_failures: &mut usize,
 ) {
-    let fail_all = |why: &str, outcomes: &mut Vec<Outcome>| {
+    let fail_all = |group: &[String], why: &str, outcomes: &mut Vec<Outcome>| {
         for s in group {
             let o = Outcome {
                 scenario: s.clone(),
@@ -295,7 +295,11 @@ fn run_boot(
         }
     };
     let Some(tools) = tools else {
-        fail_all("the host tools (vnic, agent) did not build", outcomes);
+        fail_all(
+            group,
+            "the host tools (vnic, agent) did not build",
+            outcomes,
+        );
         return;
     };
     let kernel = match custom {
@@ -309,7 +313,11 @@ fn run_boot(
     let mut kernel: Kernel = match kernel {
         Ok(k) => k,
         Err(e) => {
-            fail_all(&format!("kernel {blabel} unavailable: {e}"), outcomes);
+            fail_all(
+                group,
+                &format!("kernel {blabel} unavailable: {e}"),
+                outcomes,
+            );
             return;
         }
     };
@@ -318,30 +326,52 @@ fn run_boot(
         "[guest-tests] booting {blabel} ({})",
         kernel.bzimage.display()
     );
-    let first = Session::boot_in(
-        kernel,
+    let boot = |dir: &str, group: &[String], outcomes: &mut Vec<Outcome>| match Session::boot_in(
+        kernel.clone(),
         tools,
         args.settings.clone(),
-        &art_root.join(blabel),
+        &art_root.join(dir),
         kind,
         |why| eprintln!("[guest-tests] {blabel}: {why}"),
-    );
-    let mut session = match first {
-        Ok(s) => s,
+    ) {
+        Ok(s) => {
+            eprintln!(
+                "[guest-tests] {blabel}: guest up in {:.1}s (kernel {})",
+                s.guest.boot_time.as_secs_f64(),
+                s.guest.info.kernel
+            );
+            Some(s)
+        }
         Err(e) => {
-            fail_all(&format!("boot failed: {e}"), outcomes);
-            return;
+            fail_all(group, &format!("boot failed: {e}"), outcomes);
+            None
         }
     };
-    eprintln!(
-        "[guest-tests] {blabel}: guest up in {:.1}s (kernel {})",
-        session.guest.boot_time.as_secs_f64(),
-        session.guest.info.kernel
-    );
-    for s in group {
+    let Some(mut session) = boot(blabel, group, outcomes) else {
+        return;
+    };
+    let mut reboots = 0;
+    for (i, s) in group.iter().enumerate() {
         let o = session.run(s);
         println!("{}", report_line(&o));
         outcomes.push(o);
+        let rest = &group[i + 1..];
+        if !rest.is_empty() && session.wedged() {
+            // A hung guest would fail every later scenario at its first
+            // request: the one that hung it is reported above, the others
+            // run on a fresh boot (its artifacts in <label>-rebootN/).
+            reboots += 1;
+            *extra_failures += 1;
+            println!(
+                "teardown {blabel:<6} FAIL  guest unresponsive after {s}: rebooting for {} more scenario(s)",
+                rest.len()
+            );
+            drop(session);
+            match boot(&format!("{blabel}-reboot{reboots}"), rest, outcomes) {
+                Some(next) => session = next,
+                None => return,
+            }
+        }
     }
     let problems = session.finish();
     if problems.is_empty() {

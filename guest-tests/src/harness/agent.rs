@@ -16,7 +16,14 @@ pub struct Agent {
     next_id: u64,
     /// Every request and reply, for the artifacts.
     pub transcript: Vec<String>,
+    /// Set when a request timed out (the request's name), cleared by the
+    /// next reply: while set, requests wait at most [`WEDGED_TIMEOUT`] so
+    /// a hung guest costs seconds, not minutes, per remaining request.
+    pub unresponsive: Option<String>,
 }
+
+/// Longest wait for a reply while the agent is [`Agent::unresponsive`].
+pub const WEDGED_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Agent {
     /// Connect to QEMU's socket for the port and wait for the agent to
@@ -43,6 +50,7 @@ impl Agent {
             writer: stream,
             next_id: 1,
             transcript: Vec::new(),
+            unresponsive: None,
         };
         loop {
             alive()?;
@@ -68,14 +76,21 @@ impl Agent {
         self.writer
             .write_all(line.as_bytes())
             .ctx("writing to the agent")?;
+        let timeout = if self.unresponsive.is_some() {
+            timeout.min(WEDGED_TIMEOUT)
+        } else {
+            timeout
+        };
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                bail!(
-                    "timed out after {timeout:?} waiting for the agent's reply to {}",
-                    cmd_name(req)
-                );
+                let what = cmd_name(req);
+                if let Some(first) = &self.unresponsive {
+                    bail!("timed out after {timeout:?} waiting for the agent's reply to {what} (unresponsive since {first})");
+                }
+                self.unresponsive = Some(what.clone());
+                bail!("timed out after {timeout:?} waiting for the agent's reply to {what}");
             }
             self.reader.get_ref().set_read_timeout(Some(left))?;
             let mut buf = String::new();
@@ -93,6 +108,7 @@ impl Agent {
             }
             let short: String = text.chars().take(2000).collect();
             self.transcript.push(format!("< {short}"));
+            self.unresponsive = None;
             let reply: Reply = match serde_json::from_str(text) {
                 Ok(r) => r,
                 Err(e) => bail!("unparsable agent reply {short:?}: {e}"),

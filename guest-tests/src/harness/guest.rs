@@ -42,6 +42,8 @@ pub struct Guest {
     vnic_opts: VnicOptions,
     /// Times the daemon was restarted ([`Guest::restart_vnic`]).
     pub vnic_restarts: u32,
+    /// The booted kernel's System.map (for [`Guest::stall_report`]).
+    system_map: std::path::PathBuf,
 }
 
 impl Guest {
@@ -98,6 +100,7 @@ impl Guest {
             vnic_bin: spec.vnic_bin.to_path_buf(),
             vnic_opts: spec.vnic.clone(),
             vnic_restarts: 0,
+            system_map: spec.kernel.kdir.join("System.map"),
         };
         g.art.write_json("guest-info.json", &g.info);
         Ok(g)
@@ -116,6 +119,36 @@ impl Guest {
             .ctx("restarting vnic serve")?;
         self.ctl = self.vnic.connect_ctl()?;
         Ok(())
+    }
+
+    /// What a hung guest looks like from outside, in a few lines for the
+    /// report (everything the CI log shows): each vCPU's RIP, each ring's
+    /// positions as vnic's last poll saw them, the console's and the
+    /// daemon's last lines. Saved whole as `stall-*.txt`.
+    pub fn stall_report(&mut self, tag: &str) -> String {
+        let mut r = String::new();
+        match self.qemu.vcpu_report(&self.system_map) {
+            Ok(v) => {
+                let _ = writeln!(r, "vCPUs: {v}");
+            }
+            Err(e) => {
+                let _ = writeln!(r, "vCPUs: <{e}>");
+            }
+        }
+        match self.ctl.stats() {
+            Ok(st) => {
+                let _ = writeln!(r, "rings: {}", rings_summary(&st["rings"]));
+                self.art
+                    .write_json(&format!("stall-{tag}-vnic-stats.json"), &st);
+            }
+            Err(e) => {
+                let _ = writeln!(r, "rings: <vnic ctl stats: {e}>");
+            }
+        }
+        let _ = writeln!(r, "console tail:\n{}", tail(&self.qemu.console_text(), 12));
+        let _ = write!(r, "vnic log tail:\n{}", self.vnic.log_tail(8));
+        self.art.write(&format!("stall-{tag}.txt"), &r);
+        r
     }
 
     /// Fetch new kernel log records; return the ones that must fail a test
@@ -223,6 +256,49 @@ impl Drop for Guest {
         self.art
             .write("agent-transcript.txt", &self.agent.transcript.join("\n"));
     }
+}
+
+/// `ctl stats`' `rings` in one line: per pair, rx and tx as
+/// `avail/next_avail/next_used/used_event` with `!` for rings not enabled
+/// or not ready and `*` where the watchdog already nudged.
+pub fn rings_summary(rings: &serde_json::Value) -> String {
+    let n = |v: &serde_json::Value| v.as_u64().map_or("-".to_string(), |x| x.to_string());
+    let ring = |v: &serde_json::Value| {
+        format!(
+            "{}{}/{}/{}/{}{}",
+            if v["enabled"] == true && v["ready"] == true {
+                ""
+            } else {
+                "!"
+            },
+            n(&v["avail"]),
+            n(&v["next_avail"]),
+            n(&v["next_used"]),
+            n(&v["used_event"]),
+            if v["nudged"] == true { "*" } else { "" }
+        )
+    };
+    let pairs: Vec<String> = rings["pairs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    if p.is_null() {
+                        format!("{i}: unregistered")
+                    } else {
+                        format!("{i}: rx {} tx {}", ring(&p["rx"]), ring(&p["tx"]))
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    format!(
+        "[avail/next_avail/next_used/used_event] {} (nudges {}, poll {} ms ago)",
+        pairs.join(", "),
+        n(&rings["watchdog_nudges"]),
+        n(&rings["age_ms"])
+    )
 }
 
 pub fn tail(s: &str, n: usize) -> String {

@@ -4,6 +4,7 @@
 //! port on a unix socket, the serial console in a log file. Killed on drop.
 
 use super::{kill_child, Context, Result};
+use crate::bail;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -37,6 +38,8 @@ impl Default for QemuOptions {
 pub struct Qemu {
     child: Child,
     pub agent_socket: PathBuf,
+    /// QMP socket (for [`Qemu::vcpu_report`] when the guest hangs).
+    pub qmp_socket: PathBuf,
     pub console: PathBuf,
     pub cmdline: Vec<String>,
 }
@@ -54,7 +57,9 @@ impl Qemu {
     ) -> Result<Self> {
         let agent_socket = dir.join("agent.sock");
         let console = dir.join("console.log");
+        let qmp_socket = dir.join("qmp.sock");
         let _ = std::fs::remove_file(&agent_socket);
+        let _ = std::fs::remove_file(&qmp_socket);
         let accel: Vec<String> = if opts.accel == "kvm" {
             vec!["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]
         } else {
@@ -119,6 +124,8 @@ impl Qemu {
                 "chardev:con0".into(),
                 "-monitor".into(),
                 "none".into(),
+                "-qmp".into(),
+                format!("unix:{},server=on,wait=off", qmp_socket.display()),
             ],
         );
         let qemu = std::env::var("VNIC_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into());
@@ -135,6 +142,7 @@ impl Qemu {
         Ok(Qemu {
             child,
             agent_socket,
+            qmp_socket,
             console,
             cmdline,
         })
@@ -161,6 +169,99 @@ impl Qemu {
         std::fs::read(&self.console)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
+    }
+}
+
+impl Qemu {
+    /// Where each vCPU is, from QMP's `info registers -a`: one line per
+    /// CPU with its RIP resolved against `system_map` (the kernel's
+    /// System.map) and whether it is halted (idle). For a guest that stopped
+    /// answering: a vCPU spinning in one function shows up here.
+    pub fn vcpu_report(&self, system_map: &Path) -> Result<String> {
+        let regs = self.hmp("info registers -a")?;
+        let syms = read_system_map(system_map);
+        let mut out = Vec::new();
+        let mut cpu = None;
+        for line in regs.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("CPU#") {
+                cpu = rest.split_whitespace().next().map(String::from);
+            }
+            if let Some(rip) = line.strip_prefix("RIP=") {
+                let hex: String = rip.chars().take_while(char::is_ascii_hexdigit).collect();
+                let halted = line.contains("HLT=1");
+                let addr = u64::from_str_radix(&hex, 16).unwrap_or(0);
+                out.push(format!(
+                    "cpu{} rip={hex} {}{}",
+                    cpu.as_deref().unwrap_or("?"),
+                    resolve(&syms, addr),
+                    if halted { " (halted)" } else { "" }
+                ));
+            }
+        }
+        if out.is_empty() {
+            bail!(
+                "no RIP in `info registers -a`: {}",
+                regs.chars().take(300).collect::<String>()
+            );
+        }
+        Ok(out.join("; "))
+    }
+
+    /// One HMP command over QMP (`human-monitor-command`).
+    fn hmp(&self, command: &str) -> Result<String> {
+        use std::io::{BufRead, BufReader, Write};
+        let s = std::os::unix::net::UnixStream::connect(&self.qmp_socket)
+            .ctx(format!("connecting to {}", self.qmp_socket.display()))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        let mut r = BufReader::new(s.try_clone()?);
+        let mut w = s;
+        let mut line = String::new();
+        r.read_line(&mut line).ctx("QMP greeting")?;
+        let cmd = serde_json::json!({"execute": "human-monitor-command",
+                                     "arguments": {"command-line": command}});
+        writeln!(w, "{{\"execute\": \"qmp_capabilities\"}}\n{cmd}")?;
+        loop {
+            line.clear();
+            if r.read_line(&mut line).ctx("QMP reply")? == 0 {
+                bail!("QMP closed");
+            }
+            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_default();
+            if let Some(text) = v.get("return").and_then(serde_json::Value::as_str) {
+                return Ok(text.to_string());
+            }
+            if let Some(e) = v.get("error") {
+                bail!("QMP {command}: {e}");
+            }
+        }
+    }
+}
+
+/// Text symbols of a System.map, sorted by address.
+fn read_system_map(p: &Path) -> Vec<(u64, String)> {
+    let text = std::fs::read_to_string(p).unwrap_or_default();
+    let mut v: Vec<(u64, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let a = u64::from_str_radix(it.next()?, 16).ok()?;
+            let t = it.next()?;
+            let name = it.next()?;
+            matches!(t, "t" | "T").then(|| (a, name.to_string()))
+        })
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn resolve(syms: &[(u64, String)], addr: u64) -> String {
+    match syms.partition_point(|(a, _)| *a <= addr) {
+        0 => "?".into(),
+        i if addr - syms[i - 1].0 < 0x10_0000 => {
+            let (a, name) = &syms[i - 1];
+            format!("{name}+{:#x}", addr - a)
+        }
+        _ => "(module or user)".into(),
     }
 }
 

@@ -262,6 +262,19 @@ impl Session {
         })
     }
 
+    /// Whether the guest stopped answering and did not answer again since
+    /// (one `hello`, waited for up to [`crate::harness::agent::WEDGED_TIMEOUT`]).
+    pub fn wedged(&mut self) -> bool {
+        if self.guest.agent.unresponsive.is_none() {
+            return false;
+        }
+        let _ = self
+            .guest
+            .agent
+            .call_value(&Request::Hello, Duration::from_secs(5));
+        self.guest.agent.unresponsive.is_some()
+    }
+
     /// Run one scenario, never panicking; the outcome carries the verdict.
     pub fn run(&mut self, name: &str) -> Outcome {
         let start = Instant::now();
@@ -270,6 +283,13 @@ impl Session {
             Some(sc) => sc.call(self, &mut checks),
             None => Err(format!("unknown scenario {name:?}").into()),
         };
+        if let Some(first) = self.guest.agent.unresponsive.clone() {
+            // Look at the hung guest before anything else moves.
+            let report = self.guest.stall_report(name);
+            checks.failures.push(format!(
+                "guest unresponsive (no reply to {first}):\n{report}"
+            ));
+        }
         if name == "link" {
             // link's workload is its own: make sure it is gone even when
             // the scenario stopped half-way (errors here mean it already is).

@@ -13,16 +13,56 @@ use super::{used_event_addr, Vring};
 /// Per pair, the last look at its (rx, tx) rings.
 pub struct Watchdog {
     watch: Mutex<Vec<[Snap; 2]>>,
+    /// What the last look saw, for `ctl stats` (copied at the end of each
+    /// look, so a reader never waits for a look in progress).
+    seen: Mutex<Seen>,
     /// Lost notifications made up for (interrupts re-sent, tx rings re-polled).
     pub nudges: AtomicU64,
+}
+
+/// The rings as the last look saw them.
+#[derive(Clone, Default)]
+pub struct Seen {
+    /// When the look ended (`clock::now_ns`); 0: no look yet.
+    pub at_ns: u64,
+    /// Per pair, (rx, tx); `None`: the pair's worker has not registered
+    /// its rings yet.
+    pub rings: Vec<Option<[RingView; 2]>>,
+}
+
+/// One ring at one look: the device's and the driver's positions.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct RingView {
+    pub enabled: bool,
+    pub ready: bool,
+    pub event_idx: bool,
+    /// The driver's avail index (guest memory).
+    pub avail: Option<u16>,
+    /// The device's next avail entry to take.
+    pub next_avail: u16,
+    /// The device's next used entry (published at the end of each batch).
+    pub next_used: u16,
+    /// The driver's `used_event` (EVENT_IDX only).
+    pub used_event: Option<u16>,
+    /// The watchdog already made up for a lost notification in this state.
+    pub nudged: bool,
 }
 
 impl Watchdog {
     pub fn new(pairs: usize) -> Self {
         Self {
             watch: Mutex::new(vec![[Snap::default(); 2]; pairs]),
+            seen: Mutex::new(Seen::default()),
             nudges: AtomicU64::new(0),
         }
+    }
+
+    /// The rings as the last look saw them.
+    pub fn seen(&self) -> Seen {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// With `VIRTIO_RING_F_EVENT_IDX` one lost notification stalls a ring
@@ -41,21 +81,42 @@ impl Watchdog {
             .watch
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = vec![None; vr.len()];
         for (pair, v) in vr.iter().enumerate() {
             let (Some(v), Some(w)) = (v, watch.get_mut(pair)) else {
                 continue;
             };
+            let views = seen[pair].insert([RingView::default(); 2]);
             for (k, ring) in v.iter().take(2).enumerate() {
                 let st = ring.get_ref();
                 let q = st.get_queue();
-                if !(st.is_enabled() && q.ready() && q.event_idx_enabled()) {
+                let ready = q.ready();
+                let avail = if ready {
+                    q.avail_idx(mem, Ordering::Acquire).ok().map(|a| a.0)
+                } else {
+                    None
+                };
+                let used_event = if ready && q.event_idx_enabled() {
+                    used_event_addr(q)
+                        .and_then(|a| mem.read_obj::<u16>(a).ok())
+                        .map(u16::from_le)
+                } else {
+                    None
+                };
+                views[k] = RingView {
+                    enabled: st.is_enabled(),
+                    ready,
+                    event_idx: q.event_idx_enabled(),
+                    avail,
+                    next_avail: q.next_avail(),
+                    next_used: q.next_used(),
+                    used_event,
+                    nudged: false,
+                };
+                if !(st.is_enabled() && ready && q.event_idx_enabled()) {
                     w[k] = Snap::default();
                     continue;
                 }
-                let used_event = used_event_addr(q)
-                    .and_then(|a| mem.read_obj::<u16>(a).ok())
-                    .map(u16::from_le);
-                let avail = q.avail_idx(mem, Ordering::Acquire).ok().map(|a| a.0);
                 let (Some(used_event), Some(avail)) = (used_event, avail) else {
                     continue;
                 };
@@ -73,6 +134,7 @@ impl Watchdog {
                     continue;
                 }
                 if w[k].nudged {
+                    views[k].nudged = true;
                     continue;
                 }
                 // The used index went past used_event: the driver asked for
@@ -100,9 +162,18 @@ impl Watchdog {
                 if owed || unpolled {
                     self.nudges.fetch_add(1, Ordering::Relaxed);
                     w[k].nudged = true;
+                    views[k].nudged = true;
                 }
             }
         }
+        drop(watch);
+        *self
+            .seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Seen {
+            at_ns: crate::clock::now_ns(),
+            rings: seen,
+        };
     }
 }
 
