@@ -186,7 +186,7 @@ fn copy_kbuild_sources(src: &Path, dst: &Path) -> Result<()> {
 }
 
 /// Build `vnic_arfs.ko` and the test helper modules of `aRFS/kmod/tests/`
-/// (`vnic_opswap.ko`) for one kernel tree; returns them, `vnic_arfs.ko`
+/// (`vnic_opswap.ko`, `vnic_flowgen.ko`) for one kernel tree; returns them, `vnic_arfs.ko`
 /// first. The sources are copied into `work` first so builds for
 /// different kernels never share objects.
 pub fn module(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
@@ -207,7 +207,11 @@ pub fn module(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
     let ko = make_module(kdir, work, "vnic_arfs.ko")?;
     let tests = work.join("tests");
     let opswap = make_module(kdir, &tests, "vnic_opswap.ko")?;
-    Ok(vec![ko, opswap])
+    let flowgen = tests.join("vnic_flowgen.ko");
+    if !flowgen.is_file() {
+        bail!("make produced no {}", flowgen.display());
+    }
+    Ok(vec![ko, opswap, flowgen])
 }
 
 /// `make -C kdir M=dir modules`, its output kept in `dir/build.log`;

@@ -59,6 +59,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_reload },
     Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_rtnl },
     Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, run: stress::stacked_ops },
+    Scenario { name: "debugfs-65k",       boot: BootKind::Debug,   setup: Setup::Fresh,  run: stress::bigtable::debugfs_65k },
 ];
 
 /// One scenario: one line of [`SCENARIOS`].

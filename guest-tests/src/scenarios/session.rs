@@ -161,6 +161,11 @@ impl Session {
             queues: settings.queues,
             ..VnicOptions::default()
         };
+        if kind == BootKind::Debug {
+            // debugfs-65k fills the protocol's whole id space.
+            vnic.extra
+                .extend(["--table-capacity".to_string(), "65535".to_string()]);
+        }
         let tapnet = match kind {
             BootKind::Tap => Some(stress::TapNet::create(&mut vnic)?),
             BootKind::Default | BootKind::Debug => None,

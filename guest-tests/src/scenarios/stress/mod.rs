@@ -11,7 +11,11 @@
 //!   module unload/reload cycles under traffic; the table is flushed on
 //!   every unload and the kernel reports nothing.
 //!
-//! `hostile-mgmt` is in `hostile.rs`, `tcp-tap` in `tap.rs`; this file has
+//! - `debugfs-65k`: on the debug kernel, 65,535 filters dumped through
+//!   debugfs under traffic.
+//!
+//! `hostile-mgmt` is in `hostile.rs`, `tcp-tap` in `tap.rs`, `debugfs-65k`
+//! in `bigtable.rs`; this file has
 //! the group's helpers, `device-restart` and `unload-reload`.
 
 use super::faults::{table_of, DevTable};
@@ -25,6 +29,7 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+pub(super) mod bigtable;
 pub(super) mod hostile;
 pub(super) mod tap;
 
