@@ -7,6 +7,7 @@
 //!
 //! Options: `--port PATH` uses PATH instead of looking the port up by name.
 
+mod netlink;
 mod rawtx;
 mod sys;
 mod workload;

@@ -71,6 +71,9 @@ pub enum Request {
     /// `ethtool -L IFNAME combined N` (ETHTOOL_SCHANNELS). Answers the
     /// combined count read back.
     SetChannels { ifname: String, combined: u32 },
+    /// The NAPI id of each rx queue (netdev generic netlink; see
+    /// [`RxQueueNapi`]). Answers an [`RxQueueNapi`].
+    RxQueueNapi { ifname: String },
     /// finit_module(path, params).
     ModuleLoad {
         path: String,
@@ -227,8 +230,27 @@ pub struct FlowCounters {
     pub by_cpu: Vec<u64>,
     /// recv() calls made while the thread was not on its CPU (must stay 0).
     pub off_cpu_recv: u64,
+    /// Packets per SO_INCOMING_NAPI_ID value read after each receive:
+    /// (napi id, packets), the NAPI instance (so the rx queue, see
+    /// [`RxQueueNapi`]) that delivered them, as the guest kernel saw it.
+    #[serde(default)]
+    pub by_napi: Vec<(u32, u64)>,
+    /// Packets whose NAPI id could not be read or did not fit the table.
+    #[serde(default)]
+    pub napi_unknown: u64,
     /// Receive errors other than timeouts.
     pub errors: u64,
+}
+
+/// Which NAPI instance serves each rx queue: `napi[q]` is rx queue `q`'s
+/// NAPI id. `source`: `queue-get` (the kernel's netdev netlink QUEUE_GET
+/// names it: exact) or `napi-order` (kernels whose driver does not
+/// register it, e.g. 6.12's virtio_net: the netdev's NAPI ids in ascending
+/// order, which is the order virtio_net created its rx NAPIs in).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RxQueueNapi {
+    pub source: String,
+    pub napi: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -247,6 +269,9 @@ pub struct TcpConnCounters {
     pub bytes: u64,
     pub on_cpu: u64,
     pub by_cpu: Vec<u64>,
+    /// Reads per SO_INCOMING_NAPI_ID (see [`FlowCounters::by_napi`]).
+    #[serde(default)]
+    pub by_napi: Vec<(u32, u64)>,
     pub closed: bool,
 }
 

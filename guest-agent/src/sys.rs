@@ -451,6 +451,29 @@ pub fn incoming_cpu(fd: &impl AsRawFd) -> io::Result<i32> {
     }
 }
 
+/// SO_INCOMING_NAPI_ID of a socket: the NAPI instance that delivered the
+/// last packet it received (connected UDP and TCP sockets record it per
+/// packet). 0 when none did.
+pub fn incoming_napi_id(fd: &impl AsRawFd) -> io::Result<u32> {
+    let mut v: libc::c_uint = 0;
+    let mut len = size_of::<libc::c_uint>() as libc::socklen_t;
+    // SAFETY: v and len are valid for writing and sized for an int option.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_INCOMING_NAPI_ID,
+            (&raw mut v).cast(),
+            &raw mut len,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(v)
+    }
+}
+
 /// sync, then reboot(RB_POWER_OFF). Does not return on success.
 pub fn poweroff() -> ! {
     // SAFETY: sync(2) has no preconditions.

@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -19,6 +19,8 @@ use vnic_agent::proto::{
 const STACK: usize = 256 * 1024;
 /// recv() timeout: how quickly receivers notice stop and migrate requests.
 const POLL: Duration = Duration::from_millis(100);
+/// How long `udp_stop` waits for the receivers to see the stop flag.
+const STOP_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 pub struct State {
@@ -30,7 +32,8 @@ pub struct State {
 impl State {
     pub fn stop_all(&mut self) {
         if let Some(u) = self.udp.take() {
-            u.stop();
+            // At power-off: stuck receivers (already reported) do not matter.
+            let _ = u.stop();
         }
         if let Some(t) = self.tcp.take() {
             t.stop();
@@ -109,6 +112,9 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             }
             Ok(Value::Bool(active))
         }
+        Request::RxQueueNapi { ifname } => {
+            to_value(&crate::netlink::rx_queue_napi(&ifname).map_err(err("netdev netlink"))?)
+        }
         Request::SetChannels { ifname, combined } => {
             let got = sys::set_channels(&ifname, combined).map_err(err("ethtool channels"))?;
             if got != combined {
@@ -164,7 +170,7 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
         Request::UdpStats => to_value(&st.udp.as_ref().ok_or("no UDP workload")?.stats(true)),
         Request::UdpStop => {
             let run = st.udp.take().ok_or("no UDP workload")?;
-            to_value(&run.stop())
+            to_value(&run.stop()?)
         }
         Request::TcpStart { port, cpus, echo } => {
             if st.tcp.is_some() {
@@ -321,7 +327,13 @@ fn exec(argv: &[String], timeout: Duration) -> Result<ExecResult, String> {
 }
 
 /// Lock-free counters of one receiver.
+/// Distinct NAPI ids counted per flow (more go to `napi_unknown`).
+const NAPI_SLOTS: usize = 8;
+
 struct Counters {
+    /// (napi id, packets); id 0 = free slot. Written by the receiver only.
+    napi: [(AtomicU32, AtomicU64); NAPI_SLOTS],
+    napi_unknown: AtomicU64,
     packets: AtomicU64,
     on_cpu: AtomicU64,
     off_cpu_recv: AtomicU64,
@@ -334,6 +346,8 @@ struct Counters {
 impl Counters {
     fn new(ncpu: usize, cpu: usize) -> Self {
         Counters {
+            napi: std::array::from_fn(|_| (AtomicU32::new(0), AtomicU64::new(0))),
+            napi_unknown: AtomicU64::new(0),
             packets: AtomicU64::new(0),
             on_cpu: AtomicU64::new(0),
             off_cpu_recv: AtomicU64::new(0),
@@ -343,9 +357,27 @@ impl Counters {
         }
     }
 
-    /// Account one received packet, given the socket's SO_INCOMING_CPU.
-    fn count(&self, incoming: i32, pinned: usize) {
+    /// Account one received packet, given the socket's SO_INCOMING_CPU
+    /// and SO_INCOMING_NAPI_ID (`None`: unreadable).
+    fn count(&self, incoming: i32, napi: Option<u32>, pinned: usize) {
         self.packets.fetch_add(1, Ordering::Relaxed);
+        let slot = napi.filter(|&id| id != 0).and_then(|id| {
+            self.napi.iter().find(|(s, _)| {
+                let cur = s.load(Ordering::Relaxed);
+                if cur == 0 {
+                    s.store(id, Ordering::Relaxed);
+                }
+                cur == 0 || cur == id
+            })
+        });
+        match slot {
+            Some((_, n)) => {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.napi_unknown.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         if let Ok(c) = usize::try_from(incoming) {
             if let Some(b) = self.by_cpu.get(c) {
                 b.fetch_add(1, Ordering::Relaxed);
@@ -358,6 +390,14 @@ impl Counters {
         if usize::try_from(sys::current_cpu()).ok() != Some(pinned) {
             self.off_cpu_recv.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    fn by_napi(&self) -> Vec<(u32, u64)> {
+        self.napi
+            .iter()
+            .map(|(s, n)| (s.load(Ordering::Relaxed), n.load(Ordering::Relaxed)))
+            .filter(|&(s, _)| s != 0)
+            .collect()
     }
 
     fn by_cpu(&self) -> Vec<u64> {
@@ -449,6 +489,8 @@ impl UdpRun {
                         packets: c.packets.load(Ordering::Relaxed),
                         on_cpu: c.on_cpu.load(Ordering::Relaxed),
                         by_cpu: c.by_cpu(),
+                        by_napi: c.by_napi(),
+                        napi_unknown: c.napi_unknown.load(Ordering::Relaxed),
                         off_cpu_recv: c.off_cpu_recv.load(Ordering::Relaxed),
                         errors: c.errors.load(Ordering::Relaxed),
                     }
@@ -457,14 +499,48 @@ impl UdpRun {
         }
     }
 
-    fn stop(mut self) -> UdpStats {
+    /// Stops the receivers: each sees the flag within its 100 ms receive
+    /// timeout. One that has not finished after [`STOP_WAIT`] is left
+    /// behind (its socket with it) and named in the error, so that a
+    /// stuck guest CPU fails the request instead of hanging the agent.
+    fn stop(mut self) -> Result<UdpStats, String> {
         self.stop.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + STOP_WAIT;
+        while Instant::now() < deadline
+            && self
+                .flows
+                .iter()
+                .any(|f| f.thread.as_ref().is_some_and(|t| !t.is_finished()))
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let stats = self.stats(false);
+        let mut stuck = Vec::new();
         for f in &mut self.flows {
-            if let Some(t) = f.thread.take() {
-                let _ = t.join();
+            match f.thread.take() {
+                Some(t) if t.is_finished() => {
+                    let _ = t.join();
+                }
+                Some(t) => {
+                    stuck.push(format!(
+                        ":{} (cpu{})",
+                        f.local_port,
+                        f.target.load(Ordering::Relaxed)
+                    ));
+                    drop(t);
+                }
+                None => {}
             }
         }
-        self.stats(false)
+        if stuck.is_empty() {
+            Ok(stats)
+        } else {
+            Err(format!(
+                "{} UDP receiver(s) did not stop within {STOP_WAIT:?}, left running: {}",
+                stuck.len(),
+                stuck.join(", ")
+            ))
+        }
     }
 }
 
@@ -485,7 +561,7 @@ fn udp_receiver(sock: &UdpSocket, target: &AtomicUsize, c: &Counters, stop: &Ato
         match sock.recv(&mut buf) {
             Ok(_) => {
                 let inc = sys::incoming_cpu(sock).unwrap_or(-1);
-                c.count(inc, pinned);
+                c.count(inc, sys::incoming_napi_id(sock).ok(), pinned);
             }
             Err(e)
                 if matches!(
@@ -575,6 +651,7 @@ impl TcpRun {
                     bytes: c.bytes.load(Ordering::Relaxed),
                     on_cpu: c.counters.on_cpu.load(Ordering::Relaxed),
                     by_cpu: c.counters.by_cpu(),
+                    by_napi: c.counters.by_napi(),
                     closed: c.closed.load(Ordering::Relaxed),
                 })
                 .collect(),
@@ -637,7 +714,11 @@ fn spawn_tcp_conn(
                     Ok(n) => {
                         nreads.fetch_add(1, Ordering::Relaxed);
                         nbytes.fetch_add(n as u64, Ordering::Relaxed);
-                        ctr.count(sys::incoming_cpu(&stream).unwrap_or(-1), cpu);
+                        ctr.count(
+                            sys::incoming_cpu(&stream).unwrap_or(-1),
+                            sys::incoming_napi_id(&stream).ok(),
+                            cpu,
+                        );
                         if echo && stream.write_all(&buf[..n]).is_err() {
                             break;
                         }

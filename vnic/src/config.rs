@@ -284,7 +284,7 @@ pub fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
     }
 }
 
-/// Faults of the packet path, read by every worker on every frame.
+/// Faults of the packet path, read by every worker once per event.
 #[derive(Debug, Default)]
 pub struct PathFaults {
     /// A frame that hits a filter is delivered to the next enabled rx queue

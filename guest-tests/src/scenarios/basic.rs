@@ -5,11 +5,12 @@
 //! way `steer` does, without asserting on that set-up), so any subset can be
 //! selected.
 
+use super::workload::{fmt_queues, napi_queues, queue_delta, WindowFigures};
 use super::{Checks, Flow, Session, GEN_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module;
-use crate::proto::{PingResult, Request, UdpStats};
+use crate::proto::{PingResult, Request, RxQueueNapi, UdpStats};
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey, TraceRecord};
 use serde_json::{json, Value};
@@ -134,14 +135,40 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
             format!("rx queue {q}: filter deliveries before any filter existed")
         });
     }
+    // The same from the guest's side: each flow's packets arrived on the
+    // queue RSS predicts, as the guest kernel saw it (SO_INCOMING_NAPI_ID
+    // through the NAPI -> queue map). This also checks that map, which the
+    // steering scenarios' guest-side checks rely on.
+    let napi: RxQueueNapi = s.guest.agent.req(Request::RxQueueNapi {
+        ifname: IFNAME.into(),
+    })?;
+    let map = napi_queues(&napi);
+    let mut guest_ok = 0;
+    for (f, got) in flows.iter().zip(&stop.flows) {
+        let by_q = queue_delta(&got.by_napi, &[], got.napi_unknown, &map);
+        let on = by_q.get(&f.rss_q).copied().unwrap_or(0);
+        let fine = got.packets > 0 && on * 100 >= got.packets * 95;
+        guest_ok += usize::from(fine);
+        c.check(fine, || {
+            format!(
+                "flow :{}: RSS predicts q{}; the guest saw its {} packets arrive on {} (NAPI map {}: {:?})",
+                f.local_port,
+                f.rss_q,
+                got.packets,
+                fmt_queues(&by_q),
+                napi.source,
+                napi.napi
+            )
+        });
+    }
     let lost = total - stop.flows.iter().map(|f| f.packets).sum::<u64>();
     c.check(lost * 100 <= total, || {
         format!("guest received {got} of {total} packets")
     });
     let mq = counter(&stats, "/enabled_pairs");
     Ok(format!(
-        "mq={mq} rxq={} ping={}/{} rss_per_q={per_q:?} predicted={predicted:?} lost={lost}",
-        eth.rx_queues, ping.received, ping.sent
+        "mq={mq} rxq={} ping={}/{} rss_per_q={per_q:?} predicted={predicted:?} lost={lost} guest_saw_rss_q={guest_ok}/{} (napi map: {})",
+        eth.rx_queues, ping.received, ping.sent, flows.len(), napi.source
     ))
 }
 
@@ -151,7 +178,12 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     }
     let warm = s.setup_steering()?;
     let w = s.measure()?;
-    let (min, mean, min_hw) = s.check_window(&w, c);
+    let WindowFigures {
+        min,
+        mean,
+        min_hw,
+        min_guest_q,
+    } = s.check_window(&w, c);
     let trace = s.trace_since_mark()?;
     let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.rss_q != f.cpu).collect();
     let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
@@ -197,7 +229,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     });
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
     Ok(format!(
-        "flows={} steered={} adds={} replaces={replaces} rejects={} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% pkts/flow~{}",
+        "flows={} steered={} adds={} replaces={replaces} rejects={} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% guest_q_min={min_guest_q:.1}% pkts/flow~{}",
         s.flows.len(),
         steered.len(),
         adds.len(),
@@ -222,7 +254,12 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
     let warm = s.wait_steered(&had)?;
     std::thread::sleep(Duration::from_secs(1));
     let w = s.measure()?;
-    let (min, mean, min_hw) = s.check_window(&w, c);
+    let WindowFigures {
+        min,
+        mean,
+        min_hw,
+        min_guest_q,
+    } = s.check_window(&w, c);
     let trace = s.trace_since_mark()?;
     let count = |k: EventKind| trace.iter().filter(|r| r.event == k).count();
     let (replaces, adds, rejects) = (
@@ -268,7 +305,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}%",
+        "moved={} re-steered={} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% guest_q_min={min_guest_q:.1}%",
         s.flows.len(),
         had.len(),
         warm.as_secs_f64()

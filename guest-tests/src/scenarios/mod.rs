@@ -50,6 +50,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::lossy_mgmt },
     Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::slow_hw },
     Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::add_failures },
+    Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::misroute },
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig::reconfig },
     Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig::relayout },
     // issue 5, stress (stress/)

@@ -2,10 +2,10 @@
 //! gen peer with pinned receivers, one generator set per flow, and the
 //! measurements over it (per-flow windows, device filters, the trace).
 
-use super::{Checks, Session, BASE_PORT, GEN_IP, GEN_PORT, GUEST_IP};
+use super::{Checks, Session, BASE_PORT, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
-use crate::proto::{Request, UdpFlowSpec, UdpSpec, UdpStats};
+use crate::proto::{Request, RxQueueNapi, UdpFlowSpec, UdpSpec, UdpStats};
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey, L4Proto, TraceRecord};
 use serde_json::{json, Value};
@@ -34,6 +34,68 @@ pub struct Window {
     /// per flow, so this is exact up to packets in flight).
     pub sent: Vec<u64>,
     pub off_cpu_recv: u64,
+    /// Per flow, the rx queue the device's filter names (None: no stable
+    /// filter in the window).
+    pub filter_q: Vec<Option<usize>>,
+    /// Per flow, packets by the rx queue the guest kernel says delivered
+    /// them (SO_INCOMING_NAPI_ID mapped through [`RxQueueNapi`]); packets
+    /// of an unknown NAPI under `usize::MAX`.
+    pub by_queue: Vec<BTreeMap<usize, u64>>,
+    /// How the NAPI -> queue map was obtained (`queue-get`, `napi-order`).
+    pub napi_source: String,
+}
+
+/// The figures of a checked window, in %.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowFigures {
+    /// Lowest / mean share of a flow's packets processed on its receiver's CPU.
+    pub min: f64,
+    pub mean: f64,
+    /// Lowest share of a steered flow's packets its filter delivered (device).
+    pub min_hw: f64,
+    /// Lowest share of a steered flow's packets the guest saw arrive on
+    /// its filter's queue.
+    pub min_guest_q: f64,
+}
+
+/// The rx queue of each NAPI id.
+pub(super) fn napi_queues(m: &RxQueueNapi) -> BTreeMap<u32, usize> {
+    m.napi.iter().enumerate().map(|(q, &id)| (id, q)).collect()
+}
+
+/// `after - before` of per-NAPI counts, keyed by rx queue.
+pub(super) fn queue_delta(
+    after: &[(u32, u64)],
+    before: &[(u32, u64)],
+    unknown: u64,
+    map: &BTreeMap<u32, usize>,
+) -> BTreeMap<usize, u64> {
+    let mut m = BTreeMap::new();
+    for &(id, n) in after {
+        let was = before.iter().find(|(b, _)| *b == id).map_or(0, |&(_, n)| n);
+        let q = map.get(&id).copied().unwrap_or(usize::MAX);
+        *m.entry(q).or_insert(0) += n.saturating_sub(was);
+    }
+    if unknown > 0 {
+        *m.entry(usize::MAX).or_insert(0) += unknown;
+    }
+    m.retain(|_, n| *n > 0);
+    m
+}
+
+/// `{q0: n, q2: m}` for reports (`q?` = unknown NAPI).
+pub(super) fn fmt_queues(m: &BTreeMap<usize, u64>) -> String {
+    let v: Vec<String> = m
+        .iter()
+        .map(|(q, n)| {
+            if *q == usize::MAX {
+                format!("q?: {n}")
+            } else {
+                format!("q{q}: {n}")
+            }
+        })
+        .collect();
+    format!("{{{}}}", v.join(", "))
 }
 
 impl Window {
@@ -247,6 +309,10 @@ impl Session {
         // Device-side figures (filter hits, generator counts) are read back
         // to back; the guest's receive counters separately (receivers may
         // have a socket backlog, so they are only compared with themselves).
+        let napi: RxQueueNapi = self.guest.agent.req(Request::RxQueueNapi {
+            ifname: IFNAME.into(),
+        })?;
+        let map = napi_queues(&napi);
         let a0 = self.udp_stats()?;
         let d0 = self.device_filters()?;
         let s0 = self.gen_sent_by_flow()?;
@@ -264,6 +330,7 @@ impl Session {
                 .zip(&s0)
                 .map(|(a, b)| a.saturating_sub(*b))
                 .collect(),
+            napi_source: napi.source.clone(),
             ..Window::default()
         };
         for (i, f) in self.flows.iter().enumerate() {
@@ -284,12 +351,49 @@ impl Session {
                 (None, Some(&(_, q, h1))) if q == f.cpu => Some(h1),
                 _ => None,
             });
+            w.filter_q.push(match (d0.get(&f.key), d1.get(&f.key)) {
+                (Some(&(id0, q0, _)), Some(&(id1, q1, _))) if id0 == id1 && q0 == q1 => Some(q1),
+                (None, Some(&(_, q, _))) => Some(q),
+                _ => None,
+            });
+            w.by_queue.push(queue_delta(
+                &a1.flows[i].by_napi,
+                &a0.flows[i].by_napi,
+                a1.flows[i].napi_unknown - a0.flows[i].napi_unknown,
+                &map,
+            ));
         }
         Ok(w)
     }
 
+    /// The guest side of "the NIC steered it": the guest kernel itself saw
+    /// flow `i`'s packets arrive on the queue its filter names (the NAPI
+    /// that delivered each, SO_INCOMING_NAPI_ID), whatever the device's
+    /// counters say. Asserts the >= 95% bar; returns the share.
+    pub(super) fn check_guest_queue(&self, w: &Window, i: usize, c: &mut Checks) -> f64 {
+        let f = &self.flows[i];
+        let on_q = w.filter_q[i].map_or(0, |q| w.by_queue[i].get(&q).copied().unwrap_or(0));
+        let share = if w.packets[i] == 0 {
+            0.0
+        } else {
+            on_q as f64 / w.packets[i] as f64
+        };
+        c.check(share >= self.settings.min_on_cpu, || {
+            format!(
+                "flow :{}: the guest saw {on_q} of its {} packets arrive on its filter's queue {} ({:.1}%; by queue, {}: {})",
+                f.local_port,
+                w.packets[i],
+                w.filter_q[i].map_or("(none)".to_string(), |q| format!("q{q}")),
+                100.0 * share,
+                w.napi_source,
+                fmt_queues(&w.by_queue[i])
+            )
+        });
+        share
+    }
+
     /// Assert the >= 95% bar on every flow of a window; returns (min, mean) %.
-    pub(super) fn check_window(&self, w: &Window, c: &mut Checks) -> (f64, f64, f64) {
+    pub(super) fn check_window(&self, w: &Window, c: &mut Checks) -> WindowFigures {
         let min_pkts = (u64::from(self.settings.rate) * self.settings.measure.as_secs()
             / self.flows.len() as u64
             / 4)
@@ -297,6 +401,7 @@ impl Session {
         let mut min: f64 = 1.0;
         let mut sum = 0.0;
         let mut min_hw: f64 = 1.0;
+        let mut min_guest_q: f64 = 1.0;
         for (i, f) in self.flows.iter().enumerate() {
             let p = w.pct(i);
             min = min.min(p);
@@ -319,6 +424,7 @@ impl Session {
                 )
             });
             if f.rss_q != f.cpu {
+                min_guest_q = min_guest_q.min(self.check_guest_queue(w, i, c));
                 // The device side: the flow's packets must have been
                 // delivered by its filter, not by RSS + software RFS.
                 if let Some(h) = w.hits[i] {
@@ -348,11 +454,12 @@ impl Session {
         c.check(w.off_cpu_recv == 0, || {
             format!("{} receives ran off their pinned CPU", w.off_cpu_recv)
         });
-        (
-            100.0 * min,
-            100.0 * sum / self.flows.len() as f64,
-            100.0 * min_hw,
-        )
+        WindowFigures {
+            min: 100.0 * min,
+            mean: 100.0 * sum / self.flows.len() as f64,
+            min_hw: 100.0 * min_hw,
+            min_guest_q: 100.0 * min_guest_q,
+        }
     }
 
     /// Wait until the device delivers no more frames to the guest (its rx
@@ -458,4 +565,22 @@ pub fn table_summary(s: &mut Session) -> Result<String> {
         if pk == 0 { 0.0 } else { 100.0 * on as f64 / pk as f64 }
     );
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_delta_maps_napi_ids_and_keeps_the_unknown() {
+        let map = napi_queues(&RxQueueNapi {
+            source: "queue-get".into(),
+            napi: vec![8193, 8194, 8195, 8196],
+        });
+        let before = [(8195, 10), (8193, 1)];
+        let after = [(8195, 110), (8193, 1), (8194, 5), (9000, 2)];
+        let d = queue_delta(&after, &before, 3, &map);
+        assert_eq!(d, BTreeMap::from([(1, 5), (2, 100), (usize::MAX, 5)]));
+        assert_eq!(fmt_queues(&d), "{q1: 5, q2: 100, q?: 5}");
+    }
 }

@@ -74,6 +74,7 @@ pub trait RxAccess {
 /// with length 0; the frame then starts over on the next chain). Used-ring
 /// entries are added but the guest is not notified: the caller decides on
 /// one notification per batch ([`needs_notification`]).
+#[inline]
 pub fn deliver<R: RxAccess>(r: &mut R, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
     debug_assert!(pkt.len() >= NET_HDR_LEN);
     pkt[..NET_HDR_LEN].fill(0);
@@ -337,6 +338,7 @@ impl<'a> RxRing<'a> {
     }
 
     /// The head of the next available chain, if any.
+    #[inline]
     fn pop_head(&mut self) -> Option<u16> {
         if self.next_avail == self.avail_idx {
             let idx = Wrapping(u16::from_le(
@@ -368,6 +370,7 @@ impl<'a> RxRing<'a> {
     }
 
     /// Host memory of `len` bytes at `addr` when they lie in one region.
+    #[inline]
     fn buffer(&mut self, addr: GuestAddress, len: usize) -> Option<VolatileSlice<'a, ()>> {
         let r = match self.region {
             Some(r) if addr >= r.start_addr() && addr <= r.last_addr() => r,
@@ -381,6 +384,7 @@ impl<'a> RxRing<'a> {
         r.get_slice(MemoryRegionAddress(off), len).ok()
     }
 
+    #[inline]
     fn fill_chain(
         &mut self,
         head: u16,
@@ -485,14 +489,17 @@ impl<'a> RxRing<'a> {
 impl RxAccess for RxRing<'_> {
     type Chain = u16;
 
+    #[inline]
     fn pop(&mut self) -> Option<(u16, u16)> {
         self.pop_head().map(|h| (h, h))
     }
 
+    #[inline]
     fn unpop(&mut self, n: usize) {
         self.next_avail -= Wrapping(n as u16);
     }
 
+    #[inline]
     fn fill(
         &mut self,
         head: u16,
@@ -503,6 +510,7 @@ impl RxAccess for RxRing<'_> {
         self.fill_chain(head, src, off, nb)
     }
 
+    #[inline]
     fn add_used(&mut self, head: u16, len: u32) {
         let slot = usize::from(self.next_used.0 & (self.size - 1));
         let mut e = [0u8; 8];
@@ -515,6 +523,7 @@ impl RxAccess for RxRing<'_> {
         }
     }
 
+    #[inline]
     fn write(&mut self, bytes: &[u8], at: GuestAddress) {
         let _ = self.mem.write_slice(bytes, at);
     }

@@ -1,6 +1,7 @@
 //! Faults group: the device misbehaving. `lossy-mgmt` (management frames
-//! lost both ways), `slow-hw` (slow filter programming) and `add-failures`
-//! (injected ADD failures).
+//! lost both ways), `slow-hw` (slow filter programming), `add-failures`
+//! (injected ADD failures) and `misroute` (filter hits delivered to the
+//! wrong queue).
 
 use super::{delta, dev_delta, json_delta, rejects_by_reason, table_of, DevTable, REJECT_HOLDOFF};
 use crate::harness::ctl::counter;
@@ -285,5 +286,80 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
         emptied.as_secs_f64(),
         m2.get("ids"),
         m2.get("live")
+    ))
+}
+
+/// `misroute`: the device finds each steered frame's filter (and counts the
+/// hit) but delivers the frame to the next enabled queue (vnic's `misroute`
+/// knob). The guest's software RFS still moves every packet to its
+/// receiver's CPU, and the device's hit counter still counts: only the
+/// guest-side queue check ([`Session::check_guest_queue`]) can see it. It
+/// must pass before the fault (control) and detect the misdelivery on every
+/// steered flow with it; the scenario passes only then.
+pub(in crate::scenarios) fn misroute(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    let flows = s.make_flows(s.settings.flows);
+    s.fault_start(flows)?;
+    s.wait_steered(&BTreeSet::new())?;
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Control: a device that delivers correctly passes the check.
+    let w0 = s.measure()?;
+    let steered: Vec<usize> = (0..s.flows.len())
+        .filter(|&i| s.flows[i].rss_q != s.flows[i].cpu && w0.filter_q[i].is_some())
+        .collect();
+    c.check(!steered.is_empty(), || "no steered flow to misroute".into());
+    let mut control = Checks::default();
+    let control_min = steered
+        .iter()
+        .map(|&i| s.check_guest_queue(&w0, i, &mut control))
+        .fold(1.0_f64, f64::min);
+    c.check(control.failures.is_empty(), || {
+        format!(
+            "before the fault the guest-side check already fails: {}",
+            control.failures.join("; ")
+        )
+    });
+
+    let st0 = s.guest.ctl.stats()?;
+    s.guest.ctl.set("misroute", &json!(1))?;
+    std::thread::sleep(Duration::from_millis(500));
+    let w = s.measure();
+    let off = s.guest.ctl.set("misroute", &json!(0));
+    let w = w?;
+    off?;
+    let misrouted = dev_delta(&s.guest.ctl.stats()?, &st0, "/peer/misrouted");
+    c.check(misrouted > 0, || {
+        "the device's peer.misrouted counter did not move with misroute=1".into()
+    });
+    let mut detected = 0;
+    let mut worst: f64 = 0.0;
+    for &i in &steered {
+        let mut probe = Checks::default();
+        let share = s.check_guest_queue(&w, i, &mut probe);
+        worst = worst.max(share);
+        if probe.failures.is_empty() {
+            c.check(false, || {
+                format!(
+                    "flow :{} was misrouted but the guest-side check passed ({:.1}% on its filter's queue)",
+                    s.flows[i].local_port,
+                    100.0 * share
+                )
+            });
+        } else {
+            detected += 1;
+        }
+    }
+    // What the device's and the CPU checks say meanwhile (they cannot see it).
+    let mut others = Checks::default();
+    let fig = s.check_window(&w, &mut others);
+    Ok(format!(
+        "steered={} control guest_q_min={:.1}%; misroute=1: detected {detected}/{} flows, best guest_q={:.1}%, device misrouted=+{misrouted}; meanwhile device hw_min={:.1}% on_cpu_min={:.1}% (blind to it)",
+        steered.len(),
+        100.0 * control_min,
+        steered.len(),
+        100.0 * worst,
+        fig.min_hw,
+        fig.min
     ))
 }

@@ -179,6 +179,7 @@ impl Session {
             ("add_fail_rate", json!(0)),
             ("mgmt_loss_rate", json!(0)),
             ("program_latency", json!(0)),
+            ("misroute", json!(0)),
         ] {
             if let Err(e) = self.guest.ctl.set(k, &v) {
                 errs.push(e.0);

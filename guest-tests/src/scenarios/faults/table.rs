@@ -131,10 +131,12 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
     let accepted: BTreeSet<FlowKey> = table.values().map(|(k, _)| *k).collect();
     let mut acc_min: f64 = 1.0;
     let mut hw_min: f64 = 1.0;
+    let mut guest_q_min: f64 = 1.0;
     for (i, f) in s.flows.iter().enumerate() {
         if !accepted.contains(&f.key) {
             continue;
         }
+        guest_q_min = guest_q_min.min(s.check_guest_queue(&w, i, c));
         let pct = w.pct(i);
         acc_min = acc_min.min(pct);
         c.check(pct >= s.settings.min_on_cpu, || {
@@ -158,14 +160,15 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
         });
     }
     Ok(format!(
-        "cap={CAP} flows={} need_filter={need} filled_in={:.1}s live={} table_full: trace={} dev={dev_full} mod={mod_full} max_per_flow={worst}/{bound} add_ops={add_ops} steer_calls={steer_calls} busy={busy} busy_rejected={} accepted_on_cpu_min={:.1}% hw_min={:.1}%",
+        "cap={CAP} flows={} need_filter={need} filled_in={:.1}s live={} table_full: trace={} dev={dev_full} mod={mod_full} max_per_flow={worst}/{bound} add_ops={add_ops} steer_calls={steer_calls} busy={busy} busy_rejected={} accepted_on_cpu_min={:.1}% hw_min={:.1}% guest_q_min={:.1}%",
         s.flows.len(),
         fill.as_secs_f64(),
         table.len(),
         full.len(),
         delta(&m1, &m0, "busy_rejected"),
         100.0 * acc_min,
-        100.0 * hw_min
+        100.0 * hw_min,
+        100.0 * guest_q_min
     ))
 }
 

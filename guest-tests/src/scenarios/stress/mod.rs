@@ -19,6 +19,7 @@
 //! the group's helpers, `device-restart` and `unload-reload`.
 
 use super::faults::{table_of, DevTable};
+use super::workload::WindowFigures;
 use super::{BootKind, Checks, Session, GEN_IP, IFNAME};
 use crate::bail;
 use crate::harness::ctl::counter;
@@ -206,7 +207,12 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     let warm = s.wait_steered(&BTreeSet::new())?;
     std::thread::sleep(Duration::from_secs(1));
     let w = s.measure()?;
-    let (min, mean, min_hw) = s.check_window(&w, c);
+    let WindowFigures {
+        min,
+        mean,
+        min_hw,
+        min_guest_q,
+    } = s.check_window(&w, c);
     // Same boot: the guest's uptime went on.
     let info: crate::proto::Info = s.guest.agent.req(Request::Hello)?;
     c.check(
@@ -220,7 +226,7 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     );
     c.check(s.guest.qemu.exited().is_none(), || "QEMU exited".into());
     Ok(format!(
-        "killed vnic (SIGKILL) 1s; reconnected in {:.1}s; generation {gen0:#x} -> {gen1:#x}; module generation_changes +{} replays +{} replayed_filters +{replayed} in {:.1}s; device==module {} entries (had {before}, {kept} identical); trace ADDs {adds}; ping {}/{}; re-steered in {:.1}s; on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}%",
+        "killed vnic (SIGKILL) 1s; reconnected in {:.1}s; generation {gen0:#x} -> {gen1:#x}; module generation_changes +{} replays +{} replayed_filters +{replayed} in {:.1}s; device==module {} entries (had {before}, {kept} identical); trace ADDs {adds}; ping {}/{}; re-steered in {:.1}s; on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% guest_q_min={min_guest_q:.1}%",
         reconnect.as_secs_f64(),
         m1.get("generation_changes") - m0.get("generation_changes"),
         m1.get("replays") - m0.get("replays"),
