@@ -13,8 +13,10 @@
 
 #include <linux/etherdevice.h>
 #include <linux/jiffies.h>
+#include <linux/math64.h>
 #include <linux/pkt_sched.h>
 #include <linux/skbuff.h>
+#include <linux/timekeeping.h>
 
 #include "vnic_arfs.h"
 
@@ -156,6 +158,7 @@ static bool vnic_mgmt_build_request_locked(struct vnic_ctx *ctx, unsigned long n
 	s->acked = false;
 	s->retries = 0;
 	s->sent_at = now;
+	s->first_ns = ktime_get_ns();
 	ctx->next_seq++;
 	ctx->c.frames_sent++;
 	return true;
@@ -337,6 +340,17 @@ static void vnic_mgmt_ack_op_locked(struct vnic_ctx *ctx, const struct vnic_slot
 		vnic_flt_del_acked_locked(ctx, id, s->seq, st);
 }
 
+/* The device's programming latency as the driver sees it. */
+static void vnic_mgmt_count_rtt_locked(struct vnic_ctx *ctx, const struct vnic_slot *s)
+{
+	u64 us = div_u64(ktime_get_ns() - s->first_ns, NSEC_PER_USEC);
+
+	if (!ctx->c.ack_rtts++ || us < ctx->c.ack_rtt_min_us)
+		ctx->c.ack_rtt_min_us = us;
+	if (us > ctx->c.ack_rtt_max_us)
+		ctx->c.ack_rtt_max_us = us;
+}
+
 static void vnic_mgmt_rx_ack_locked(struct vnic_ctx *ctx, const struct sk_buff *skb,
 				    u32 seq, u16 count, u16 body_len)
 {
@@ -388,6 +402,8 @@ static void vnic_mgmt_rx_ack_locked(struct vnic_ctx *ctx, const struct sk_buff *
 			vnic_warn(ctx, "device NAKed frame seq %u type %u (code %u)\n",
 				  seq, s->type, fstatus);
 	}
+	if (!fstatus && s->type != VNIC_T_FLUSH)
+		vnic_mgmt_count_rtt_locked(ctx, s);
 	if (s->type == VNIC_T_FLUSH) {
 		ctx->c.flush_acks++;
 		if (!fstatus)

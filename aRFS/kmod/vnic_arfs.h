@@ -146,7 +146,8 @@ struct vnic_slot {
 	u16 nops;
 	u8 retries;
 	u16 len;			/* whole frame, Ethernet header included */
-	unsigned long sent_at;
+	unsigned long sent_at;		/* last transmission, jiffies */
+	u64 first_ns;			/* first transmission, ktime_get_ns() */
 	u8 buf[VNIC_FRAME_MAX];
 };
 
@@ -176,6 +177,8 @@ struct vnic_counters {
 	u64 stalls;
 	u64 layout_flushes;		/* filters deleted by a queue/CPU layout change */
 	u64 max_chain;			/* longest flow-table chain walked by a lookup */
+	/* ADD/DEL requests ACKed ok: first transmission to ACK, in us */
+	u64 ack_rtts, ack_rtt_min_us, ack_rtt_max_us;
 };
 
 enum vnic_state {

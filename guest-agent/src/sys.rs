@@ -432,6 +432,11 @@ pub fn current_cpu() -> i32 {
 /// getsockopt(SO_INCOMING_CPU): the CPU that last processed a packet for
 /// this socket in softirq (-1 before the first).
 pub fn incoming_cpu(fd: &impl AsRawFd) -> io::Result<i32> {
+    sockopt_int(fd, libc::SO_INCOMING_CPU)
+}
+
+/// An int-valued SOL_SOCKET option.
+fn sockopt_int(fd: &impl AsRawFd, opt: libc::c_int) -> io::Result<i32> {
     let mut v: libc::c_int = -1;
     let mut len = size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: v and len are valid for writing and sized for an int option.
@@ -439,7 +444,7 @@ pub fn incoming_cpu(fd: &impl AsRawFd) -> io::Result<i32> {
         libc::getsockopt(
             fd.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_INCOMING_CPU,
+            opt,
             (&raw mut v).cast(),
             &raw mut len,
         )
@@ -455,23 +460,7 @@ pub fn incoming_cpu(fd: &impl AsRawFd) -> io::Result<i32> {
 /// last packet it received (connected UDP and TCP sockets record it per
 /// packet). 0 when none did.
 pub fn incoming_napi_id(fd: &impl AsRawFd) -> io::Result<u32> {
-    let mut v: libc::c_uint = 0;
-    let mut len = size_of::<libc::c_uint>() as libc::socklen_t;
-    // SAFETY: v and len are valid for writing and sized for an int option.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_INCOMING_NAPI_ID,
-            (&raw mut v).cast(),
-            &raw mut len,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(v)
-    }
+    sockopt_int(fd, libc::SO_INCOMING_NAPI_ID).map(i32::cast_unsigned)
 }
 
 /// sync, then reboot(RB_POWER_OFF). Does not return on success.

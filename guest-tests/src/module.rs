@@ -101,8 +101,13 @@ impl ModuleCounters {
         c
     }
 
-    /// Sum over devices of the counter `name`.
+    /// Sum over devices of the counter `name`. Absent: 0, and the
+    /// scenario fails ([`crate::harness::missing`]).
     pub fn get(&self, name: &str) -> u64 {
+        if !self.has(name) {
+            crate::harness::missing(format!("{name} (module debugfs)"));
+            return 0;
+        }
         self.raw
             .iter()
             .filter(|(k, _)| k.rsplit('/').next() == Some(name))

@@ -77,7 +77,13 @@ impl Ctl {
     }
 }
 
-/// A u64 at a JSON pointer (e.g. `/table/adds`), 0 when absent.
+/// A u64 at a JSON pointer (e.g. `/table/adds`). Absent (or not a
+/// number): 0, and the scenario fails ([`super::missing`]).
 pub fn counter(v: &Value, pointer: &str) -> u64 {
-    v.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
+    v.pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| {
+            super::missing(format!("{pointer} (vnic ctl)"));
+            0
+        })
 }

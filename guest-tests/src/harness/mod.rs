@@ -185,6 +185,31 @@ pub(crate) fn kill_child(child: &mut std::process::Child) {
     let _ = child.wait();
 }
 
+/// Counters a scenario asked for that were not there (see [`missing`]).
+static MISSING: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Records that a counter was absent where one was read: the reader gets
+/// 0 to go on with, and the scenario fails (the runner takes the list with
+/// [`take_missing`]): an absent counter is never silently read as 0.
+pub fn missing(what: String) {
+    MISSING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(what);
+}
+
+/// The absent counters recorded since the last call (deduplicated).
+pub fn take_missing() -> Vec<String> {
+    let mut v = std::mem::take(
+        &mut *MISSING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    v.sort();
+    v.dedup();
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! way `steer` does, without asserting on that set-up), so any subset can be
 //! selected.
 
-use super::workload::{fmt_queues, napi_queues, queue_delta, WindowFigures};
+use super::workload::{fmt_queues, napi_queues, queue_delta};
 use super::{Checks, Flow, Session, GEN_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
@@ -178,12 +178,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     }
     let warm = s.setup_steering()?;
     let w = s.measure()?;
-    let WindowFigures {
-        min,
-        mean,
-        min_hw,
-        min_guest_q,
-    } = s.check_window(&w, c);
+    let fig = s.check_window(&w, c);
     let trace = s.trace_since_mark()?;
     let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.rss_q != f.cpu).collect();
     let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
@@ -229,7 +224,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     });
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
     Ok(format!(
-        "flows={} steered={} adds={} replaces={replaces} rejects={} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% guest_q_min={min_guest_q:.1}% pkts/flow~{}",
+        "flows={} steered={} adds={} replaces={replaces} rejects={} warmup={:.1}s {fig} pkts/flow~{}",
         s.flows.len(),
         steered.len(),
         adds.len(),
@@ -254,12 +249,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
     let warm = s.wait_steered(&had)?;
     std::thread::sleep(Duration::from_secs(1));
     let w = s.measure()?;
-    let WindowFigures {
-        min,
-        mean,
-        min_hw,
-        min_guest_q,
-    } = s.check_window(&w, c);
+    let fig = s.check_window(&w, c);
     let trace = s.trace_since_mark()?;
     let count = |k: EventKind| trace.iter().filter(|r| r.event == k).count();
     let (replaces, adds, rejects) = (
@@ -305,7 +295,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% guest_q_min={min_guest_q:.1}%",
+        "moved={} re-steered={} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s {fig}",
         s.flows.len(),
         had.len(),
         warm.as_secs_f64()

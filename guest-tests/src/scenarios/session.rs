@@ -283,6 +283,8 @@ impl Session {
     /// Run one scenario, never panicking; the outcome carries the verdict.
     pub fn run(&mut self, name: &str) -> Outcome {
         let start = Instant::now();
+        // What boot or an earlier teardown read is not this scenario's.
+        let _ = crate::harness::take_missing();
         let mut checks = Checks::default();
         let r = match Scenario::find(name) {
             Some(sc) => sc.call(self, &mut checks),
@@ -311,6 +313,11 @@ impl Session {
                 String::new()
             }
         };
+        for m in crate::harness::take_missing() {
+            checks.failures.push(format!(
+                "counter {m} was read but is absent (never read as 0)"
+            ));
+        }
         // Any WARN/BUG/oops/KASAN/lockdep report fails the scenario it happened in.
         match self.guest.kernel_failures() {
             Ok(bad) => {

@@ -58,6 +58,16 @@ pub struct WindowFigures {
     pub min_guest_q: f64,
 }
 
+impl std::fmt::Display for WindowFigures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% guest_q_min={:.1}%",
+            self.min, self.mean, self.min_hw, self.min_guest_q
+        )
+    }
+}
+
 /// The rx queue of each NAPI id.
 pub(super) fn napi_queues(m: &RxQueueNapi) -> BTreeMap<u32, usize> {
     m.napi.iter().enumerate().map(|(q, &id)| (id, q)).collect()

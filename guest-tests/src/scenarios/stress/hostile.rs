@@ -6,7 +6,6 @@ use crate::ensure;
 use crate::harness::ctl::counter;
 use crate::harness::Result;
 use crate::proto::{hex_decode, hex_encode, RawTxReport, RawTxSpec, Request};
-use crate::scenarios::workload::WindowFigures;
 use crate::scenarios::{Checks, Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use arfs::proto::{self as wire, FrameError, Message};
 use arfs::EventKind;
@@ -406,12 +405,7 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     std::thread::sleep(Duration::from_secs(1));
     // Steering of the running workload during the blast.
     let w = s.measure()?;
-    let WindowFigures {
-        min,
-        mean,
-        min_hw,
-        min_guest_q,
-    } = s.check_window(&w, c);
+    let fig = s.check_window(&w, c);
     let p = ping(s, 3)?;
     c.check(p.received == p.sent, || {
         format!("ping during the blast: {}/{}", p.received, p.sent)
@@ -510,7 +504,7 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
         c.check(false, || e.clone());
     }
     Ok(format!(
-        "{phase1}; under load: {total} frames in {:.1}s ({:.0}/s, {} retries) by reason sent/counted: {counted}out_of_order={} naks=0 traced={traced} module gen_changes/replays/stalls +0, tables agree ({} entries); steering on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% guest_q_min={min_guest_q:.1}% ping {}/{}",
+        "{phase1}; under load: {total} frames in {:.1}s ({:.0}/s, {} retries) by reason sent/counted: {counted}out_of_order={} naks=0 traced={traced} module gen_changes/replays/stalls +0, tables agree ({} entries); steering {fig} ping {}/{}",
         rep.elapsed_ms as f64 / 1000.0,
         total as f64 * 1000.0 / rep.elapsed_ms.max(1) as f64,
         rep.retries,

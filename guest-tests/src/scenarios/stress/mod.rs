@@ -19,7 +19,6 @@
 //! the group's helpers, `device-restart` and `unload-reload`.
 
 use super::faults::{table_of, DevTable};
-use super::workload::WindowFigures;
 use super::{BootKind, Checks, Session, GEN_IP, IFNAME};
 use crate::bail;
 use crate::harness::ctl::counter;
@@ -117,7 +116,13 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     let st0 = s.guest.ctl.stats()?;
     let gen0 = counter(&st0, "/generation");
     let m0 = s.module_counters()?;
-    let up0 = s.guest.info.uptime_s;
+    // The guest's uptime at the kill: a reboot during the restart would
+    // restart it (comparing with the uptime at boot could not tell).
+    let up0 = s
+        .guest
+        .agent
+        .req::<crate::proto::Info>(Request::Hello)?
+        .uptime_s;
     let t0 = Instant::now();
     s.guest.restart_vnic(Duration::from_secs(1))?;
     // The old daemon's flow sets and trace are gone with it.
@@ -207,12 +212,7 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     let warm = s.wait_steered(&BTreeSet::new())?;
     std::thread::sleep(Duration::from_secs(1));
     let w = s.measure()?;
-    let WindowFigures {
-        min,
-        mean,
-        min_hw,
-        min_guest_q,
-    } = s.check_window(&w, c);
+    let fig = s.check_window(&w, c);
     // Same boot: the guest's uptime went on.
     let info: crate::proto::Info = s.guest.agent.req(Request::Hello)?;
     c.check(
@@ -226,7 +226,7 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     );
     c.check(s.guest.qemu.exited().is_none(), || "QEMU exited".into());
     Ok(format!(
-        "killed vnic (SIGKILL) 1s; reconnected in {:.1}s; generation {gen0:#x} -> {gen1:#x}; module generation_changes +{} replays +{} replayed_filters +{replayed} in {:.1}s; device==module {} entries (had {before}, {kept} identical); trace ADDs {adds}; ping {}/{}; re-steered in {:.1}s; on_cpu_min={min:.1}% mean={mean:.1}% hw_min={min_hw:.1}% guest_q_min={min_guest_q:.1}%",
+        "killed vnic (SIGKILL) 1s; reconnected in {:.1}s; generation {gen0:#x} -> {gen1:#x}; module generation_changes +{} replays +{} replayed_filters +{replayed} in {:.1}s; device==module {} entries (had {before}, {kept} identical); trace ADDs {adds}; ping {}/{}; re-steered in {:.1}s; {fig}",
         reconnect.as_secs_f64(),
         m1.get("generation_changes") - m0.get("generation_changes"),
         m1.get("replays") - m0.get("replays"),
