@@ -50,6 +50,15 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
     };
     match req.cmd.as_str() {
         "stats" => json!({"ok": true, "stats": stats_json(sh)}),
+        // Everything traced before this request is in the file when the
+        // reply comes (the writer otherwise flushes when idle for 50 ms).
+        "trace_flush" => {
+            if sh.tracer.flush(Duration::from_secs(5)) {
+                json!({"ok": true})
+            } else {
+                err("the trace writer did not flush within 5 s")
+            }
+        }
         "table" => {
             let snap = sh.lock_mgmt().snapshot(true);
             json!({"ok": true, "table": table_json(sh, &snap)})

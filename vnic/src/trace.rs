@@ -81,7 +81,8 @@ impl Tracer {
     pub fn flush(&self, timeout: Duration) -> bool {
         let Some(tx) = &self.tx else { return true };
         let (atx, arx) = sync_channel(1);
-        // Blocking send is fine here: flush runs on the exit path only.
+        // Blocking send is fine here: the writer always drains the channel
+        // (workers never block on it: they drop and count when it is full).
         if tx.send(Msg::Flush(atx)).is_err() {
             return false;
         }

@@ -224,6 +224,8 @@ impl Session {
 
     /// New trace records since the last call.
     pub(super) fn trace_since_mark(&mut self) -> Result<Vec<TraceRecord>> {
+        // The writer flushes when idle: make sure what happened is there.
+        self.guest.ctl.call(&json!({"cmd": "trace_flush"}))?;
         let text = std::fs::read_to_string(&self.guest.vnic.trace).ctx(format!(
             "reading the trace {}",
             self.guest.vnic.trace.display()

@@ -7,7 +7,8 @@ use crate::harness::ctl::counter;
 use crate::harness::vnic::VnicOptions;
 use crate::harness::{wait_for, Context, Result};
 use crate::proto::{Request, TcpStats};
-use crate::scenarios::{Checks, Flow, Session, Window, GEN_IP, GUEST_IP};
+use crate::scenarios::workload::{fmt_queues, napi_queues, queue_delta};
+use crate::scenarios::{Checks, Flow, Session, Window, GEN_IP, GUEST_IP, IFNAME};
 use arfs::{EventKind, FlowKey, L4Proto};
 use serde_json::Value;
 use std::net::{SocketAddrV4, TcpStream};
@@ -270,6 +271,10 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     let warm = t0.elapsed();
     std::thread::sleep(Duration::from_secs(1));
     // The window.
+    let napi: crate::proto::RxQueueNapi = s.guest.agent.req(Request::RxQueueNapi {
+        ifname: IFNAME.into(),
+    })?;
+    let map = napi_queues(&napi);
     let a0: TcpStats = s.guest.agent.req(Request::TcpStats)?;
     let d0 = s.device_filters()?;
     let g0 = client.segs_out();
@@ -282,15 +287,16 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         st.conns
             .iter()
             .find(|c| c.peer.ends_with(&format!(":{port}")))
-            .map(|c| (c.reads, c.on_cpu))
+            .map(|c| (c.reads, c.on_cpu, c.by_napi.clone()))
             .unwrap_or_default()
     };
     let mut min: f64 = 1.0;
     let mut min_hw: f64 = 1.0;
+    let mut min_guest_q: f64 = 1.0;
     let mut sum = 0.0;
     for (ci, f) in &flows {
-        let (r0, o0) = by_peer(&a0, f.local_port);
-        let (r1, o1) = by_peer(&a1, f.local_port);
+        let (r0, o0, n0) = by_peer(&a0, f.local_port);
+        let (r1, o1, n1) = by_peer(&a1, f.local_port);
         let (reads, on) = (r1 - r0, o1 - o0);
         w.packets.push(reads);
         w.on_cpu.push(on);
@@ -335,6 +341,28 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
                     f.local_port, f.cpu
                 )
             });
+            // The guest side: the reads' last segments came in through
+            // the filter's queue (SO_INCOMING_NAPI_ID, as for UDP).
+            let filter_q = match (d0.get(&f.key), d1.get(&f.key)) {
+                (Some(&(i0, q0, _)), Some(&(i1, q1, _))) if i0 == i1 && q0 == q1 => Some(q1),
+                _ => None,
+            };
+            let by_q = queue_delta(&n1, &n0, 0, &map);
+            let on_q = filter_q.map_or(0, |q| by_q.get(&q).copied().unwrap_or(0));
+            let gq = if reads == 0 {
+                0.0
+            } else {
+                on_q as f64 / reads as f64
+            };
+            min_guest_q = min_guest_q.min(gq);
+            c.check(gq >= s.settings.min_on_cpu, || {
+                format!(
+                    "TCP :{}: the guest saw {on_q} of {reads} reads arrive on the filter's queue {filter_q:?} (by queue, {}: {})",
+                    f.local_port,
+                    napi.source,
+                    fmt_queues(&by_q)
+                )
+            });
         }
     }
     let trace = s.trace_since_mark()?;
@@ -376,13 +404,14 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     c.check(tap_rx > 0, || "the device read nothing from the tap".into());
     drop(client);
     Ok(format!(
-        "conns={} steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) tap_rx={tap_rx} tap_tx={}",
+        "conns={} steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tap_rx={tap_rx} tap_tx={}",
         flows.len(),
         want.len(),
         warm.as_secs_f64(),
         100.0 * min,
         100.0 * sum / flows.len().max(1) as f64,
         100.0 * min_hw,
+        100.0 * min_guest_q,
         counter(&st, "/peer/tap_tx")
     ))
 }
