@@ -69,11 +69,96 @@ pub fn kernel_custom(bzimage: &Path, kdir: &Path) -> Result<Kernel> {
             kdir.display()
         );
     }
+    let release = kernel_release(kdir)?;
+    let image = std::fs::read(bzimage).ctx(format!("reading {}", bzimage.display()))?;
+    match bzimage_release(&image) {
+        Some(r) if r == release => {}
+        Some(r) => bail!(
+            "--kernel-image {} is release {r}, but --kdir {} is {release}: the module would not load",
+            bzimage.display(),
+            kdir.display()
+        ),
+        None => bail!(
+            "--kernel-image {}: not an x86 bzImage (no kernel version in its setup header)",
+            bzimage.display()
+        ),
+    }
+    let config = std::fs::read_to_string(kdir.join(".config"))
+        .ctx(format!("reading {}/.config", kdir.display()))?;
+    let missing = missing_config(&config);
+    if !missing.is_empty() {
+        bail!(
+            "--kdir {}: the kernel lacks what the suite needs (build it in, =y):\n  {}",
+            kdir.display(),
+            missing.join("\n  ")
+        );
+    }
     Ok(Kernel {
         label: "custom".into(),
         bzimage: bzimage.to_path_buf(),
         kdir: kdir.to_path_buf(),
     })
+}
+
+/// What a guest kernel must have built in (`=y`) for the suite: the
+/// initramfs loads no driver module, only vnic_arfs.ko and its test helpers.
+const NEEDED_CONFIG: &[(&str, &str)] = &[
+    ("SMP", "several vCPUs"),
+    ("ACPI", "-smp N and power-off under QEMU"),
+    ("PCI", "the virtio PCI devices"),
+    ("BLK_DEV_INITRD", "the initramfs"),
+    ("DEVTMPFS", "/dev in the initramfs"),
+    ("PROC_FS", "/proc"),
+    ("SYSFS", "/sys"),
+    ("SERIAL_8250_CONSOLE", "the console log"),
+    ("VIRTIO_PCI", "virtio over PCI"),
+    ("VIRTIO_NET", "the NIC under test"),
+    ("VIRTIO_CONSOLE", "the agent's virtio-serial port"),
+    ("INET", "IPv4"),
+    ("PACKET", "AF_PACKET (hostile-mgmt)"),
+    ("RPS", "RPS/RFS"),
+    ("RFS_ACCEL", "ndo_rx_flow_steer"),
+    ("XPS", "per-CPU tx queues"),
+    (
+        "NET_RX_BUSY_POLL",
+        "NAPI ids (SO_INCOMING_NAPI_ID: the guest-side queue check)",
+    ),
+    ("DEBUG_FS", "the module's counters"),
+    ("MODULES", "loading vnic_arfs.ko"),
+    ("MODULE_UNLOAD", "the unload scenarios"),
+];
+
+/// Each needed option the `.config` text does not set to `y`, with why it
+/// is needed.
+pub fn missing_config(config: &str) -> Vec<String> {
+    NEEDED_CONFIG
+        .iter()
+        .filter(|(name, _)| {
+            !config
+                .lines()
+                .any(|l| l.trim() == format!("CONFIG_{name}=y"))
+        })
+        .map(|(name, why)| {
+            let now = config
+                .lines()
+                .find(|l| l.starts_with(&format!("CONFIG_{name}=")))
+                .map_or("not set".to_string(), |l| l.trim().to_string());
+            format!("CONFIG_{name} ({why}): {now}")
+        })
+        .collect()
+}
+
+/// The release in an x86 bzImage's setup header: the boot protocol's
+/// `kernel_version` field (offset 0x20e) points, 0x200 bytes on, at the
+/// version string whose first word is the release.
+pub fn bzimage_release(image: &[u8]) -> Option<String> {
+    if image.get(0x202..0x206)? != b"HdrS" {
+        return None;
+    }
+    let off = usize::from(u16::from_le_bytes([*image.get(0x20e)?, *image.get(0x20f)?])) + 0x200;
+    let s = image.get(off..)?;
+    let end = s.iter().position(|&b| b == 0 || b == b' ')?;
+    std::str::from_utf8(&s[..end]).ok().map(String::from)
 }
 
 /// Kernel release of a built tree.
@@ -271,4 +356,40 @@ pub fn initramfs(kdir: &Path, agent: &Path, modules: &[PathBuf]) -> Result<PathB
 /// modules under /lib/modules/<release>/extra/).
 pub fn guest_module_path(release: &str) -> String {
     format!("/lib/modules/{release}/extra/vnic_arfs.ko")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_config_names_each_option_and_its_state() {
+        let full = NEEDED_CONFIG
+            .iter()
+            .map(|(n, _)| format!("CONFIG_{n}=y"))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n";
+        assert!(missing_config(&full).is_empty());
+        let partial = full
+            .replace("CONFIG_RFS_ACCEL=y\n", "# CONFIG_RFS_ACCEL is not set\n")
+            .replace("CONFIG_VIRTIO_NET=y", "CONFIG_VIRTIO_NET=m");
+        let m = missing_config(&partial);
+        assert_eq!(m.len(), 2, "{m:?}");
+        assert!(m[0].starts_with("CONFIG_VIRTIO_NET (") && m[0].ends_with("CONFIG_VIRTIO_NET=m"));
+        assert!(m[1].starts_with("CONFIG_RFS_ACCEL (") && m[1].ends_with("not set"));
+    }
+
+    #[test]
+    fn bzimage_release_reads_the_setup_header() {
+        let mut img = vec![0u8; 0x600];
+        img[0x202..0x206].copy_from_slice(b"HdrS");
+        img[0x20e..0x210].copy_from_slice(&0x300u16.to_le_bytes());
+        let v = b"6.12.118-vnic (root@vm) #1 SMP\0";
+        img[0x500..0x500 + v.len()].copy_from_slice(v);
+        assert_eq!(bzimage_release(&img).as_deref(), Some("6.12.118-vnic"));
+        img[0x202] = b'X';
+        assert_eq!(bzimage_release(&img), None);
+        assert_eq!(bzimage_release(&[0u8; 16]), None);
+    }
 }

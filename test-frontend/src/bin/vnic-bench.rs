@@ -14,8 +14,11 @@
 //! that generate, steer and deliver: the figure the issue's per-worker
 //! target is about, comparable on a busy host), besides per CPU-second of
 //! the whole daemon. `--baseline OLD_VNIC` runs every case against an
-//! older daemon binary too, interleaved with the new one, and reports the
-//! ratios from that one run.
+//! older daemon binary too and reports the ratios from that one run: both
+//! daemons are set up for the case side by side, and the measured time
+//! alternates between them in short slices (old new, new old, ...), only
+//! one being driven at a time, so that the slow phases of a shared machine
+//! fall on both alike instead of on whichever ran during them.
 //!
 //! `cargo run --release -p vnic-frontend --bin vnic-bench [-- --quick]`
 //!
@@ -42,7 +45,7 @@ use vnic_frontend::{build_frame, FrameSpec, Options};
 const USAGE: &str = "\
 vnic-bench: RX/TX packet rate of vnic serve through its vhost-user socket
 
-USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--vnic PATH]
+USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--slices K] [--vnic PATH]
                   [--baseline PATH] [--only rx|tx] [--pairs N] [--size B]
 
   --quick          1 s per case, 64 B frames only
@@ -50,9 +53,13 @@ USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--vnic PATH]
   --repeat N       run the whole matrix N times, report median and min..max
   --vnic PATH      the vnic binary (default: next to this one, built with
                    `cargo build` first when run through cargo)
-  --baseline PATH  also run every case against this (older) vnic binary,
-                   alternating with --vnic case by case, and report the
-                   new/old ratios of that run
+  --baseline PATH  also run every case against this (older) vnic binary and
+                   report the new/old ratios of that run: both daemons are
+                   set up for the case, and the measured seconds alternate
+                   between them in K slices (old new, new old, ...; only
+                   one is driven at a time), so a slow phase of a shared
+                   machine falls on both alike
+  --slices K       slices per case and binary (default 6: 0.5 s each)
   --only rx|tx     run one direction only
   --pairs N        only the cases with N pairs (1 or 2)
   --size B         only the cases with B-byte frames (64 or 1500)
@@ -81,14 +88,14 @@ struct Case {
     steer: Steer,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Outcome {
     frames: u64,
     secs: f64,
     device_frames: u64,
     device_drops: u64,
-    /// Drop counters by reason (RX) during the measurement.
-    drop_detail: String,
+    /// RX drops by reason: no_buffers, ring_full, too_big, disabled.
+    drops_by_reason: [u64; 4],
     /// CPU seconds the daemon used during the measurement (all threads).
     device_cpu: f64,
     /// CPU seconds of the daemon's worker threads (`vring_worker`).
@@ -260,53 +267,188 @@ fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
     }
 }
 
-fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, String> {
-    let steer = case.steer;
-    let pairs_s = case.pairs.to_string();
-    let d = Daemon::start(
-        bin,
-        &[
-            "--queues",
-            &pairs_s,
-            "--peer",
-            "gen",
-            "--table-capacity",
-            "65535",
-        ],
-    )
-    .map_err(|e| e.to_string())?;
-    let mut c = Ctl::connect(&d.ctl).map_err(|e| e.to_string())?;
-    let dpid = d.pid().ok_or("daemon has no pid")?;
-    let opts = Options {
-        pairs: case.pairs,
-        queue_size: 1024,
-        ..Options::default()
-    };
-    let mut g = Guest::connect(&d.socket, opts, case.pairs).map_err(|e| e.to_string())?;
-    // The daemon learns of enabled pairs asynchronously (see
-    // vnic-bugs.md): wait until it reports all of them before any ADD.
-    vnic_frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
-        c.stats()
-            .ok()
-            .filter(|s| s["enabled_pairs"] == json!(case.pairs))
-    })?;
-    g.hello(Duration::from_secs(30))?;
-    if case.filters > 0 {
-        let t0 = Instant::now();
-        install_filters(&mut g, case.filters, case.pairs, steer)?;
-        let live = counter(&c.table().map_err(|e| e.to_string())?, "live");
-        if live != u64::from(case.filters) {
-            return Err(format!("{live} filters live, wanted {}", case.filters));
+/// One daemon under test, connected and ready (filters installed, for RX
+/// its generator running once [`Side::start_gen`] was called).
+struct Side {
+    _d: Daemon,
+    c: Ctl,
+    g: Guest,
+    qps: Vec<vnic_frontend::QueuePair>,
+    dpid: u32,
+    stats: Vec<Arc<PumpStats>>,
+    gen_id: Option<u64>,
+}
+
+impl Side {
+    fn setup(bin: &std::path::Path, case: Case, frame: &[u8]) -> Result<Self, String> {
+        let pairs_s = case.pairs.to_string();
+        let d = Daemon::start(
+            bin,
+            &[
+                "--queues",
+                &pairs_s,
+                "--peer",
+                "gen",
+                "--table-capacity",
+                "65535",
+            ],
+        )
+        .map_err(|e| e.to_string())?;
+        let mut c = Ctl::connect(&d.ctl).map_err(|e| e.to_string())?;
+        let dpid = d.pid().ok_or("daemon has no pid")?;
+        let opts = Options {
+            pairs: case.pairs,
+            queue_size: 1024,
+            ..Options::default()
+        };
+        let mut g = Guest::connect(&d.socket, opts, case.pairs).map_err(|e| e.to_string())?;
+        // The daemon learns of enabled pairs asynchronously: wait until it
+        // reports all of them before any ADD.
+        vnic_frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
+            c.stats()
+                .ok()
+                .filter(|s| s["enabled_pairs"] == json!(case.pairs))
+        })?;
+        g.hello(Duration::from_secs(30))?;
+        if case.filters > 0 {
+            let t0 = Instant::now();
+            install_filters(&mut g, case.filters, case.pairs, case.steer)?;
+            let live = counter(&c.table().map_err(|e| e.to_string())?, "live");
+            if live != u64::from(case.filters) {
+                return Err(format!("{live} filters live, wanted {}", case.filters));
+            }
+            eprintln!(
+                "  installed {} filters in {:.2?}",
+                case.filters,
+                t0.elapsed()
+            );
         }
-        eprintln!(
-            "  installed {} filters in {:.2?}",
-            case.filters,
-            t0.elapsed()
-        );
+        let mut qps = std::mem::take(&mut g.qps);
+        if case.dir == Dir::Tx {
+            for qp in &mut qps {
+                qp.tx.prebuild(frame);
+            }
+        }
+        Ok(Self {
+            _d: d,
+            c,
+            g,
+            qps,
+            dpid,
+            stats: (0..case.pairs).map(|_| Arc::default()).collect(),
+            gen_id: None,
+        })
     }
-    let qps = std::mem::take(&mut g.qps);
-    let stop = Arc::new(AtomicBool::new(false));
-    let stats: Vec<Arc<PumpStats>> = (0..case.pairs).map(|_| Arc::default()).collect();
+
+    /// RX: the generator sends as fast as the rx rings take frames (when
+    /// this side's pumps are paused its rings fill and it idles).
+    fn start_gen(&mut self, case: Case) -> Result<(), String> {
+        if case.dir == Dir::Rx {
+            self.gen_id = Some(
+                self.c
+                    .gen_start(&json!({
+                        "flows": GEN_FLOWS,
+                        "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
+                        "dport": GEN_DPORT.to_string(),
+                        "rate": 0,
+                        "size": case.size,
+                    }))
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs this side's pumps for `dur`; with `acc`, adds what the slice
+    /// measured to it.
+    fn slice(
+        &mut self,
+        case: Case,
+        frame_len: usize,
+        dur: Duration,
+        acc: Option<&mut Outcome>,
+    ) -> Result<(), String> {
+        let stop = AtomicBool::new(false);
+        let frames = |st: &[Arc<PumpStats>]| -> u64 {
+            st.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum()
+        };
+        let waits = |st: &[Arc<PumpStats>]| -> u64 {
+            st.iter().map(|s| s.waits.load(Ordering::Relaxed)).sum()
+        };
+        let (f0, w0) = (frames(&self.stats), waits(&self.stats));
+        let s0 = self.c.stats().map_err(|e| e.to_string())?;
+        let (cpu0, wcpu0) = cpu_seconds(self.dpid)?;
+        let t0 = Instant::now();
+        std::thread::scope(|s| -> Result<(), String> {
+            let mut handles = Vec::new();
+            for (qp, st) in self.qps.iter_mut().zip(&self.stats) {
+                let stop = &stop;
+                handles.push(s.spawn(move || match case.dir {
+                    Dir::Rx => rx_loop(&mut qp.rx, stop, st).map_err(|e| e.to_string()),
+                    Dir::Tx => tx_loop(&mut qp.tx, frame_len, stop, st).map_err(|e| e.to_string()),
+                }));
+            }
+            std::thread::sleep(dur);
+            stop.store(true, Ordering::Relaxed);
+            for h in handles {
+                h.join().map_err(|_| "pump thread panicked".to_string())??;
+            }
+            Ok(())
+        })?;
+        let el = t0.elapsed().as_secs_f64();
+        let (cpu1, wcpu1) = cpu_seconds(self.dpid)?;
+        let s1 = self.c.stats().map_err(|e| e.to_string())?;
+        let Some(o) = acc else { return Ok(()) };
+        let sum = |v: &serde_json::Value, f: &str| -> u64 {
+            (0..case.pairs as usize)
+                .map(|q| counter(v, &format!("queues.{q}.{f}")))
+                .sum()
+        };
+        let d = |f: &str| sum(&s1, f) - sum(&s0, f);
+        o.frames += frames(&self.stats) - f0;
+        o.waits += waits(&self.stats) - w0;
+        o.secs += el;
+        o.device_cpu += cpu1 - cpu0;
+        o.worker_cpu += wcpu1 - wcpu0;
+        match case.dir {
+            Dir::Rx => {
+                o.device_frames += d("rx_packets");
+                o.device_drops += d("rx_drops");
+                for (i, r) in ["no_buffers", "ring_full", "too_big", "disabled"]
+                    .iter()
+                    .enumerate()
+                {
+                    o.drops_by_reason[i] += d(&format!("rx_drops_{r}"));
+                }
+            }
+            Dir::Tx => {
+                o.device_frames += d("tx_packets");
+                o.device_drops += d("tx_drops");
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), String> {
+        if let Some(id) = self.gen_id {
+            self.c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
+        }
+        drop(self.g);
+        Ok(())
+    }
+}
+
+/// Runs `case` on every binary of `bins` at once: each gets its daemon,
+/// then after a 1 s warm-up each, the measured time is cut into `slices`
+/// slices that alternate between the binaries (A B, B A, A B, ...), only
+/// one daemon being driven at a time. A slow phase of the shared machine
+/// then falls on all of them alike. One [`Outcome`] per binary.
+fn run_case(
+    bins: &[&std::path::Path],
+    case: Case,
+    secs: f64,
+    slices: usize,
+) -> Result<Vec<Outcome>, String> {
     let frame = build_frame(&FrameSpec {
         src_mac: GUEST_MAC,
         dst_mac: [0x02, 0, 0, 0, 0, 1],
@@ -317,97 +459,26 @@ fn run_case(bin: &std::path::Path, case: Case, secs: f64) -> Result<Outcome, Str
         dport: 9,
         len: case.size,
     });
-    let warm = Duration::from_secs(1);
-    let out = std::thread::scope(|s| -> Result<Outcome, String> {
-        let mut handles = Vec::new();
-        for (mut qp, st) in qps.into_iter().zip(stats.iter()) {
-            let stop = stop.clone();
-            let st = st.clone();
-            let frame = frame.clone();
-            handles.push(s.spawn(move || match case.dir {
-                Dir::Rx => rx_loop(&mut qp.rx, &stop, &st).map_err(|e| e.to_string()),
-                Dir::Tx => {
-                    qp.tx.prebuild(&frame);
-                    tx_loop(&mut qp.tx, frame.len(), &stop, &st).map_err(|e| e.to_string())
-                }
-            }));
+    let mut sides = bins
+        .iter()
+        .map(|b| Side::setup(b, case, &frame))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out: Vec<Outcome> = bins.iter().map(|_| Outcome::default()).collect();
+    for side in &mut sides {
+        side.start_gen(case)?;
+        side.slice(case, frame.len(), Duration::from_secs(1), None)?;
+    }
+    let dur = Duration::from_secs_f64(secs / slices as f64);
+    for k in 0..slices {
+        let n = sides.len();
+        for j in 0..n {
+            let i = if k % 2 == 0 { j } else { n - 1 - j };
+            sides[i].slice(case, frame.len(), dur, Some(&mut out[i]))?;
         }
-        // Whatever happens below, the pump threads must stop or the scope
-        // never ends.
-        let measured = (|| -> Result<_, String> {
-            let gen_id = if case.dir == Dir::Rx {
-                Some(
-                    c.gen_start(&json!({
-                        "flows": GEN_FLOWS,
-                        "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
-                        "dport": GEN_DPORT.to_string(),
-                        "rate": 0,
-                        "size": case.size,
-                    }))
-                    .map_err(|e| e.to_string())?,
-                )
-            } else {
-                None
-            };
-            std::thread::sleep(warm);
-            let f0: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
-            let s0 = c.stats().map_err(|e| e.to_string())?;
-            let (cpu0, wcpu0) = cpu_seconds(dpid)?;
-            let t0 = Instant::now();
-            std::thread::sleep(Duration::from_secs_f64(secs));
-            let f1: u64 = stats.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum();
-            let el = t0.elapsed().as_secs_f64();
-            let (cpu1, wcpu1) = cpu_seconds(dpid)?;
-            let s1 = c.stats().map_err(|e| e.to_string())?;
-            if let Some(id) = gen_id {
-                c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
-            }
-            Ok((f0, f1, el, s0, s1, cpu1 - cpu0, wcpu1 - wcpu0))
-        })();
-        stop.store(true, Ordering::Relaxed);
-        for h in handles {
-            h.join().map_err(|_| "pump thread panicked".to_string())??;
-        }
-        let (f0, f1, el, s0, s1, cpu, wcpu) = measured?;
-        let sum = |v: &serde_json::Value, f: &str| -> u64 {
-            (0..case.pairs as usize)
-                .map(|q| counter(v, &format!("queues.{q}.{f}")))
-                .sum()
-        };
-        let drop_detail = if case.dir == Dir::Rx {
-            ["no_buffers", "ring_full", "too_big", "disabled"]
-                .iter()
-                .map(|r| {
-                    let f = format!("rx_drops_{r}");
-                    format!("{r} {}", sum(&s1, &f) - sum(&s0, &f))
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        } else {
-            String::new()
-        };
-        let (dev, drops) = match case.dir {
-            Dir::Rx => (
-                sum(&s1, "rx_packets") - sum(&s0, "rx_packets"),
-                sum(&s1, "rx_drops") - sum(&s0, "rx_drops"),
-            ),
-            Dir::Tx => (
-                sum(&s1, "tx_packets") - sum(&s0, "tx_packets"),
-                sum(&s1, "tx_drops") - sum(&s0, "tx_drops"),
-            ),
-        };
-        Ok(Outcome {
-            frames: f1 - f0,
-            secs: el,
-            device_frames: dev,
-            device_drops: drops,
-            drop_detail,
-            device_cpu: cpu,
-            worker_cpu: wcpu,
-            waits: stats.iter().map(|s| s.waits.load(Ordering::Relaxed)).sum(),
-        })
-    })?;
-    drop(g);
+    }
+    for side in sides {
+        side.finish()?;
+    }
     Ok(out)
 }
 
@@ -420,6 +491,7 @@ fn main() {
     let mut only_pairs = None;
     let mut only_size = None;
     let mut repeat = 1usize;
+    let mut slices = 6usize;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -437,6 +509,13 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .filter(|v: &usize| *v > 0)
                     .unwrap_or_else(|| fail("--repeat needs a positive integer"));
+            }
+            "--slices" => {
+                slices = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|v: &usize| *v > 0)
+                    .unwrap_or_else(|| fail("--slices needs a positive integer"));
             }
             "--vnic" => {
                 vnic = Some(PathBuf::from(
@@ -526,45 +605,52 @@ fn main() {
         bins.push(("old", b.clone()));
     }
     bins.push(("new", bin));
-    // Rounds run the whole matrix in turn, and the binaries alternate case
-    // by case, so slow phases of a shared machine spread over all of them.
+    // Rounds run the whole matrix in turn; within a case the binaries run
+    // side by side, alternating in short slices (see run_case), so slow
+    // phases of a shared machine spread over all of them.
     let mut results: Vec<Vec<Vec<Outcome>>> = bins
         .iter()
         .map(|_| cases.iter().map(|_| Vec::new()).collect())
         .collect();
     let load0 = loadavg();
     let t_start = std::time::SystemTime::now();
+    let paths: Vec<&std::path::Path> = bins.iter().map(|(_, p)| p.as_path()).collect();
     for round in 0..repeat {
         for (i, case) in cases.iter().enumerate() {
-            for (b, (label, path)) in bins.iter().enumerate() {
-                eprintln!(
-                    "[round {}/{repeat}, case {}/{}, {label}] {case:?}",
-                    round + 1,
-                    i + 1,
-                    cases.len()
-                );
-                match run_case(path, *case, secs) {
-                    Ok(o) => {
-                        eprintln!(
-                            "  {:.3} Mpps ({} frames in {:.2} s; workers {:.2} CPU-s = {:.2} Mpps per worker CPU-s; daemon {:.2} CPU-s; device counted {:.3} Mpps; drops {}: {}; driver sleeps {})",
-                            o.frames as f64 / o.secs / 1e6,
-                            o.frames,
-                            o.secs,
-                            o.worker_cpu,
-                            o.frames as f64 / o.worker_cpu.max(1e-3) / 1e6,
-                            o.device_cpu,
-                            o.device_frames as f64 / o.secs / 1e6,
-                            o.device_drops,
-                            o.drop_detail,
-                            o.waits
-                        );
-                        results[b][i].push(o);
-                    }
-                    Err(e) => {
-                        eprintln!("  FAILED: {e}");
-                        std::process::exit(1);
-                    }
+            eprintln!(
+                "[round {}/{repeat}, case {}/{}] {case:?}",
+                round + 1,
+                i + 1,
+                cases.len()
+            );
+            let outcomes = match run_case(&paths, *case, secs, slices) {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("  FAILED: {e}");
+                    std::process::exit(1);
                 }
+            };
+            for (b, o) in outcomes.into_iter().enumerate() {
+                let detail = ["no_buffers", "ring_full", "too_big", "disabled"]
+                    .iter()
+                    .zip(o.drops_by_reason)
+                    .map(|(r, n)| format!("{r} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                eprintln!(
+                    "  {}: {:.3} Mpps ({} frames in {:.2} s; workers {:.2} CPU-s = {:.2} Mpps per worker CPU-s; daemon {:.2} CPU-s; device counted {:.3} Mpps; drops {}: {detail}; driver sleeps {})",
+                    bins[b].0,
+                    o.frames as f64 / o.secs / 1e6,
+                    o.frames,
+                    o.secs,
+                    o.worker_cpu,
+                    o.frames as f64 / o.worker_cpu.max(1e-3) / 1e6,
+                    o.device_cpu,
+                    o.device_frames as f64 / o.secs / 1e6,
+                    o.device_drops,
+                    o.waits
+                );
+                results[b][i].push(o);
             }
         }
     }
@@ -577,7 +663,7 @@ fn main() {
         "vnic-bench: {secs} s per case, {repeat} round(s); started at unix time {started}; load average (1 min) {load0} at the start, {load1} at the end"
     );
     println!();
-    println!("Mpps = million frames per second. \"per worker CPU-s\": frames divided by the CPU seconds the daemon's vring_worker threads used in the window (the per-worker rate a worker with a whole core would reach); medians of the rounds.");
+    println!("Mpps = million frames per second. \"per worker CPU-s\": frames divided by the CPU seconds the daemon's vring_worker threads used in its slices (the per-worker rate a worker with a whole core would reach); each round sums a case's slices; medians of the rounds.");
     println!();
     let head = "| dir | frame | pairs | filters | steer | Mpps wall (median) | min..max | wall Mpps / worker | worker CPU (cores) | Mpps per worker CPU-s | Mpps per daemon CPU-s | device drops |";
     let sep = "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
@@ -610,15 +696,26 @@ fn main() {
         println!();
     }
     if bins.len() == 2 {
-        println!("new / old, same run (medians):");
+        println!("new / old, same run. \"paired\": the median over the rounds of each round's new/old ratio (old and new of a round ran in alternating slices, so the pair shares the machine's state); \"of medians\": the ratio of the medians of the tables above.");
         println!();
-        println!("| dir | frame | pairs | filters | steer | Mpps per worker CPU-s old -> new | ratio | Mpps wall old -> new | ratio |");
-        println!("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
+        println!("| dir | frame | pairs | filters | steer | Mpps per worker CPU-s old -> new | paired | of medians | rounds | Mpps wall old -> new | paired | of medians |");
+        println!(
+            "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"
+        );
         for (i, case) in cases.iter().enumerate() {
             let o = Summary::of(&results[0][i]);
             let n = Summary::of(&results[1][i]);
+            let paired = |f: fn(&Outcome) -> f64| -> Vec<f64> {
+                results[0][i]
+                    .iter()
+                    .zip(&results[1][i])
+                    .map(|(a, b)| f(b) / f(a).max(1e-9))
+                    .collect()
+            };
+            let cpu = paired(|r| r.frames as f64 / r.worker_cpu.max(1e-3));
+            let wall = paired(|r| r.frames as f64 / r.secs.max(1e-9));
             println!(
-                "| {} | {} B | {} | {} | {} | {:.2} -> {:.2} | {:.2}x | {:.2} -> {:.2} | {:.2}x |",
+                "| {} | {} B | {} | {} | {} | {:.2} -> {:.2} | {:.2}x | {:.2}x | {} | {:.2} -> {:.2} | {:.2}x | {:.2}x |",
                 if case.dir == Dir::Rx { "RX" } else { "TX" },
                 case.size,
                 case.pairs,
@@ -626,12 +723,25 @@ fn main() {
                 case.steer.name(),
                 o.per_worker_cpu,
                 n.per_worker_cpu,
+                median(&cpu),
                 n.per_worker_cpu / o.per_worker_cpu.max(1e-9),
+                cpu.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
                 o.wall,
                 n.wall,
+                median(&wall),
                 n.wall / o.wall.max(1e-9),
             );
         }
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => f64::midpoint(s[n / 2 - 1], s[n / 2]),
     }
 }
 
