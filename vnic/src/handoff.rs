@@ -269,6 +269,16 @@ impl Lanes {
                 }
             }
         }
+        // This worker itself may be the one behind: it drained before the
+        // others had applied `needs`, and they applied and drained since,
+        // before the bit above was set, so none of them will wake it. If
+        // every replica has applied `needs` now, one more drain of its own
+        // inbox lets the reply go: wake itself for it. (If some replica
+        // has not, that worker's `applied_by` comes after the bit was set
+        // and wakes everyone.)
+        if !done(&self.inbox[w]) && self.min_applied() >= needs {
+            self.inbox[w].wake();
+        }
         all
     }
 
@@ -732,5 +742,61 @@ impl Router {
         if st.load(Ordering::Relaxed) && avail_moved() {
             st.store(false, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pending wake-ups of worker `w` (reads and clears its eventfd).
+    fn woken(l: &Lanes, w: usize) -> bool {
+        l.inbox[w].kick.read().is_ok_and(|n| n > 0)
+    }
+
+    /// Worker 0 handles a management frame and holds its reply; worker 1
+    /// applies the event and drains in the window between worker 0's drain
+    /// and its check. Nobody else will wake worker 0 then: it must wake
+    /// itself, drain again and send (found as a 60 s ACK stall in the bench).
+    #[test]
+    fn reply_holder_that_drained_too_early_wakes_itself() {
+        let l = Lanes::new(2).unwrap();
+        l.published.store(1, Ordering::SeqCst);
+        let needs = 1;
+        // Worker 0 applied the event and drained while worker 1 had not applied.
+        l.applied_by(0, 1);
+        l.drained_by(0, l.min_applied());
+        assert_eq!(l.inbox[0].drained.load(Ordering::SeqCst), 0);
+        // Worker 1 applies and drains before worker 0 registers as a waiter.
+        l.applied_by(1, 1);
+        l.drained_by(1, l.min_applied());
+        while woken(&l, 0) || woken(&l, 1) {}
+        // Worker 0 checks its reply: not yet (its own drain is behind) ...
+        assert!(!l.may_send(0, needs));
+        // ... but it was woken, and after one more drain the reply goes.
+        assert!(woken(&l, 0), "the reply holder was left without a wake-up");
+        l.drained_by(0, l.min_applied());
+        assert!(l.may_send(0, needs));
+    }
+
+    /// The other order: worker 1 has not applied yet when worker 0 checks;
+    /// worker 1 is woken, and its apply wakes worker 0.
+    #[test]
+    fn reply_waits_for_a_replica_behind_and_is_woken_by_it() {
+        let l = Lanes::new(2).unwrap();
+        l.published.store(1, Ordering::SeqCst);
+        l.applied_by(0, 1);
+        l.drained_by(0, l.min_applied());
+        assert!(!l.may_send(0, 1));
+        assert!(woken(&l, 1), "the replica behind was not woken");
+        assert!(
+            !woken(&l, 0),
+            "no point waking the holder before the replica applied"
+        );
+        l.applied_by(1, 1);
+        assert!(woken(&l, 0), "applying did not wake the reply holder");
+        l.drained_by(1, l.min_applied());
+        l.drained_by(0, l.min_applied());
+        assert!(l.may_send(0, 1));
     }
 }
