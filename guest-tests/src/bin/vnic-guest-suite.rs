@@ -6,7 +6,9 @@
 
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{parse_num as num, repo_root, timestamp, Artifacts};
-use guest_tests::scenarios::{self, report_line, BootKind, Outcome, Session, Settings, Tools};
+use guest_tests::scenarios::{
+    self, report_line, BootKind, Outcome, Session, Settings, Tools, Topology,
+};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -29,6 +31,16 @@ OPTIONS:
                           namespace, needs root) and, for the kernels of --debug-kernel,
                           once more on the debug variant (KASAN, lockdep, kmemleak) for
                           unload-reload. --list shows them.
+    --topology LIST       guest shapes, comma-separated QUEUESxCPUS[/chN] (default
+                          4x4,2x4,4x2,1x2): QUEUES queue pairs offered by vnic and QEMU,
+                          CPUS vCPUs, /chN `ethtool -L combined N` after boot (else the
+                          guest uses virtio_net's min(QUEUES, CPUS) pairs). 4x4 runs every
+                          selected scenario; the other shapes run the matrix scenarios
+                          (link, steer, migrate, misroute with 2+ pairs, rps with 1 pair)
+                          unless --scenario names others. A scenario that cannot run with a
+                          shape's pairs (--list) is left out of that shape.
+    --cpus N --queues M   one topology: M queue pairs x N vCPUs (instead of --topology)
+    --channels N          with --cpus/--queues: `ethtool -L combined N` after boot
     --debug-kernel LIST   kernels whose unload-reload runs on the debug variant (default:
                           every --kernel; `none` for none). Other kernels run unload-reload
                           in their default boot: same cycles and checks, without
@@ -60,7 +72,14 @@ struct Args {
     artifacts: Option<PathBuf>,
     /// Kernel series whose debug-kind scenarios boot the debug variant.
     debug_kernels: Vec<String>,
+    topologies: Vec<Topology>,
+    /// Scenarios were named with --scenario (not the default selection).
+    explicit: bool,
 }
+
+/// The default matrix: today's 4x4, several CPUs per queue, more queues
+/// than CPUs, and one queue (plain RPS).
+const DEFAULT_TOPOLOGIES: &str = "4x4,2x4,4x2,1x2";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -71,7 +90,10 @@ fn parse_args() -> Result<Args, String> {
         settings: Settings::default(),
         artifacts: None,
         debug_kernels: Vec::new(),
+        topologies: Vec::new(),
+        explicit: false,
     };
+    let (mut topo_list, mut cpus, mut queues, mut channels) = (None, None, None, None);
     let mut debug_given = false;
     let mut it = std::env::args().skip(1).peekable();
     if it.peek().map(String::as_str) == Some("demo") {
@@ -95,9 +117,28 @@ fn parse_args() -> Result<Args, String> {
                 std::process::exit(0);
             }
             "--list" => {
+                let shapes: Vec<Topology> = DEFAULT_TOPOLOGIES
+                    .split(',')
+                    .filter_map(|t| Topology::parse(t).ok())
+                    .collect();
                 for s in scenarios::SCENARIOS {
                     let (name, k) = (s.name, s.boot);
-                    println!("{name:<16} boot: {k:?} (kernel variant {})", k.variant());
+                    let fits: Vec<String> = shapes
+                        .iter()
+                        .filter(|t| s.fits(t))
+                        .map(ToString::to_string)
+                        .collect();
+                    println!(
+                        "{name:<18} boot: {:<8} variant {:<8} {} (can run on {})",
+                        format!("{k:?}"),
+                        k.variant(),
+                        if s.matrix {
+                            "every topology"
+                        } else {
+                            "4x4 only"
+                        },
+                        fits.join(" ")
+                    );
                 }
                 std::process::exit(0);
             }
@@ -116,6 +157,10 @@ fn parse_args() -> Result<Args, String> {
             "--scenario" => a
                 .scenarios
                 .extend(val("--scenario")?.split(',').map(str::to_string)),
+            "--topology" => topo_list = Some(val("--topology")?),
+            "--cpus" => cpus = Some(num(&val("--cpus")?, "--cpus", 1, 16)? as u16),
+            "--queues" => queues = Some(num(&val("--queues")?, "--queues", 1, 16)? as u16),
+            "--channels" => channels = Some(num(&val("--channels")?, "--channels", 1, 16)? as u16),
             "--flows" => a.settings.flows = num(&val("--flows")?, "--flows", 1, 4096)? as usize,
             "--rate" => a.settings.rate = num(&val("--rate")?, "--rate", 1, 1_000_000)? as u32,
             "--measure" => {
@@ -146,6 +191,40 @@ fn parse_args() -> Result<Args, String> {
         (None, None) => {}
         _ => return Err("--kernel-image and --kdir go together".into()),
     }
+    a.topologies = match (topo_list, cpus, queues) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            return Err("--topology and --cpus/--queues are alternatives".into())
+        }
+        (Some(l), None, None) => {
+            if channels.is_some() {
+                return Err("--channels goes with --cpus/--queues (in --topology: 4x2/ch4)".into());
+            }
+            l.split(',')
+                .map(|t| Topology::parse(t).map_err(|e| e.0))
+                .collect::<Result<_, _>>()?
+        }
+        (None, None, None) if channels.is_none() => DEFAULT_TOPOLOGIES
+            .split(',')
+            .map(|t| Topology::parse(t).map_err(|e| e.0))
+            .collect::<Result<_, _>>()?,
+        (None, n_cpus, n_queues) => {
+            let default = Topology::default();
+            let one = Topology {
+                queues: n_queues.unwrap_or(default.queues),
+                cpus: n_cpus.unwrap_or(default.cpus),
+                channels,
+            };
+            one.validate().map_err(|e| e.0)?;
+            vec![one]
+        }
+    };
+    if a.demo {
+        // The demo boots one guest: the first shape.
+        a.topologies.truncate(1);
+        let t = a.topologies[0];
+        a.settings.set_topology(t);
+    }
+    a.explicit = !a.scenarios.is_empty();
     for s in &a.scenarios {
         if !scenarios::all().contains(&s.as_str()) {
             return Err(format!(
@@ -224,31 +303,59 @@ fn main() -> ExitCode {
         k => k,
     };
     for (label, custom) in kernels {
-        let mut kinds: Vec<BootKind> = selected
-            .iter()
-            .map(|s| kind_for(s, &label, custom.is_some()))
-            .collect();
-        kinds.sort();
-        kinds.dedup();
-        for &kind in &kinds {
-            let group: Vec<String> = selected
+        for topo in &args.topologies {
+            // Which selected scenarios this shape runs: all of them on the
+            // default shape, the matrix ones elsewhere (or what --scenario
+            // named), and only those that can run with its pairs.
+            let cell: Vec<String> = selected
                 .iter()
-                .filter(|s| kind_for(s, &label, custom.is_some()) == kind)
+                .filter(|s| {
+                    scenarios::Scenario::find(s).is_some_and(|sc| {
+                        sc.fits(topo) && (topo.is_default() || args.explicit || sc.matrix)
+                    })
+                })
                 .cloned()
                 .collect();
-            let blabel = format!("{label}{}", kind.suffix());
-            run_boot(
-                &blabel,
-                &label,
-                custom.as_ref(),
-                kind,
-                &group,
-                tools.as_ref(),
-                &args,
-                &art_root,
-                &mut outcomes,
-                &mut extra_failures,
-            );
+            let skipped: Vec<&String> = selected.iter().filter(|s| !cell.contains(s)).collect();
+            if !skipped.is_empty() && args.explicit {
+                eprintln!(
+                    "[guest-tests] {label}@{topo}: not run with {} pair(s) in use: {}",
+                    topo.pairs(),
+                    skipped
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            let mut kinds: Vec<BootKind> = cell
+                .iter()
+                .map(|s| kind_for(s, &label, custom.is_some()))
+                .collect();
+            kinds.sort();
+            kinds.dedup();
+            let mut settings = args.settings.clone();
+            settings.set_topology(*topo);
+            for &kind in &kinds {
+                let group: Vec<String> = cell
+                    .iter()
+                    .filter(|s| kind_for(s, &label, custom.is_some()) == kind)
+                    .cloned()
+                    .collect();
+                let blabel = format!("{label}{}@{topo}", kind.suffix());
+                run_boot(
+                    &blabel,
+                    &label,
+                    custom.as_ref(),
+                    kind,
+                    &group,
+                    tools.as_ref(),
+                    &settings,
+                    &art_root,
+                    &mut outcomes,
+                    &mut extra_failures,
+                );
+            }
         }
     }
     let passed = outcomes.iter().filter(|o| o.passed()).count();
@@ -276,7 +383,7 @@ fn run_boot(
     kind: BootKind,
     group: &[String],
     tools: Option<&Tools>,
-    args: &Args,
+    settings: &Settings,
     art_root: &std::path::Path,
     outcomes: &mut Vec<Outcome>,
     extra_failures: &mut usize,
@@ -329,8 +436,8 @@ fn run_boot(
     let boot = |dir: &str, group: &[String], outcomes: &mut Vec<Outcome>| match Session::boot_in(
         kernel.clone(),
         tools,
-        args.settings.clone(),
-        &art_root.join(dir),
+        settings.clone(),
+        &art_root.join(dir.replace('/', "-")),
         kind,
         |why| eprintln!("[guest-tests] {blabel}: {why}"),
     ) {
@@ -363,7 +470,7 @@ fn run_boot(
             reboots += 1;
             *extra_failures += 1;
             println!(
-                "teardown {blabel:<6} FAIL  guest unresponsive after {s}: rebooting for {} more scenario(s)",
+                "teardown {blabel:<13} FAIL  guest unresponsive after {s}: rebooting for {} more scenario(s)",
                 rest.len()
             );
             drop(session);
@@ -375,10 +482,12 @@ fn run_boot(
     }
     let problems = session.finish();
     if problems.is_empty() {
-        println!("teardown {blabel:<6} PASS  module unloaded, kernel log clean, guest powered off");
+        println!(
+            "teardown {blabel:<13} PASS  module unloaded, kernel log clean, guest powered off"
+        );
     } else {
         *extra_failures += 1;
-        println!("teardown {blabel:<6} FAIL");
+        println!("teardown {blabel:<13} FAIL");
         for p in problems {
             println!("    - {p}");
         }

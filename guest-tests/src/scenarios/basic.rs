@@ -5,7 +5,7 @@
 //! way `steer` does, without asserting on that set-up), so any subset can be
 //! selected.
 
-use super::workload::{fmt_queues, napi_queues, queue_delta};
+use super::workload::{fmt_queues, irq_cpu_queue_map, napi_queues, queue_delta};
 use super::{Checks, Flow, Session, GEN_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
@@ -30,23 +30,26 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     c.check(eth.driver == "virtio_net", || {
         format!("{IFNAME} driver is {:?}", eth.driver)
     });
+    // virtio_net starts with min(pairs offered, CPUs) pairs in use.
+    let boot_pairs = usize::from(st.queues.min(st.cpus));
     c.check(
-        eth.rx_queues == usize::from(st.queues) && eth.tx_queues == usize::from(st.queues),
+        eth.rx_queues == boot_pairs && eth.tx_queues == boot_pairs,
         || {
             format!(
-                "{IFNAME} has {} rx / {} tx queues, expected {} (MQ not negotiated?)",
-                eth.rx_queues, eth.tx_queues, st.queues
+                "{IFNAME} has {} rx / {} tx queues at boot, expected {boot_pairs} (min of {} pairs offered and {} CPUs; MQ not negotiated?)",
+                eth.rx_queues, eth.tx_queues, st.queues, st.cpus
             )
         },
     );
     s.ensure_net()?;
+    let pairs = s.pairs;
     let ctl = &mut s.guest.ctl;
     let stats = wait_for(
         Duration::from_secs(20),
-        "vnic to see every queue pair enabled",
+        "vnic to see every queue pair in use enabled",
         || {
             let now = ctl.stats()?;
-            Ok((counter(&now, "/enabled_pairs") == u64::from(st.queues)).then_some(now))
+            Ok((counter(&now, "/enabled_pairs") == u64::from(pairs)).then_some(now))
         },
     );
     let stats = match stats {
@@ -66,6 +69,18 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     )?;
     c.check(ping.received == ping.sent && ping.sent == 3, || {
         format!("ping {GEN_IP}: {} of {} answered", ping.received, ping.sent)
+    });
+
+    // The CPU -> rx queue map the suite predicts for the topology (and the
+    // module builds its rx_cpu_rmap from) is the guest's own: the affinity
+    // of each rx queue's interrupt, as virtio_net spread them.
+    let irq_map = irq_cpu_queue_map(s, pairs)?;
+    let predicted_map: BTreeMap<usize, usize> = s.cpu_q.iter().copied().enumerate().collect();
+    c.check(irq_map == predicted_map, || {
+        format!(
+            "CPU -> rx queue by the guest's interrupt affinity {irq_map:?}, the suite predicts {predicted_map:?} ({} pairs, {} CPUs)",
+            pairs, st.cpus
+        )
     });
 
     // 64 flows by RSS alone (RFS is not set up yet: no steering).
@@ -123,6 +138,12 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
         let rss = d("rx_rss");
         let drops = d("rx_drops");
         per_q.push(rss);
+        if q >= usize::from(pairs) {
+            c.check(rss + drops == 0, || {
+                format!("rx queue {q} is not in use ({pairs} pairs) but got {rss} RSS deliveries (+{drops} drops)")
+            });
+            continue;
+        }
         c.check(rss > 0, || format!("rx queue {q} received nothing"));
         // Every packet of a flow goes to the queue Rss predicts for it
         // (a few stray ARP frames may come on top).
@@ -167,8 +188,14 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     });
     let mq = counter(&stats, "/enabled_pairs");
     Ok(format!(
-        "mq={mq} rxq={} ping={}/{} rss_per_q={per_q:?} predicted={predicted:?} lost={lost} guest_saw_rss_q={guest_ok}/{} (napi map: {})",
-        eth.rx_queues, ping.received, ping.sent, flows.len(), napi.source
+        "topology={} mq={mq} cpu->q={:?} rxq={} ping={}/{} rss_per_q={per_q:?} predicted={predicted:?} lost={lost} guest_saw_rss_q={guest_ok}/{} (napi map: {})",
+        st.topology(),
+        s.cpu_q,
+        eth.rx_queues,
+        ping.received,
+        ping.sent,
+        flows.len(),
+        napi.source
     ))
 }
 
@@ -180,7 +207,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     let w = s.measure()?;
     let fig = s.check_window(&w, c);
     let trace = s.trace_since_mark()?;
-    let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.rss_q != f.cpu).collect();
+    let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.needs_filter()).collect();
     let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
     let replaces = trace
         .iter()
@@ -193,20 +220,32 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     for f in &steered {
         c.check(
             adds.iter()
-                .any(|r| r.flow == Some(f.key) && r.rxq.map(usize::from) == Some(f.cpu)),
+                .any(|r| r.flow == Some(f.key) && r.rxq.map(usize::from) == Some(f.rx_q)),
             || {
                 format!(
-                    "no ADD in the trace for flow :{} (rss q{} -> cpu{})",
-                    f.local_port, f.rss_q, f.cpu
+                    "no ADD in the trace for flow :{} (rss q{} -> q{} of cpu{})",
+                    f.local_port, f.rss_q, f.rx_q, f.cpu
                 )
             },
         );
     }
-    for f in s.flows.iter().filter(|f| f.rss_q == f.cpu) {
+    for f in s.flows.iter().filter(|f| !f.needs_filter()) {
         c.check(!adds.iter().any(|r| r.flow == Some(f.key)), || {
             format!(
-                "ADD for flow :{} although RSS already delivers it to cpu{}",
-                f.local_port, f.cpu
+                "ADD for flow :{} although RSS already delivers it to q{}, local to cpu{}",
+                f.local_port, f.rx_q, f.cpu
+            )
+        });
+    }
+    let pairs = usize::from(s.pairs);
+    for r in adds
+        .iter()
+        .filter(|r| r.rxq.is_some_and(|q| usize::from(q) >= pairs))
+    {
+        c.check(false, || {
+            format!(
+                "ADD to rx queue {:?}, which is not in use ({pairs} pairs): {r:?}",
+                r.rxq
             )
         });
     }
@@ -257,9 +296,26 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         count(EventKind::Add),
         count(EventKind::Reject),
     );
+    let mut kept = 0;
     for f in &s.flows {
-        let cpu = Some(f.cpu);
-        if had.contains(&f.key) {
+        let cpu = Some(f.rx_q);
+        // Several CPUs share a queue when there are fewer queues than
+        // CPUs: a flow whose new CPU is local to the queue its filter
+        // already names is where it should be, and the kernel does not ask.
+        if before.get(&f.key).is_some_and(|b| b.1 == f.rx_q) {
+            kept += 1;
+            c.check(
+                !trace
+                    .iter()
+                    .any(|r| r.flow == Some(f.key) && r.event != EventKind::Del),
+                || {
+                    format!(
+                        "flow :{} moved to cpu{} whose queue q{} its filter already names, yet was reprogrammed",
+                        f.local_port, f.cpu, f.rx_q
+                    )
+                },
+            );
+        } else if had.contains(&f.key) {
             c.check(
                 trace.iter().any(|r| {
                     r.event == EventKind::Replace
@@ -269,11 +325,11 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
                 || {
                     format!(
                         "flow :{} had a filter but no REPLACE to q{} is in the trace",
-                        f.local_port, f.cpu
+                        f.local_port, f.rx_q
                     )
                 },
             );
-        } else if f.rss_q != f.cpu {
+        } else if f.needs_filter() {
             c.check(
                 trace.iter().any(|r| {
                     r.event == EventKind::Add
@@ -283,7 +339,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
                 || {
                     format!(
                         "flow :{} (no filter before) has no ADD to q{} in the trace",
-                        f.local_port, f.cpu
+                        f.local_port, f.rx_q
                     )
                 },
             );
@@ -295,9 +351,9 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s {fig}",
+        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s {fig}",
         s.flows.len(),
-        had.len(),
+        had.len() - kept,
         warm.as_secs_f64()
     ))
 }

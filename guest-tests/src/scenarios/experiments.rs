@@ -354,7 +354,7 @@ pub fn collision_point(
     for k in 0..w.iterations {
         let base = COLLISION_PORT + (k as usize * w.flows) as u16;
         let flows = s.flows_at(base, w.flows);
-        needing += flows.iter().filter(|f| f.rss_q != f.cpu).count() as u64;
+        needing += flows.iter().filter(|f| f.needs_filter()).count() as u64;
         s.udp_start(&flows)?;
         let spec = json!({
             "flows": w.flows,

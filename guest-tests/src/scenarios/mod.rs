@@ -1,6 +1,7 @@
 //! The guest scenarios of the suite, all in one table ([`SCENARIOS`]): the
-//! issue-4 ones (link, steer, migrate, expiry: `basic.rs`), the faults
-//! group (`faults/`) and the stress group (`stress/`). `experiments.rs`
+//! issue-4 ones (link, steer, migrate, expiry: `basic.rs`), plain RPS on
+//! one queue (`rps.rs`), the faults group (`faults/`) and the stress group
+//! (`stress/`). Topologies (queue pairs x vCPUs) are in `topology.rs`. `experiments.rs`
 //! holds the experiment workloads of `vnic-experiment`, which are not
 //! scenarios of the suite.
 //!
@@ -10,7 +11,10 @@
 //!
 //! Adding a scenario: a function `fn(&mut Session, &mut Checks) ->
 //! Result<String>` (it records failed assertions in the `Checks` and
-//! returns the figures of its report line) and one line in [`SCENARIOS`].
+//! returns the figures of its report line) and one line in [`SCENARIOS`]
+//! (its boot, its set-up, the queue pairs it can run with, whether it runs
+//! on every topology of the matrix). Predict queues with `Flow::rx_q` and
+//! `Flow::needs_filter`, never by assuming rx queue = CPU.
 
 use crate::harness::Result;
 use std::net::Ipv4Addr;
@@ -27,12 +31,15 @@ pub const BASE_PORT: u16 = 20000;
 mod basic;
 pub mod experiments;
 mod faults;
+mod rps;
 mod session;
 mod stress;
+pub mod topology;
 mod workload;
 
 use session::Checks;
 pub use session::{report_line, Outcome, Session, Settings, Tools};
+pub use topology::Topology;
 pub use workload::{table_summary, Flow, Window};
 
 /// Every scenario of the suite, in canonical order (the order they run in
@@ -40,28 +47,38 @@ pub use workload::{table_summary, Flow, Window};
 #[rustfmt::skip]
 pub const SCENARIOS: &[Scenario] = &[
     // issue 4 (basic.rs)
-    Scenario { name: "link",              boot: BootKind::Default, setup: Setup::Shared, run: basic::link },
-    Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, run: basic::steer },
-    Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, run: basic::migrate },
-    Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, run: basic::expiry },
+    Scenario { name: "link",              boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , run: basic::link },
+    Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , run: basic::steer },
+    Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , run: basic::migrate },
+    Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, run: basic::expiry },
     // issue 5, faults (faults/)
-    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::table::table_full },
-    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  run: faults::table::bucket_collisions },
-    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::lossy_mgmt },
-    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::slow_hw },
-    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::add_failures },
-    Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::device::misroute },
-    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig::reconfig },
-    Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  run: faults::reconfig::relayout },
+    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::table::table_full },
+    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::table::bucket_collisions },
+    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::device::lossy_mgmt },
+    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::device::slow_hw },
+    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::device::add_failures },
+    Scenario { name: "rps",               boot: BootKind::Default, setup: Setup::Fresh,  pairs: ONE, matrix: true , run: rps::rps },
+    Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , run: faults::device::misroute },
+    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, run: faults::reconfig::reconfig },
+    Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, run: faults::reconfig::relayout },
     // issue 5, stress (stress/)
-    Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, run: stress::hostile::hostile_mgmt },
-    Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, run: stress::device_restart },
-    Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, run: stress::tap::tcp_tap },
-    Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_reload },
-    Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, run: stress::unload_rtnl },
-    Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, run: stress::stacked_ops },
-    Scenario { name: "debugfs-65k",       boot: BootKind::Debug,   setup: Setup::Fresh,  run: stress::bigtable::debugfs_65k },
+    Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::hostile::hostile_mgmt },
+    Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::device_restart },
+    Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::tap::tcp_tap },
+    Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::unload_reload },
+    Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::unload_rtnl },
+    Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::stacked_ops },
+    Scenario { name: "debugfs-65k",       boot: BootKind::Debug,   setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: stress::bigtable::debugfs_65k },
 ];
+
+/// Any number of queue pairs in use.
+const ANY: (u16, u16) = (1, u16::MAX);
+/// Two or more pairs in use: the scenario needs flows that aRFS moves.
+const MQ: (u16, u16) = (2, u16::MAX);
+/// Three or more (it shrinks the layout with `ethtool -L` to 2 and 3).
+const MQ3: (u16, u16) = (3, u16::MAX);
+/// Exactly one (plain RPS: aRFS has nothing to steer).
+const ONE: (u16, u16) = (1, 1);
 
 /// One scenario: one line of [`SCENARIOS`].
 pub struct Scenario {
@@ -70,6 +87,11 @@ pub struct Scenario {
     /// The boot it runs in.
     pub boot: BootKind,
     setup: Setup,
+    /// The queue pairs in use it can run with (min, max).
+    pairs: (u16, u16),
+    /// Whether it runs on every topology of the matrix by default; the
+    /// others run on the default topology (4x4) unless selected by name.
+    pub matrix: bool,
     run: Run,
 }
 
@@ -91,6 +113,11 @@ impl Scenario {
     /// The scenario called `name`.
     pub fn find(name: &str) -> Option<&'static Scenario> {
         SCENARIOS.iter().find(|s| s.name == name)
+    }
+
+    /// Whether it can run with the pairs `t` puts in use.
+    pub fn fits(&self, t: &Topology) -> bool {
+        (self.pairs.0..=self.pairs.1).contains(&t.pairs())
     }
 
     /// Run it in `s` (see [`Session::run`], which never fails).

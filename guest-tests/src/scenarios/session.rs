@@ -3,7 +3,7 @@
 //! prerequisites scenarios ask for (network up, module loaded). The steering
 //! workload the scenarios share is in `workload.rs`.
 
-use super::{stress, BootKind, Flow, Scenario, GUEST_IP, GUEST_PREFIX, IFNAME};
+use super::{stress, BootKind, Flow, Scenario, Topology, GUEST_IP, GUEST_PREFIX, IFNAME};
 use crate::harness::build::{self, Kernel};
 use crate::harness::ctl::counter;
 use crate::harness::guest::{BootSpec, Guest};
@@ -23,7 +23,11 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub cpus: u16,
+    /// Queue pairs vnic and QEMU offer.
     pub queues: u16,
+    /// Queue pairs set with `ethtool -L` once the network is up (None:
+    /// virtio_net's default, min(queues, cpus)).
+    pub channels: Option<u16>,
     pub flows: usize,
     /// Generator packets per second over all flows.
     pub rate: u32,
@@ -50,11 +54,28 @@ pub struct Settings {
     pub boot_timeout: Duration,
 }
 
+impl Settings {
+    pub fn topology(&self) -> Topology {
+        Topology {
+            queues: self.queues,
+            cpus: self.cpus,
+            channels: self.channels,
+        }
+    }
+
+    pub fn set_topology(&mut self, t: Topology) {
+        self.queues = t.queues;
+        self.cpus = t.cpus;
+        self.channels = t.channels;
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             cpus: 4,
             queues: 4,
+            channels: None,
             flows: 64,
             rate: 2000,
             link_packets: 40,
@@ -107,7 +128,12 @@ pub struct Session {
     /// Why the module could not be built for this kernel (then every
     /// scenario that needs it fails with this reason).
     pub(super) module_error: Option<String>,
+    /// RSS over the queue pairs in use.
     pub(super) rss: Rss,
+    /// The queue pairs the guest uses now (`ethtool -L` changes it).
+    pub pairs: u16,
+    /// The rx queue local to each CPU with `pairs` pairs.
+    pub(super) cpu_q: Vec<usize>,
     pub(super) net_up: bool,
     pub(super) module_loaded: bool,
     /// The running steering workload (flows and their current CPUs).
@@ -188,8 +214,11 @@ impl Session {
             .ok()
             .filter(|&c| c > 0)
             .ok_or_else(|| format!("vnic reports a table capacity of {capacity}"))?;
+        let pairs = settings.topology().pairs();
         let mut s = Session {
-            rss: Rss::new(settings.queues),
+            rss: Rss::new(pairs),
+            pairs,
+            cpu_q: Topology::cpu_queue_map(pairs, settings.cpus),
             kernel,
             guest,
             settings,
@@ -406,7 +435,40 @@ impl Session {
             Duration::from_secs(30),
         )?;
         self.net_up = true;
+        if let Some(ch) = self.settings.channels {
+            let got: u32 = self.guest.agent.req(Request::SetChannels {
+                ifname: IFNAME.into(),
+                combined: u32::from(ch),
+            })?;
+            ensure!(
+                got == u32::from(ch),
+                "ethtool -L {IFNAME} combined {ch}: the device has {got}"
+            );
+            self.set_pairs(ch);
+        }
         Ok(())
+    }
+
+    /// The rx queue local to `cpu` with the pairs in use.
+    pub(super) fn queue_of_cpu(&self, cpu: usize) -> usize {
+        self.cpu_q.get(cpu).copied().unwrap_or(0)
+    }
+
+    /// The guest now uses `n` queue pairs (after `ethtool -L`): RSS, the
+    /// CPU -> queue map and every flow's queues follow.
+    pub(super) fn set_pairs(&mut self, n: u16) {
+        self.pairs = n;
+        self.rss = Rss::new(n);
+        self.cpu_q = Topology::cpu_queue_map(n, self.settings.cpus);
+        for i in 0..self.flows.len() {
+            let f = &self.flows[i];
+            let (rss_q, rx_q) = (
+                usize::from(self.rss.queue_for_key(&f.key)),
+                self.queue_of_cpu(f.cpu),
+            );
+            self.flows[i].rss_q = rss_q;
+            self.flows[i].rx_q = rx_q;
+        }
     }
 
     pub(super) fn ensure_module(&mut self) -> Result<()> {
@@ -473,7 +535,7 @@ impl Session {
 /// One line of the suite's report.
 pub fn report_line(o: &Outcome) -> String {
     let mut s = format!(
-        "{:<8} {:<6} {:<4} {:>6.1}s  {}",
+        "{:<8} {:<13} {:<4} {:>6.1}s  {}",
         o.scenario,
         o.kernel,
         if o.passed() { "PASS" } else { "FAIL" },

@@ -21,6 +21,17 @@ pub struct Flow {
     pub key: FlowKey,
     /// The rx queue RSS picks for the flow (arfs::Rss over the enabled queues).
     pub rss_q: usize,
+    /// The rx queue local to the receiver's CPU (the guest's rx_cpu_rmap,
+    /// [`super::Topology::cpu_queue_map`]): where a filter must send it.
+    pub rx_q: usize,
+}
+
+impl Flow {
+    /// Whether aRFS has to move the flow: RSS delivers it to a queue that
+    /// is not local to its receiver's CPU.
+    pub fn needs_filter(&self) -> bool {
+        self.rss_q != self.rx_q
+    }
 }
 
 /// Per-flow figures over a measurement window.
@@ -108,6 +119,48 @@ pub(super) fn fmt_queues(m: &BTreeMap<usize, u64>) -> String {
     format!("{{{}}}", v.join(", "))
 }
 
+/// The guest's own CPU -> rx queue map for `nq` queues: the CPUs of each
+/// `virtioN-input.Q` interrupt's affinity (`/proc/interrupts`,
+/// `/proc/irq/IRQ/smp_affinity_list`), as virtio_net spread them. A CPU in
+/// several queues' masks (more queues than CPUs) maps to the last, as the
+/// rx_cpu_rmap, updated queue by queue, does.
+pub(super) fn irq_cpu_queue_map(s: &mut Session, nq: u16) -> Result<BTreeMap<usize, usize>> {
+    let text = s.guest.agent.read_file("/proc/interrupts")?;
+    let mut map = BTreeMap::new();
+    for line in text.lines() {
+        let Some(pos) = line.find("-input.") else {
+            continue;
+        };
+        let Ok(q) = line[pos + "-input.".len()..].trim().parse::<usize>() else {
+            continue;
+        };
+        if q >= usize::from(nq) {
+            continue;
+        }
+        let Some(irq) = line.split(':').next().map(str::trim) else {
+            continue;
+        };
+        let list = s
+            .guest
+            .agent
+            .read_file(&format!("/proc/irq/{irq}/smp_affinity_list"))?;
+        for part in list.trim().split(',') {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) else {
+                bail!("irq {irq}: smp_affinity_list {list:?}");
+            };
+            for cpu in a..=b {
+                map.insert(cpu, q);
+            }
+        }
+    }
+    ensure!(
+        (0..usize::from(s.settings.cpus)).all(|c| map.contains_key(&c)),
+        "rx queue interrupts of {nq} queues do not cover every CPU: {map:?}"
+    );
+    Ok(map)
+}
+
 impl Window {
     pub fn pct(&self, i: usize) -> f64 {
         if self.packets[i] == 0 {
@@ -153,11 +206,13 @@ impl Session {
             .map(|i| {
                 let local_port = base + i as u16;
                 let key = FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, local_port);
+                let cpu = i % usize::from(self.settings.cpus);
                 Flow {
                     local_port,
-                    cpu: i % usize::from(self.settings.cpus),
+                    cpu,
                     key,
                     rss_q: usize::from(self.rss.queue_for_key(&key)),
+                    rx_q: self.queue_of_cpu(cpu),
                 }
             })
             .collect()
@@ -278,25 +333,28 @@ impl Session {
         let want: Vec<(FlowKey, usize)> = self
             .flows
             .iter()
-            .filter(|f| f.rss_q != f.cpu || also.contains(&f.key))
-            .map(|f| (f.key, f.cpu))
+            .filter(|f| f.needs_filter() || also.contains(&f.key))
+            .map(|f| (f.key, f.rx_q))
             .collect();
         let timeout = self.settings.warmup_timeout;
         let mut missing: Vec<String> = Vec::new();
         let r = wait_for(
             timeout,
-            "every flow's filter to point at its receiver's CPU",
+            "every flow's filter to point at its receiver's CPU's queue",
             || {
                 let have = self.device_filters()?;
                 missing = want
                     .iter()
-                    .filter_map(|(k, cpu)| match have.get(k) {
-                        Some(&(_, q, _)) if q == *cpu => None,
+                    .filter_map(|(k, rx_q)| match have.get(k) {
+                        Some(&(_, q, _)) if q == *rx_q => None,
                         Some(&(id, q, _)) => Some(format!(
-                            ":{} filter {id} to q{q}, receiver cpu{cpu}",
+                            ":{} filter {id} to q{q}, receiver's queue q{rx_q}",
                             k.dst_port()
                         )),
-                        None => Some(format!(":{} no filter, receiver cpu{cpu}", k.dst_port())),
+                        None => Some(format!(
+                            ":{} no filter, receiver's queue q{rx_q}",
+                            k.dst_port()
+                        )),
                     })
                     .collect();
                 Ok(missing.is_empty().then_some(()))
@@ -357,10 +415,10 @@ impl Session {
             w.on_cpu.push(a1.flows[i].on_cpu - a0.flows[i].on_cpu);
             w.off_cpu_recv += a1.flows[i].off_cpu_recv - a0.flows[i].off_cpu_recv;
             w.hits.push(match (d0.get(&f.key), d1.get(&f.key)) {
-                (Some(&(id0, _, h0)), Some(&(id1, q, h1))) if id0 == id1 && q == f.cpu => {
+                (Some(&(id0, _, h0)), Some(&(id1, q, h1))) if id0 == id1 && q == f.rx_q => {
                     Some(h1.saturating_sub(h0))
                 }
-                (None, Some(&(_, q, h1))) if q == f.cpu => Some(h1),
+                (None, Some(&(_, q, h1))) if q == f.rx_q => Some(h1),
                 _ => None,
             });
             w.filter_q.push(match (d0.get(&f.key), d1.get(&f.key)) {
@@ -426,16 +484,17 @@ impl Session {
             });
             c.check(p >= self.settings.min_on_cpu, || {
                 format!(
-                    "flow :{} (rss q{}, receiver cpu{}): {:.1}% of {} packets processed on the receiver's CPU (< {:.0}%)",
+                    "flow :{} (rss q{}, receiver cpu{} on q{}): {:.1}% of {} packets processed on the receiver's CPU (< {:.0}%)",
                     f.local_port,
                     f.rss_q,
                     f.cpu,
+                    f.rx_q,
                     100.0 * p,
                     w.packets[i],
                     100.0 * self.settings.min_on_cpu
                 )
             });
-            if f.rss_q != f.cpu {
+            if f.needs_filter() {
                 min_guest_q = min_guest_q.min(self.check_guest_queue(w, i, c));
                 // The device side: the flow's packets must have been
                 // delivered by its filter, not by RSS + software RFS.
@@ -449,7 +508,7 @@ impl Session {
                     c.check(hw >= self.settings.min_on_cpu, || {
                         format!(
                             "flow :{}: only {h} of {} packets sent were steered by its filter to q{}",
-                            f.local_port, w.sent[i], f.cpu
+                            f.local_port, w.sent[i], f.rx_q
                         )
                     });
                 } else {
@@ -457,7 +516,7 @@ impl Session {
                     c.check(false, || {
                         format!(
                             "flow :{}: no stable filter to q{} during the window",
-                            f.local_port, f.cpu
+                            f.local_port, f.rx_q
                         )
                     });
                 }
@@ -510,6 +569,7 @@ impl Session {
         )?;
         for (i, cpu) in moves {
             self.flows[i].cpu = cpu;
+            self.flows[i].rx_q = self.queue_of_cpu(cpu);
         }
         Ok(())
     }
@@ -556,9 +616,10 @@ pub fn table_summary(s: &mut Session) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "filter table summary ({} flows, {} vCPUs / rx queues):",
+        "filter table summary ({} flows, {} vCPUs, {} rx queues in use):",
         s.flows.len(),
-        s.settings.queues
+        s.settings.cpus,
+        s.pairs
     );
     for k in ["adds", "replaces", "deletes", "rejects"] {
         let _ = writeln!(out, "  {k:<10} {}", n.get(k).copied().unwrap_or(0));

@@ -125,7 +125,7 @@ pub(in crate::scenarios) fn slow_hw(s: &mut Session, c: &mut Checks) -> Result<S
     let flows: Vec<Flow> = s
         .make_flows(s.settings.flows)
         .into_iter()
-        .filter(|f| f.rss_q != f.cpu)
+        .filter(Flow::needs_filter)
         .take(12)
         .collect();
     let need = flows.len();
@@ -210,7 +210,7 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     let m0 = s.module_counters()?;
     let s0 = s.guest.ctl.stats()?;
     let flows = s.make_flows(s.settings.flows);
-    let need = flows.iter().filter(|f| f.rss_q != f.cpu).count();
+    let need = flows.iter().filter(|f| f.needs_filter()).count();
     s.fault_start(flows)?;
     // Refused flows are asked for again after the hold-off; give them
     // a few periods (not all need to make it: a kernel may stop asking).
@@ -237,7 +237,7 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     let unfiltered: Vec<usize> = {
         let now = s.device_filters()?;
         (0..s.flows.len())
-            .filter(|&i| s.flows[i].rss_q != s.flows[i].cpu && !now.contains_key(&s.flows[i].key))
+            .filter(|&i| s.flows[i].needs_filter() && !now.contains_key(&s.flows[i].key))
             .collect()
     };
     let mut rss_min: f64 = 1.0;
@@ -377,7 +377,7 @@ pub(in crate::scenarios) fn misroute(s: &mut Session, c: &mut Checks) -> Result<
     // Control: a device that delivers correctly passes the check.
     let w0 = s.measure()?;
     let steered: Vec<usize> = (0..s.flows.len())
-        .filter(|&i| s.flows[i].rss_q != s.flows[i].cpu && w0.filter_q[i].is_some())
+        .filter(|&i| s.flows[i].needs_filter() && w0.filter_q[i].is_some())
         .collect();
     c.check(!steered.is_empty(), || "no steered flow to misroute".into());
     let mut control = Checks::default();

@@ -18,7 +18,7 @@ use crate::harness::{wait_for, Context, Result};
 use crate::module::{self, ModuleCounters};
 use crate::proto::Request;
 use crate::{bail, ensure};
-use arfs::{EventKind, FlowKey, Rss, TraceRecord};
+use arfs::{EventKind, FlowKey, TraceRecord};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -112,7 +112,7 @@ fn json_delta(after: &Value, before: &Value) -> Value {
 /// Flows of the workload that need a filter (RSS does not deliver them to
 /// their receiver's CPU).
 fn need_count(s: &Session) -> usize {
-    s.flows.iter().filter(|f| f.rss_q != f.cpu).count()
+    s.flows.iter().filter(|f| f.needs_filter()).count()
 }
 
 fn rejects_by_reason<'a>(trace: &'a [TraceRecord], reason: &str) -> Vec<&'a TraceRecord> {
@@ -186,12 +186,13 @@ impl Session {
             }
         }
         if self.net_up {
-            let q = u32::from(self.settings.queues);
+            let pairs = self.settings.topology().pairs();
+            let q = u32::from(pairs);
             match self.guest.agent.req::<u32>(Request::SetChannels {
                 ifname: super::IFNAME.into(),
                 combined: q,
             }) {
-                Ok(_) => self.rss = Rss::new(self.settings.queues),
+                Ok(_) => self.set_pairs(pairs),
                 Err(e) => errs.push(format!("ethtool -L {q}: {e}")),
             }
         }
@@ -387,7 +388,7 @@ impl Session {
         Ok(self
             .flows
             .iter()
-            .filter(|f| f.rss_q != f.cpu && have.get(&f.key).is_some_and(|x| x.1 == f.cpu))
+            .filter(|f| f.needs_filter() && have.get(&f.key).is_some_and(|x| x.1 == f.rx_q))
             .count())
     }
 

@@ -2,12 +2,13 @@
 //! module (channels and NTUPLE).
 
 use super::{dev_delta, need_count, table_of, DevTable};
+use crate::ensure;
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::proto::Request;
+use crate::scenarios::workload::irq_cpu_queue_map;
 use crate::scenarios::{Checks, Session, IFNAME};
-use crate::{bail, ensure};
-use arfs::{EventKind, Rss, TraceRecord};
+use arfs::{EventKind, TraceRecord};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -50,7 +51,7 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
         got == u32::from(low_q),
         "ethtool -L {low_q}: device has {got}"
     );
-    s.rss = Rss::new(low_q);
+    s.set_pairs(low_q);
     let rmap_low = s.wait_rmap(low_q)?;
     let ctl = &mut s.guest.ctl;
     let mut last = String::new();
@@ -134,14 +135,11 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
         got == u32::from(full_q),
         "ethtool -L {full_q}: device has {got}"
     );
-    s.rss = Rss::new(full_q);
+    s.set_pairs(full_q);
     // The module rebuilds its CPU -> queue rmap in its work item; until
     // then the kernel maps CPUs to the old queues and marks flows as
     // settled on them (no steer call later). Traffic resumes after.
     let rmap_full = s.wait_rmap(full_q)?;
-    for f in &mut s.flows {
-        f.rss_q = usize::from(s.rss.queue_for_key(&f.key));
-    }
     let st = s.settings.clone();
     s.guest.agent.req::<Value>(Request::Rfs {
         ifname: IFNAME.into(),
@@ -245,46 +243,6 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
 
 // ---- relayout: filters follow a new CPU -> queue layout -------------------
 
-/// The guest's own CPU -> rx queue map for `nq` queues: the CPUs of each
-/// `virtioN-input.Q` interrupt's affinity (`/proc/interrupts`,
-/// `/proc/irq/IRQ/smp_affinity_list`), as virtio_net spread them.
-fn irq_cpu_queue_map(s: &mut Session, nq: u16) -> Result<BTreeMap<usize, usize>> {
-    let text = s.guest.agent.read_file("/proc/interrupts")?;
-    let mut map = BTreeMap::new();
-    for line in text.lines() {
-        let Some(pos) = line.find("-input.") else {
-            continue;
-        };
-        let Ok(q) = line[pos + "-input.".len()..].trim().parse::<usize>() else {
-            continue;
-        };
-        if q >= usize::from(nq) {
-            continue;
-        }
-        let Some(irq) = line.split(':').next().map(str::trim) else {
-            continue;
-        };
-        let list = s
-            .guest
-            .agent
-            .read_file(&format!("/proc/irq/{irq}/smp_affinity_list"))?;
-        for part in list.trim().split(',') {
-            let (a, b) = part.split_once('-').unwrap_or((part, part));
-            let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) else {
-                bail!("irq {irq}: smp_affinity_list {list:?}");
-            };
-            for cpu in a..=b {
-                map.entry(cpu).or_insert(q);
-            }
-        }
-    }
-    ensure!(
-        (0..usize::from(s.settings.cpus)).all(|c| map.contains_key(&c)),
-        "rx queue interrupts of {nq} queues do not cover every CPU: {map:?}"
-    );
-    Ok(map)
-}
-
 /// Flows whose device filter is not on the queue of their receiver's CPU
 /// under `map` (a flow that RSS already delivers there needs none), and
 /// flows that need a filter and have none.
@@ -341,10 +299,7 @@ pub(in crate::scenarios) fn relayout(s: &mut Session, c: &mut Checks) -> Result<
                 combined: u32::from(n),
             })?;
             ensure!(got == u32::from(n), "ethtool -L {n}: device has {got}");
-            s.rss = Rss::new(n);
-            for f in &mut s.flows {
-                f.rss_q = usize::from(s.rss.queue_for_key(&f.key));
-            }
+            s.set_pairs(n);
             s.wait_rmap(n)?;
             // Queues that `ethtool -L` adds start without an RFS table
             // (rps_flow_cnt 0: the kernel never steers to them): give the

@@ -39,7 +39,7 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
     );
     let s0 = s.guest.ctl.stats()?;
     let flows = s.make_flows(s.settings.flows);
-    let need = flows.iter().filter(|f| f.rss_q != f.cpu).count() as u64;
+    let need = flows.iter().filter(|f| f.needs_filter()).count() as u64;
     ensure!(
         need > CAP,
         "only {need} flows need a filter: cannot fill 16"
@@ -155,7 +155,7 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
         c.check(hw >= s.settings.min_on_cpu, || {
             format!(
                 "accepted flow :{}: its filter steered {:?} of {} packets sent (to q{})",
-                f.local_port, w.hits[i], w.sent[i], f.cpu
+                f.local_port, w.hits[i], w.sent[i], f.rx_q
             )
         });
     }
@@ -190,16 +190,23 @@ pub(in crate::scenarios) fn bucket_collisions(s: &mut Session, c: &mut Checks) -
         ..TableConfig::default()
     })
     .map_err(|e| format!("bucket model: {e}"))?;
+    // Receivers on CPUs whose queue is not the flow's RSS queue, so that
+    // every candidate needs a filter.
     let ncpu = usize::from(s.settings.cpus);
     let candidate = |port: u16| {
         let key = FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, port);
         let rss_q = usize::from(s.rss.queue_for_key(&key));
-        let cpu = (rss_q + 1 + usize::from(port) % (ncpu - 1)) % ncpu;
+        let others: Vec<usize> = (0..ncpu).filter(|&c| s.queue_of_cpu(c) != rss_q).collect();
+        let cpu = others
+            .get(usize::from(port) % others.len().max(1))
+            .copied()
+            .unwrap_or(0);
         Flow {
             local_port: port,
             cpu,
             key,
             rss_q,
+            rx_q: s.queue_of_cpu(cpu),
         }
     };
     let bucket = |k: &FlowKey| model.bucket_for(k).unwrap_or(u32::MAX);

@@ -136,7 +136,7 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
         || {
             let st = ctl.stats()?;
             Ok((st["connected"] == Value::Bool(true)
-                && counter(&st, "/enabled_pairs") == u64::from(s.settings.queues))
+                && counter(&st, "/enabled_pairs") == u64::from(s.pairs))
             .then_some(st))
         },
     )?;

@@ -246,14 +246,15 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
                 cpu: conn.cpu,
                 key,
                 rss_q: usize::from(s.rss.queue_for_key(&key)),
+                rx_q: s.queue_of_cpu(conn.cpu),
             },
         ));
     }
     // Warm-up: every flow whose RSS queue is not its receiver's has a filter there.
     let want: Vec<(FlowKey, usize)> = flows
         .iter()
-        .filter(|(_, f)| f.rss_q != f.cpu)
-        .map(|(_, f)| (f.key, f.cpu))
+        .filter(|(_, f)| f.needs_filter())
+        .map(|(_, f)| (f.key, f.rx_q))
         .collect();
     let t0 = Instant::now();
     let mut missing = 0;
@@ -322,10 +323,10 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
                 100.0 * pct
             )
         });
-        if f.rss_q != f.cpu {
+        if f.needs_filter() {
             let segs = g1[*ci].saturating_sub(g0[*ci]);
             let hits = match (d0.get(&f.key), d1.get(&f.key)) {
-                (Some(&(i0, _, h0)), Some(&(i1, q, h1))) if i0 == i1 && q == f.cpu => {
+                (Some(&(i0, _, h0)), Some(&(i1, q, h1))) if i0 == i1 && q == f.rx_q => {
                     Some(h1.saturating_sub(h0))
                 }
                 _ => None,
@@ -338,7 +339,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             c.check(hw >= s.settings.min_on_cpu, || {
                 format!(
                     "TCP :{}: filter to q{} steered {hits:?} of the {segs} segments the client sent",
-                    f.local_port, f.cpu
+                    f.local_port, f.rx_q
                 )
             });
             // The guest side: the reads' last segments came in through
@@ -375,16 +376,16 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     // the (unpinned) accepting thread's CPU: accept() records the flow for
     // RFS too. The filter then moves with a REPLACE once the pinned receiver
     // reads; so an ADD or a REPLACE to the receiver's queue counts.
-    for (_, f) in flows.iter().filter(|(_, f)| f.rss_q != f.cpu) {
+    for (_, f) in flows.iter().filter(|(_, f)| f.needs_filter()) {
         let programmed = trace.iter().any(|r| {
             matches!(r.event, EventKind::Add | EventKind::Replace)
                 && r.flow == Some(f.key)
-                && r.rxq.map(usize::from) == Some(f.cpu)
+                && r.rxq.map(usize::from) == Some(f.rx_q)
         });
         c.check(programmed, || {
             format!(
                 "TCP :{}: no ADD or REPLACE to q{} in the trace (rss q{})",
-                f.local_port, f.cpu, f.rss_q
+                f.local_port, f.rx_q, f.rss_q
             )
         });
     }
