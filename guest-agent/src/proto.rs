@@ -44,6 +44,12 @@ pub enum Request {
         ifname: String,
         addr: String,
         prefix: u8,
+        /// Also this IPv6 address (duplicate address detection off, so it
+        /// is usable at once), with `prefix6`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        addr6: Option<String>,
+        #[serde(default)]
+        prefix6: u8,
     },
     /// Write `value` to a file under /proc/sys or /sys.
     WriteFile { path: String, value: String },
@@ -95,6 +101,7 @@ pub enum Request {
         toggle_ntuple: bool,
     },
     /// ICMP echo to `addr` (raw socket). Answers [`PingResult`].
+    /// ICMP (IPv4 address) or ICMPv6 (IPv6 address) echo.
     Ping {
         addr: String,
         count: u32,
@@ -207,12 +214,16 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UdpFlowSpec {
     pub local_port: u16,
     pub peer_port: u16,
     /// CPU the receiver thread is pinned to.
     pub cpu: usize,
+    /// This flow's peer address, instead of the spec's `peer` (one workload
+    /// may mix IPv4 and IPv6 flows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
 }
 
 /// Cumulative counters of one flow's receiver.

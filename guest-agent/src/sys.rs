@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 use vnic_agent::proto::{Iface, Kmsg, PingResult};
@@ -105,6 +105,48 @@ pub fn set_ipv4(ifname: &str, addr: Ipv4Addr, prefix: u8) -> io::Result<()> {
     };
     ifr.set_sockaddr_in(Ipv4Addr::from(mask));
     ioctl_ifreq(&fd, SIOCSIFNETMASK, &mut ifr)
+}
+
+/// `struct in6_ifreq` (linux/ipv6.h).
+#[repr(C)]
+struct In6IfReq {
+    addr: [u8; 16],
+    prefixlen: u32,
+    ifindex: libc::c_int,
+}
+
+/// Add an IPv6 address (the kernel adds the prefix route): SIOCSIFADDR on
+/// an AF_INET6 socket with a `struct in6_ifreq`.
+pub fn set_ipv6(ifname: &str, addr: Ipv6Addr, prefix: u8) -> io::Result<()> {
+    if prefix > 128 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "prefix > 128"));
+    }
+    let name = CString::new(ifname)?;
+    // SAFETY: a valid NUL-terminated string for the duration of the call.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let req = In6IfReq {
+        addr: addr.octets(),
+        prefixlen: u32::from(prefix),
+        ifindex: libc::c_int::try_from(index)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "ifindex"))?,
+    };
+    // SAFETY: plain socket(2) call with constant arguments; checked below.
+    let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh valid descriptor, owned from here on.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: SIOCSIFADDR on an AF_INET6 socket reads one struct in6_ifreq,
+    // which `req` is (repr(C), the kernel's layout) for the whole call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), SIOCSIFADDR, &raw const req) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// SIOCETHTOOL with a u32 buffer as `ifr_data`.
@@ -257,7 +299,110 @@ fn checksum(data: &[u8]) -> u16 {
 
 /// ICMP echo over a raw socket; one request at a time, each waiting up to
 /// `timeout` for its reply.
-pub fn ping(addr: Ipv4Addr, count: u32, timeout: Duration) -> io::Result<PingResult> {
+/// `count` echo requests to `addr` (ICMP or ICMPv6), one at a time, each
+/// waited for up to `timeout`.
+pub fn ping(addr: IpAddr, count: u32, timeout: Duration) -> io::Result<PingResult> {
+    match addr {
+        IpAddr::V4(a) => ping4(a, count, timeout),
+        IpAddr::V6(a) => ping6(a, count, timeout),
+    }
+}
+
+/// ICMPv6 echo over a raw ICMPv6 socket: the kernel fills in the checksum
+/// (it always does for ICMPv6) and hands back messages without the IPv6
+/// header; the sender comes from recvfrom.
+fn ping6(addr: Ipv6Addr, count: u32, timeout: Duration) -> io::Result<PingResult> {
+    // SAFETY: socket(2) with constant arguments; fd checked and owned below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET6,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_ICMPV6,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh valid descriptor, owned from here on.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let ident = (std::process::id() as u16) ^ 0x7636;
+    let mut res = PingResult {
+        sent: 0,
+        received: 0,
+        rtt_us: Vec::new(),
+    };
+    // SAFETY: sockaddr_in6 is plain data; all-zero is a valid value.
+    let mut dst: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+    dst.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    dst.sin6_addr.s6_addr = addr.octets();
+    for seq in 0..count {
+        let seq16 = seq as u16;
+        let mut pkt = [0u8; 8 + 32];
+        pkt[0] = 128; // echo request
+        pkt[4..6].copy_from_slice(&ident.to_be_bytes());
+        pkt[6..8].copy_from_slice(&seq16.to_be_bytes());
+        for (i, b) in pkt[8..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let start = Instant::now();
+        // SAFETY: pkt and dst are valid for the given lengths during the call.
+        let rc = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                pkt.as_ptr().cast(),
+                pkt.len(),
+                0,
+                std::ptr::from_ref(&dst).cast(),
+                size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        res.sent += 1;
+        let deadline = start + timeout;
+        let mut buf = [0u8; 1500];
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().clamp(1, 10_000) as libc::c_int;
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+            if n <= 0 {
+                continue;
+            }
+            // SAFETY: plain data, all-zero valid; filled by recvfrom.
+            let mut from: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            let mut flen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            // SAFETY: buf, from and flen are writable for their lengths.
+            let got = unsafe {
+                libc::recvfrom(
+                    fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                    std::ptr::from_mut(&mut from).cast(),
+                    &raw mut flen,
+                )
+            };
+            if got < 8 || from.sin6_addr.s6_addr != addr.octets() {
+                continue;
+            }
+            if buf[0] == 129 && buf[4..6] == ident.to_be_bytes() && buf[6..8] == seq16.to_be_bytes()
+            {
+                res.received += 1;
+                res.rtt_us.push(start.elapsed().as_micros() as u64);
+                break;
+            }
+        }
+    }
+    Ok(res)
+}
+
+fn ping4(addr: Ipv4Addr, count: u32, timeout: Duration) -> io::Result<PingResult> {
     // SAFETY: socket(2) with constant arguments; fd checked and owned below.
     let fd = unsafe {
         libc::socket(

@@ -4,7 +4,9 @@ use crate::sys;
 use serde::Serialize;
 use serde_json::Value;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
+};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -70,11 +72,29 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             ifname,
             addr,
             prefix,
+            addr6,
+            prefix6,
         } => {
             let a = parse_v4(&addr)?;
+            let a6 = addr6
+                .as_deref()
+                .map(|s| {
+                    s.parse::<Ipv6Addr>()
+                        .map_err(|e| format!("bad IPv6 address {s:?}: {e}"))
+                })
+                .transpose()?;
             sys::link_up("lo").map_err(err("lo up"))?;
             sys::set_ipv4(&ifname, a, prefix).map_err(err("set address"))?;
+            if a6.is_some() {
+                // No duplicate address detection: the address is usable at
+                // once (a tentative one cannot be bound or sent from).
+                std::fs::write(format!("/proc/sys/net/ipv6/conf/{ifname}/accept_dad"), "0")
+                    .map_err(err("accept_dad"))?;
+            }
             sys::link_up(&ifname).map_err(err("link up"))?;
+            if let Some(a6) = a6 {
+                sys::set_ipv6(&ifname, a6, prefix6).map_err(err("set IPv6 address"))?;
+            }
             Ok(Value::Null)
         }
         Request::WriteFile { path, value } => {
@@ -143,8 +163,13 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             count,
             timeout_ms,
         } => to_value(
-            &sys::ping(parse_v4(&addr)?, count, Duration::from_millis(timeout_ms))
-                .map_err(err("ping"))?,
+            &sys::ping(
+                addr.parse::<IpAddr>()
+                    .map_err(|e| format!("bad address {addr:?}: {e}"))?,
+                count,
+                Duration::from_millis(timeout_ms),
+            )
+            .map_err(err("ping"))?,
         ),
         Request::UdpStart(spec) => {
             if st.udp.is_some() {
@@ -425,7 +450,11 @@ struct UdpRun {
 
 impl UdpRun {
     fn start(spec: &UdpSpec) -> Result<Self, String> {
-        let peer = parse_v4(&spec.peer)?;
+        let parse = |p: &str| -> Result<IpAddr, String> {
+            p.parse()
+                .map_err(|e| format!("bad peer address {p:?}: {e}"))
+        };
+        let default_peer = parse(&spec.peer)?;
         let ncpu = sys::online_cpus();
         if spec.flows.is_empty() {
             return Err("no flows".into());
@@ -436,12 +465,20 @@ impl UdpRun {
             if f.cpu >= ncpu {
                 return Err(format!("cpu {} out of range ({ncpu} CPUs)", f.cpu));
             }
-            let s = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, f.local_port))
+            let peer = match &f.peer {
+                Some(p) => parse(p)?,
+                None => default_peer,
+            };
+            let any = match peer {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            };
+            let s = UdpSocket::bind(SocketAddr::new(any, f.local_port))
                 .map_err(err(&format!("bind udp {}", f.local_port)))?;
             // Connected: the kernel records the flow for RFS only on
             // sockets with a destination (inet_daddr set).
             if spec.connect {
-                s.connect(SocketAddrV4::new(peer, f.peer_port))
+                s.connect(SocketAddr::new(peer, f.peer_port))
                     .map_err(err(&format!("connect udp {}", f.peer_port)))?;
             }
             s.set_read_timeout(Some(POLL)).map_err(err("SO_RCVTIMEO"))?;

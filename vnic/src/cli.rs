@@ -1,6 +1,6 @@
 //! Command line (clap): `vnic serve ...` and `vnic ctl ...`.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// an address in the same /24 (default guest address 10.0.2.15).
     #[arg(long, value_name = "IPV4", default_value = "10.0.2.1", value_parser = config::parse_ipv4)]
     pub gen_ip: Ipv4Addr,
+    /// IPv6 address of the generator peer: it answers neighbour solicitation and ICMPv6 echo for
+    /// it (the guest suite gives the guest fd00:2::15/64).
+    #[arg(long, value_name = "IPV6", default_value = "fd00:2::1", value_parser = config::parse_ipv6)]
+    pub gen_ip6: Ipv6Addr,
     /// IPv4 address of the guest: the default destination of generated flows.
     #[arg(long, value_name = "IPV4", default_value = "10.0.2.15", value_parser = config::parse_ipv4)]
     pub guest_ip: Ipv4Addr,
@@ -115,6 +119,7 @@ impl ServeArgs {
             peer: self.peer,
             gen_mac: self.mac,
             gen_ip: self.gen_ip,
+            gen_ip6: self.gen_ip6,
             guest_ip: self.guest_ip,
             table_capacity: self.table_capacity,
             buckets: self.buckets.0,

@@ -1,7 +1,7 @@
 //! Daemon configuration and the parsers for option values (used by clap and
 //! by the control socket's `set`).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,6 +34,7 @@ pub struct Config {
     pub peer: PeerKind,
     pub gen_mac: [u8; 6],
     pub gen_ip: Ipv4Addr,
+    pub gen_ip6: Ipv6Addr,
     pub guest_ip: Ipv4Addr,
     pub table_capacity: u32,
     pub buckets: Option<(u32, u16)>,
@@ -223,6 +224,11 @@ pub fn parse_queue_size(s: &str) -> Result<u16, InvalidValue> {
 pub fn parse_ipv4(s: &str) -> Result<Ipv4Addr, InvalidValue> {
     s.parse()
         .map_err(|_| invalid(format!("invalid IPv4 address {s:?}")))
+}
+
+pub fn parse_ipv6(s: &str) -> Result<Ipv6Addr, InvalidValue> {
+    s.parse()
+        .map_err(|_| invalid(format!("invalid IPv6 address {s:?}")))
 }
 
 /// Parses an inclusive port range `LO-HI` or a single port.

@@ -92,8 +92,10 @@ pub struct PeerStats {
     pub sink_bytes: AtomicU64,
     /// Generator: ARP requests answered.
     pub arp_replies: AtomicU64,
-    /// Generator: ICMP echo requests answered.
+    /// Generator: ICMP and ICMPv6 echo requests answered.
     pub icmp_echo_replies: AtomicU64,
+    /// Generator: IPv6 neighbour solicitations answered.
+    pub nd_replies: AtomicU64,
     /// Tap: frames written to / read from the tap device, and write errors.
     pub tap_tx: AtomicU64,
     pub tap_rx: AtomicU64,
@@ -112,6 +114,7 @@ impl PeerStats {
             "sink_bytes": get(&self.sink_bytes),
             "arp_replies": get(&self.arp_replies),
             "icmp_echo_replies": get(&self.icmp_echo_replies),
+            "nd_replies": get(&self.nd_replies),
             "tap_tx": get(&self.tap_tx),
             "tap_rx": get(&self.tap_rx),
             "tap_tx_errors": get(&self.tap_tx_errors),

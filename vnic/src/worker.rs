@@ -72,6 +72,7 @@ impl Worker {
                 sh.gen.clone(),
                 sh.stats.clone(),
                 sh.cfg.gen_ip,
+                sh.cfg.gen_ip6,
                 sh.cfg.gen_mac,
             )?),
             PeerKind::Tap(_) => AnyPeer::Tap(TapPeer::new(sh.taps.clone(), id, sh.stats.clone())),

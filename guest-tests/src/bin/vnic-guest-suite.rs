@@ -7,7 +7,7 @@
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{parse_num as num, repo_root, timestamp, Artifacts};
 use guest_tests::scenarios::{
-    self, report_line, BootKind, Outcome, Session, Settings, Tools, Topology,
+    self, report_line, BootKind, Family, Outcome, Session, Settings, Tools, Topology,
 };
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,14 +31,20 @@ OPTIONS:
                           namespace, needs root) and, for the kernels of --debug-kernel,
                           once more on the debug variant (KASAN, lockdep, kmemleak) for
                           unload-reload. --list shows them.
-    --topology LIST       guest shapes, comma-separated QUEUESxCPUS[/chN] (default
-                          4x4,2x4,4x2,1x2): QUEUES queue pairs offered by vnic and QEMU,
-                          CPUS vCPUs, /chN `ethtool -L combined N` after boot (else the
-                          guest uses virtio_net's min(QUEUES, CPUS) pairs). 4x4 runs every
-                          selected scenario; the other shapes run the matrix scenarios
-                          (link, steer, migrate, misroute with 2+ pairs, rps with 1 pair)
-                          unless --scenario names others. A scenario that cannot run with a
-                          shape's pairs (--list) is left out of that shape.
+    --topology LIST       guest shapes, comma-separated QUEUESxCPUS[/chN]: QUEUES queue
+                          pairs offered by vnic and QEMU, CPUS vCPUs, /chN `ethtool -L
+                          combined N` after boot (else the guest uses virtio_net's
+                          min(QUEUES, CPUS) pairs)
+    --family LIST         address families of the steering flows: ipv4, ipv6, mixed (even
+                          flows IPv4, odd IPv6); the gen peer answers ARP/ICMP and
+                          NS/ICMPv6 echo
+                          The suite runs every (topology, family) cell of these two lists;
+                          without either it runs the default matrix 4x4, 2x4, 4x2, 1x2
+                          (IPv4), 4x4/ipv6 and 2x4/mixed. 4x4 IPv4 runs every selected
+                          scenario; other shapes the matrix scenarios (link, steer,
+                          migrate, misroute with 2+ pairs, rps with 1 pair); IPv6 and
+                          mixed cells link, steer, migrate, expiry, misroute; --scenario
+                          runs what it names wherever it can run (--list).
     --cpus N --queues M   one topology: M queue pairs x N vCPUs (instead of --topology)
     --channels N          with --cpus/--queues: `ethtool -L combined N` after boot
     --debug-kernel LIST   kernels whose unload-reload runs on the debug variant (default:
@@ -72,14 +78,24 @@ struct Args {
     artifacts: Option<PathBuf>,
     /// Kernel series whose debug-kind scenarios boot the debug variant.
     debug_kernels: Vec<String>,
-    topologies: Vec<Topology>,
+    /// The (topology, family) cells to run, in order.
+    cells: Vec<(Topology, Family)>,
     /// Scenarios were named with --scenario (not the default selection).
     explicit: bool,
 }
 
 /// The default matrix: today's 4x4, several CPUs per queue, more queues
-/// than CPUs, and one queue (plain RPS).
+/// than CPUs, and one queue (plain RPS), over IPv4; IPv6 on 4x4; IPv4 and
+/// IPv6 flows mixed with two CPUs per queue.
 const DEFAULT_TOPOLOGIES: &str = "4x4,2x4,4x2,1x2";
+const DEFAULT_CELLS: &[(&str, Family)] = &[
+    ("4x4", Family::Ipv4),
+    ("2x4", Family::Ipv4),
+    ("4x2", Family::Ipv4),
+    ("1x2", Family::Ipv4),
+    ("4x4", Family::Ipv6),
+    ("2x4", Family::Mixed),
+];
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -90,10 +106,11 @@ fn parse_args() -> Result<Args, String> {
         settings: Settings::default(),
         artifacts: None,
         debug_kernels: Vec::new(),
-        topologies: Vec::new(),
+        cells: Vec::new(),
         explicit: false,
     };
     let (mut topo_list, mut cpus, mut queues, mut channels) = (None, None, None, None);
+    let mut families: Option<Vec<Family>> = None;
     let mut debug_given = false;
     let mut it = std::env::args().skip(1).peekable();
     if it.peek().map(String::as_str) == Some("demo") {
@@ -158,6 +175,14 @@ fn parse_args() -> Result<Args, String> {
                 .scenarios
                 .extend(val("--scenario")?.split(',').map(str::to_string)),
             "--topology" => topo_list = Some(val("--topology")?),
+            "--family" => {
+                families = Some(
+                    val("--family")?
+                        .split(',')
+                        .map(|f| Family::parse(f).map_err(|e| e.0))
+                        .collect::<Result<_, _>>()?,
+                );
+            }
             "--cpus" => cpus = Some(num(&val("--cpus")?, "--cpus", 1, 16)? as u16),
             "--queues" => queues = Some(num(&val("--queues")?, "--queues", 1, 16)? as u16),
             "--channels" => channels = Some(num(&val("--channels")?, "--channels", 1, 16)? as u16),
@@ -191,7 +216,9 @@ fn parse_args() -> Result<Args, String> {
         (None, None) => {}
         _ => return Err("--kernel-image and --kdir go together".into()),
     }
-    a.topologies = match (topo_list, cpus, queues) {
+    let shape_given =
+        topo_list.is_some() || cpus.is_some() || queues.is_some() || channels.is_some();
+    let topologies: Vec<Topology> = match (topo_list, cpus, queues) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
             return Err("--topology and --cpus/--queues are alternatives".into())
         }
@@ -203,10 +230,10 @@ fn parse_args() -> Result<Args, String> {
                 .map(|t| Topology::parse(t).map_err(|e| e.0))
                 .collect::<Result<_, _>>()?
         }
-        (None, None, None) if channels.is_none() => DEFAULT_TOPOLOGIES
-            .split(',')
-            .map(|t| Topology::parse(t).map_err(|e| e.0))
-            .collect::<Result<_, _>>()?,
+        (None, None, None) if channels.is_none() => {
+            // Only --family given: the default shape.
+            vec![Topology::default()]
+        }
         (None, n_cpus, n_queues) => {
             let default = Topology::default();
             let one = Topology {
@@ -218,11 +245,24 @@ fn parse_args() -> Result<Args, String> {
             vec![one]
         }
     };
+    a.cells = if !shape_given && families.is_none() {
+        DEFAULT_CELLS
+            .iter()
+            .map(|&(t, f)| Topology::parse(t).map(|t| (t, f)).map_err(|e| e.0))
+            .collect::<Result<_, _>>()?
+    } else {
+        let fams = families.unwrap_or_else(|| vec![Family::Ipv4]);
+        topologies
+            .iter()
+            .flat_map(|&t| fams.iter().map(move |&f| (t, f)))
+            .collect()
+    };
     if a.demo {
-        // The demo boots one guest: the first shape.
-        a.topologies.truncate(1);
-        let t = a.topologies[0];
+        // The demo boots one guest: the first cell.
+        a.cells.truncate(1);
+        let (t, f) = a.cells[0];
         a.settings.set_topology(t);
+        a.settings.family = f;
     }
     a.explicit = !a.scenarios.is_empty();
     for s in &a.scenarios {
@@ -303,23 +343,35 @@ fn main() -> ExitCode {
         k => k,
     };
     for (label, custom) in kernels {
-        for topo in &args.topologies {
-            // Which selected scenarios this shape runs: all of them on the
-            // default shape, the matrix ones elsewhere (or what --scenario
-            // named), and only those that can run with its pairs.
+        for &(topo, family) in &args.cells {
+            // Which selected scenarios this cell runs: all of them on 4x4
+            // IPv4, the matrix ones on other shapes, the family-aware ones
+            // in IPv6 and mixed cells, what --scenario named wherever it
+            // can run; never one that cannot run with the pairs in use.
             let cell: Vec<String> = selected
                 .iter()
                 .filter(|s| {
                     scenarios::Scenario::find(s).is_some_and(|sc| {
-                        sc.fits(topo) && (topo.is_default() || args.explicit || sc.matrix)
+                        let default = topo.is_default() && family == Family::Ipv4;
+                        sc.fits(&topo)
+                            && sc.speaks(family)
+                            && (args.explicit
+                                || default
+                                || (family == Family::Ipv4 && sc.matrix)
+                                || family != Family::Ipv4)
                     })
                 })
                 .cloned()
                 .collect();
+            let fam = if family == Family::Ipv4 {
+                String::new()
+            } else {
+                format!("/{family}")
+            };
             let skipped: Vec<&String> = selected.iter().filter(|s| !cell.contains(s)).collect();
             if !skipped.is_empty() && args.explicit {
                 eprintln!(
-                    "[guest-tests] {label}@{topo}: not run with {} pair(s) in use: {}",
+                    "[guest-tests] {label}@{topo}{fam}: cannot run with {} pair(s) in use or {family} flows: {}",
                     topo.pairs(),
                     skipped
                         .iter()
@@ -335,14 +387,15 @@ fn main() -> ExitCode {
             kinds.sort();
             kinds.dedup();
             let mut settings = args.settings.clone();
-            settings.set_topology(*topo);
+            settings.set_topology(topo);
+            settings.family = family;
             for &kind in &kinds {
                 let group: Vec<String> = cell
                     .iter()
                     .filter(|s| kind_for(s, &label, custom.is_some()) == kind)
                     .cloned()
                     .collect();
-                let blabel = format!("{label}{}@{topo}", kind.suffix());
+                let blabel = format!("{label}{}@{topo}{fam}", kind.suffix());
                 run_boot(
                     &blabel,
                     &label,

@@ -270,11 +270,40 @@ fn copy_kbuild_sources(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// [`module_build`], once per kernel tree and run of the suite: later
+/// boots of the same tree (other topologies, families, boot kinds) reuse
+/// the first build's modules (or its error).
+pub fn module(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
+    type Built = std::collections::HashMap<PathBuf, std::result::Result<Vec<PathBuf>, String>>;
+    static BUILT: std::sync::OnceLock<std::sync::Mutex<Built>> = std::sync::OnceLock::new();
+    let mut built = BUILT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(r) = built.get(kdir) {
+        if r.as_ref().is_ok_and(|kos| kos.iter().all(|k| k.is_file())) || r.is_err() {
+            if r.is_ok() {
+                eprintln!(
+                    "[guest-tests] vnic_arfs.ko for {} built earlier in this run",
+                    kdir.display()
+                );
+            }
+            return r.clone().map_err(Into::into);
+        }
+    }
+    let r = module_build(kdir, work);
+    built.insert(
+        kdir.to_path_buf(),
+        r.as_ref().map(Clone::clone).map_err(|e| e.0.clone()),
+    );
+    r
+}
+
 /// Build `vnic_arfs.ko` and the test helper modules of `aRFS/kmod/tests/`
 /// (`vnic_opswap.ko`, `vnic_flowgen.ko`) for one kernel tree; returns them, `vnic_arfs.ko`
 /// first. The sources are copied into `work` first so builds for
 /// different kernels never share objects.
-pub fn module(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
+pub fn module_build(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
     let src = repo_root().join("aRFS/kmod");
     if !src.join("Kbuild").is_file() {
         bail!(

@@ -6,7 +6,7 @@
 //! selected.
 
 use super::workload::{fmt_queues, irq_cpu_queue_map, napi_queues, queue_delta};
-use super::{Checks, Flow, Session, GEN_IP, IFNAME};
+use super::{Checks, Family, Flow, Session, GEN_IP, GEN_IP6, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module;
@@ -70,6 +70,23 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     c.check(ping.received == ping.sent && ping.sent == 3, || {
         format!("ping {GEN_IP}: {} of {} answered", ping.received, ping.sent)
     });
+    // Over IPv6 too when the workload uses it: neighbour discovery and
+    // ICMPv6 echo, both answered by the gen peer.
+    let mut ping6 = String::new();
+    if st.family != Family::Ipv4 {
+        let p6: PingResult = s.guest.agent.call(
+            &Request::Ping {
+                addr: GEN_IP6.to_string(),
+                count: 3,
+                timeout_ms: 3000,
+            },
+            Duration::from_secs(30),
+        )?;
+        c.check(p6.received == p6.sent && p6.sent == 3, || {
+            format!("ping {GEN_IP6}: {} of {} answered", p6.received, p6.sent)
+        });
+        ping6 = format!(" ping6={}/{}", p6.received, p6.sent);
+    }
 
     // The CPU -> rx queue map the suite predicts for the topology (and the
     // module builds its rx_cpu_rmap from) is the guest's own: the affinity
@@ -92,7 +109,7 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.udp_start(&flows)?;
     let before = s.guest.ctl.stats()?;
     let total = u64::from(st.link_packets) * flows.len() as u64;
-    let id = s.guest.ctl.gen_start(&s.gen_spec(flows.len(), total))?;
+    let ids = s.gen_sets_for(&flows, st.rate, u64::from(st.link_packets))?;
     let send_time = Duration::from_secs_f64(total as f64 / f64::from(st.rate.max(1)));
     let ctl = &mut s.guest.ctl;
     wait_for(
@@ -100,12 +117,13 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
         "the generator to send every packet",
         || {
             let l = ctl.gen_list()?;
-            let set = l
-                .as_array()
-                .and_then(|a| a.iter().find(|set| set["id"].as_u64() == Some(id)).cloned());
-            Ok(set
-                .filter(|set| set["active"] == Value::Bool(false))
-                .map(|_| ()))
+            let active = l.as_array().is_some_and(|a| {
+                a.iter().any(|set| {
+                    set["id"].as_u64().is_some_and(|id| ids.contains(&id))
+                        && set["active"] != Value::Bool(false)
+                })
+            });
+            Ok((!active).then_some(()))
         },
     )?;
     // Let the guest drain its rings.
@@ -125,9 +143,11 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     std::thread::sleep(Duration::from_millis(300));
     let after = s.guest.ctl.stats()?;
     let stop: UdpStats = s.guest.agent.req(Request::UdpStop)?;
-    s.guest
-        .ctl
-        .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+    for id in ids {
+        s.guest
+            .ctl
+            .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+    }
 
     let mut per_q = Vec::new();
     for (q, &pred) in predicted.iter().enumerate() {
@@ -188,8 +208,9 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     });
     let mq = counter(&stats, "/enabled_pairs");
     Ok(format!(
-        "topology={} mq={mq} cpu->q={:?} rxq={} ping={}/{} rss_per_q={per_q:?} predicted={predicted:?} lost={lost} guest_saw_rss_q={guest_ok}/{} (napi map: {})",
+        "topology={} family={} mq={mq} cpu->q={:?} rxq={} ping={}/{}{ping6} rss_per_q={per_q:?} predicted={predicted:?} lost={lost} guest_saw_rss_q={guest_ok}/{} (napi map: {})",
         st.topology(),
+        st.family,
         s.cpu_q,
         eth.rx_queues,
         ping.received,
@@ -262,10 +283,13 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during steer")
     });
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
+    let v6 = |f: &Flow| f.key.src_ip().is_ipv6();
     Ok(format!(
-        "flows={} steered={} adds={} replaces={replaces} rejects={} warmup={:.1}s {fig} pkts/flow~{}",
+        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} warmup={:.1}s {fig} pkts/flow~{}",
         s.flows.len(),
+        s.flows.iter().filter(|f| v6(f)).count(),
         steered.len(),
+        steered.iter().filter(|f| v6(f)).count(),
         adds.len(),
         rejects.len(),
         warm.as_secs_f64(),

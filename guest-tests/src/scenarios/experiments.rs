@@ -554,6 +554,7 @@ pub fn rps_phase(
                 local_port: RPS_PORT,
                 peer_port: GEN_PORT,
                 cpu: last,
+                peer: None,
             }],
             connect: false,
         }),

@@ -17,12 +17,16 @@
 //! `Flow::needs_filter`, never by assuming rx queue = CPU.
 
 use crate::harness::Result;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// The gen peer and the guest, as vnic's gen defaults them (vnic/CTL.md).
 pub const GEN_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 1);
 pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
 pub const GUEST_PREFIX: u8 = 24;
+/// The gen peer's IPv6 address (vnic's `--gen-ip6` default) and the guest's.
+pub const GEN_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 2, 0, 0, 0, 0, 0, 1);
+pub const GUEST_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 2, 0, 0, 0, 0, 0, 0x15);
+pub const GUEST_PREFIX6: u8 = 64;
 pub const IFNAME: &str = "eth0";
 /// All flows come from this gen port; flow i goes to guest port BASE_PORT + i.
 pub const GEN_PORT: u16 = 10000;
@@ -39,7 +43,7 @@ mod workload;
 
 use session::Checks;
 pub use session::{report_line, Outcome, Session, Settings, Tools};
-pub use topology::Topology;
+pub use topology::{Family, Topology};
 pub use workload::{table_summary, Flow, Window};
 
 /// Every scenario of the suite, in canonical order (the order they run in
@@ -47,28 +51,28 @@ pub use workload::{table_summary, Flow, Window};
 #[rustfmt::skip]
 pub const SCENARIOS: &[Scenario] = &[
     // issue 4 (basic.rs)
-    Scenario { name: "link",              boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , run: basic::link },
-    Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , run: basic::steer },
-    Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , run: basic::migrate },
-    Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, run: basic::expiry },
+    Scenario { name: "link",              boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , v6: true , run: basic::link },
+    Scenario { name: "steer",             boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , v6: true , run: basic::steer },
+    Scenario { name: "migrate",           boot: BootKind::Default, setup: Setup::Shared, pairs: ANY, matrix: true , v6: true , run: basic::migrate },
+    Scenario { name: "expiry",            boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: true , run: basic::expiry },
     // issue 5, faults (faults/)
-    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::table::table_full },
-    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::table::bucket_collisions },
-    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::device::lossy_mgmt },
-    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::device::slow_hw },
-    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: faults::device::add_failures },
-    Scenario { name: "rps",               boot: BootKind::Default, setup: Setup::Fresh,  pairs: ONE, matrix: true , run: rps::rps },
-    Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , run: faults::device::misroute },
-    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, run: faults::reconfig::reconfig },
-    Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, run: faults::reconfig::relayout },
+    Scenario { name: "table-full",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::table::table_full },
+    Scenario { name: "bucket-collisions", boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::table::bucket_collisions },
+    Scenario { name: "lossy-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::device::lossy_mgmt },
+    Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::device::slow_hw },
+    Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::device::add_failures },
+    Scenario { name: "rps",               boot: BootKind::Default, setup: Setup::Fresh,  pairs: ONE, matrix: true , v6: false, run: rps::rps },
+    Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: faults::device::misroute },
+    Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },
+    Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout },
     // issue 5, stress (stress/)
-    Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::hostile::hostile_mgmt },
-    Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::device_restart },
-    Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::tap::tcp_tap },
-    Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::unload_reload },
-    Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::unload_rtnl },
-    Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, run: stress::stacked_ops },
-    Scenario { name: "debugfs-65k",       boot: BootKind::Debug,   setup: Setup::Fresh,  pairs: MQ,  matrix: false, run: stress::bigtable::debugfs_65k },
+    Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::hostile::hostile_mgmt },
+    Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::device_restart },
+    Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::tap::tcp_tap },
+    Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::unload_reload },
+    Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::unload_rtnl },
+    Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::stacked_ops },
+    Scenario { name: "debugfs-65k",       boot: BootKind::Debug,   setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: stress::bigtable::debugfs_65k },
 ];
 
 /// Any number of queue pairs in use.
@@ -92,6 +96,9 @@ pub struct Scenario {
     /// Whether it runs on every topology of the matrix by default; the
     /// others run on the default topology (4x4) unless selected by name.
     pub matrix: bool,
+    /// Whether its workload follows the address family (`--family`): only
+    /// these run in the IPv6 and mixed cells.
+    pub v6: bool,
     run: Run,
 }
 
@@ -118,6 +125,11 @@ impl Scenario {
     /// Whether it can run with the pairs `t` puts in use.
     pub fn fits(&self, t: &Topology) -> bool {
         (self.pairs.0..=self.pairs.1).contains(&t.pairs())
+    }
+
+    /// Whether it can run with flows of family `f`.
+    pub fn speaks(&self, f: Family) -> bool {
+        f == Family::Ipv4 || self.v6
     }
 
     /// Run it in `s` (see [`Session::run`], which never fails).

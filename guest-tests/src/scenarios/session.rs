@@ -3,7 +3,10 @@
 //! prerequisites scenarios ask for (network up, module loaded). The steering
 //! workload the scenarios share is in `workload.rs`.
 
-use super::{stress, BootKind, Flow, Scenario, Topology, GUEST_IP, GUEST_PREFIX, IFNAME};
+use super::{
+    stress, BootKind, Family, Flow, Scenario, Topology, GUEST_IP, GUEST_IP6, GUEST_PREFIX,
+    GUEST_PREFIX6, IFNAME,
+};
 use crate::harness::build::{self, Kernel};
 use crate::harness::ctl::counter;
 use crate::harness::guest::{BootSpec, Guest};
@@ -28,6 +31,8 @@ pub struct Settings {
     /// Queue pairs set with `ethtool -L` once the network is up (None:
     /// virtio_net's default, min(queues, cpus)).
     pub channels: Option<u16>,
+    /// Address family of the steering workload's flows.
+    pub family: Family,
     pub flows: usize,
     /// Generator packets per second over all flows.
     pub rate: u32,
@@ -76,6 +81,7 @@ impl Default for Settings {
             cpus: 4,
             queues: 4,
             channels: None,
+            family: Family::Ipv4,
             flows: 64,
             rate: 2000,
             link_packets: 40,
@@ -431,6 +437,8 @@ impl Session {
                 ifname: IFNAME.into(),
                 addr: GUEST_IP.to_string(),
                 prefix: GUEST_PREFIX,
+                addr6: Some(GUEST_IP6.to_string()),
+                prefix6: GUEST_PREFIX6,
             },
             Duration::from_secs(30),
         )?;

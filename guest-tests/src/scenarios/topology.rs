@@ -106,6 +106,46 @@ impl Topology {
     }
 }
 
+/// The address family of the steering workload's flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Family {
+    #[default]
+    Ipv4,
+    Ipv6,
+    /// Even flows IPv4, odd flows IPv6, in one workload.
+    Mixed,
+}
+
+impl Family {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "ipv4" | "v4" => Family::Ipv4,
+            "ipv6" | "v6" => Family::Ipv6,
+            "mixed" => Family::Mixed,
+            _ => bail!("family {s:?}: expected ipv4, ipv6 or mixed"),
+        })
+    }
+
+    /// Whether flow `i` of a workload is IPv6.
+    pub fn v6(self, i: usize) -> bool {
+        match self {
+            Family::Ipv4 => false,
+            Family::Ipv6 => true,
+            Family::Mixed => i % 2 == 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::Ipv4 => "ipv4",
+            Family::Ipv6 => "ipv6",
+            Family::Mixed => "mixed",
+        })
+    }
+}
+
 impl std::fmt::Display for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}", self.queues, self.cpus)?;
@@ -118,7 +158,20 @@ impl std::fmt::Display for Topology {
 
 #[cfg(test)]
 mod tests {
-    use super::Topology;
+    use super::{Family, Topology};
+
+    #[test]
+    fn families() {
+        assert_eq!(Family::parse("ipv6").unwrap(), Family::Ipv6);
+        assert_eq!(Family::parse("mixed").unwrap().to_string(), "mixed");
+        assert!(Family::parse("ipx").is_err());
+        let m = Family::Mixed;
+        assert_eq!(
+            (0..4).map(|i| m.v6(i)).collect::<Vec<_>>(),
+            [false, true, false, true]
+        );
+        assert!(!Family::Ipv4.v6(1) && Family::Ipv6.v6(0));
+    }
 
     #[test]
     fn parse_and_print() {

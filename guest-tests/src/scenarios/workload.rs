@@ -2,13 +2,15 @@
 //! gen peer with pinned receivers, one generator set per flow, and the
 //! measurements over it (per-flow windows, device filters, the trace).
 
-use super::{Checks, Session, BASE_PORT, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
+use super::{
+    Checks, Family, Session, BASE_PORT, GEN_IP, GEN_IP6, GEN_PORT, GUEST_IP, GUEST_IP6, IFNAME,
+};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
 use crate::proto::{Request, RxQueueNapi, UdpFlowSpec, UdpSpec, UdpStats};
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey, L4Proto, TraceRecord};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -175,44 +177,90 @@ impl Session {
     /// One generator set per workload flow (exact per-flow send counts),
     /// `rate` packets per second over all of them.
     pub(super) fn start_gen_per_flow(&mut self, rate: u32) -> Result<()> {
-        let per_flow = (rate / self.flows.len().max(1) as u32).max(1);
         self.gen_sets.clear();
-        for i in 0..self.flows.len() {
+        let flows = self.flows.clone();
+        self.gen_sets = self.gen_sets_for(&flows, rate, 0)?;
+        Ok(())
+    }
+
+    /// One generator set per flow of `flows`, `count` packets each (0:
+    /// until stopped), `rate` packets per second over all of them; the
+    /// set ids, in flow order.
+    pub(super) fn gen_sets_for(
+        &mut self,
+        flows: &[Flow],
+        rate: u32,
+        count: u64,
+    ) -> Result<Vec<u64>> {
+        let per_flow = (rate / flows.len().max(1) as u32).max(1);
+        let mut ids = Vec::with_capacity(flows.len());
+        for f in flows {
             let spec = json!({
                 "flows": 1,
-                "src": GEN_IP.to_string(),
+                "src": f.key.src_ip().to_string(),
                 "sport": GEN_PORT.to_string(),
-                "dst": GUEST_IP.to_string(),
-                "dport": self.flows[i].local_port.to_string(),
-                "count": 0,
+                "dst": f.key.dst_ip().to_string(),
+                "dport": f.local_port.to_string(),
+                "count": count,
                 "rate": per_flow,
                 "size": 128,
             });
-            let id = self.guest.ctl.gen_start(&spec)?;
-            self.gen_sets.push(id);
+            ids.push(self.guest.ctl.gen_start(&spec)?);
             self.gen_running = true;
         }
-        Ok(())
+        Ok(ids)
     }
 
     pub(super) fn make_flows(&self, n: usize) -> Vec<Flow> {
         self.flows_at(BASE_PORT, n)
     }
 
-    /// `n` connected UDP flows on guest ports `base..base+n`, receivers
-    /// round-robin over the CPUs.
+    /// `n` connected UDP flows from the gen peer's port `GEN_PORT` to guest
+    /// ports from `base` on, receivers round-robin over the CPUs, in the
+    /// session's address family. IPv4 (and mixed) flows use ports
+    /// `base..base+n`. IPv6 flows choose their ports (from `base` on) so
+    /// that every fourth one is already delivered to its receiver's queue
+    /// by RSS and the others are not: with consecutive ports none of the
+    /// IPv6 flows would be at 4x4 (the Toeplitz hash of these addresses
+    /// and the receivers' round-robin line up), and "no ADD where RSS is
+    /// right" would go unexercised.
     pub(super) fn flows_at(&self, base: u16, n: usize) -> Vec<Flow> {
+        let family = self.settings.family;
+        let key = |v6: bool, port: u16| {
+            if v6 {
+                FlowKey::v6(L4Proto::Udp, GEN_IP6, GEN_PORT, GUEST_IP6, port)
+            } else {
+                FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, port)
+            }
+        };
+        let mut used = BTreeSet::new();
+        let limit = base.saturating_add(u16::try_from(16 * n).unwrap_or(u16::MAX));
         (0..n)
             .map(|i| {
-                let local_port = base + i as u16;
-                let key = FlowKey::v4(L4Proto::Udp, GEN_IP, GEN_PORT, GUEST_IP, local_port);
                 let cpu = i % usize::from(self.settings.cpus);
+                let rx_q = self.queue_of_cpu(cpu);
+                let v6 = family.v6(i);
+                let local_port = if family == Family::Ipv6 {
+                    let want_right = i % 4 == 0;
+                    (base..limit)
+                        .filter(|p| !used.contains(p))
+                        .find(|&p| {
+                            (usize::from(self.rss.queue_for_key(&key(true, p))) == rx_q)
+                                == want_right
+                        })
+                        .or_else(|| (base..=u16::MAX).find(|p| !used.contains(p)))
+                        .unwrap_or(base)
+                } else {
+                    base + i as u16
+                };
+                used.insert(local_port);
+                let key = key(v6, local_port);
                 Flow {
                     local_port,
                     cpu,
                     key,
                     rss_q: usize::from(self.rss.queue_for_key(&key)),
-                    rx_q: self.queue_of_cpu(cpu),
+                    rx_q,
                 }
             })
             .collect()
@@ -227,6 +275,7 @@ impl Session {
                     local_port: f.local_port,
                     peer_port: GEN_PORT,
                     cpu: f.cpu,
+                    peer: Some(f.key.src_ip().to_string()),
                 })
                 .collect(),
             connect: true,
@@ -235,19 +284,6 @@ impl Session {
             .agent
             .call_value(&Request::UdpStart(spec), Duration::from_mins(1))?;
         Ok(())
-    }
-
-    pub(super) fn gen_spec(&self, n: usize, count: u64) -> Value {
-        json!({
-            "flows": n,
-            "src": GEN_IP.to_string(),
-            "sport": GEN_PORT.to_string(),
-            "dst": GUEST_IP.to_string(),
-            "dport": format!("{}-{}", BASE_PORT, BASE_PORT + n as u16 - 1),
-            "count": count,
-            "rate": self.settings.rate,
-            "size": 128,
-        })
     }
 
     /// Packets sent so far to each flow of the workload (one generator

@@ -1,10 +1,11 @@
 //! The built-in generator peer of one worker: answers ARP and ICMP echo
-//! for its address, sinks everything else the guest sends, learns the
+//! for its IPv4 address, neighbour solicitation and ICMPv6 echo for its
+//! IPv6 address, sinks everything else the guest sends, learns the
 //! guest's MAC from its frames, and sends this worker's share of the UDP
 //! flow sets (see [`super::flows`]), paced by a 1 ms timerfd (rate 0: as
 //! fast as the rx rings take them).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::timerfd::TimerFd;
 
-use super::flows::{checksum, local_sets, GenControl, LocalSet, ETH_P_ARP, ETH_P_IP, MAX_FRAME};
+use super::flows::{
+    checksum, local_sets, GenControl, LocalSet, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, MAX_FRAME,
+};
 use super::Peer;
 use crate::handoff::Router;
 use crate::stats::{add, Stats};
@@ -27,6 +30,7 @@ pub struct GenPeer {
     ctl: Arc<GenControl>,
     stats: Arc<Stats>,
     ip: Ipv4Addr,
+    ip6: Ipv6Addr,
     mac: [u8; 6],
     timer: TimerFd,
     timer_armed: bool,
@@ -46,12 +50,14 @@ impl GenPeer {
         ctl: Arc<GenControl>,
         stats: Arc<Stats>,
         ip: Ipv4Addr,
+        ip6: Ipv6Addr,
         mac: [u8; 6],
     ) -> std::io::Result<Self> {
         Ok(Self {
             ctl,
             stats,
             ip,
+            ip6,
             mac,
             timer: crate::clock::timer()?,
             timer_armed: false,
@@ -182,17 +188,22 @@ impl Peer for GenPeer {
             }
         }
         let peer = &self.stats.peer;
-        match respond(frame, self.ip, self.mac, &mut self.reply) {
+        let me = Me {
+            ip: self.ip,
+            ip6: self.ip6,
+            mac: self.mac,
+        };
+        match respond(frame, &me, &mut self.reply) {
             Response::Sink => {
                 add(&peer.sink_packets, 1);
                 add(&peer.sink_bytes, frame.len() as u64);
             }
             resp => {
                 add(
-                    if resp == Response::Arp {
-                        &peer.arp_replies
-                    } else {
-                        &peer.icmp_echo_replies
+                    match resp {
+                        Response::Arp => &peer.arp_replies,
+                        Response::Neighbor => &peer.nd_replies,
+                        _ => &peer.icmp_echo_replies,
                     },
                     1,
                 );
@@ -220,17 +231,47 @@ impl Peer for GenPeer {
 pub enum Response {
     /// An ARP reply was written to `out`.
     Arp,
-    /// An ICMP echo reply was written to `out`.
+    /// An ICMP or ICMPv6 echo reply was written to `out`.
     Echo,
+    /// A neighbour advertisement (the answer to a neighbour solicitation)
+    /// was written to `out`.
+    Neighbor,
     /// Nothing to answer: sunk.
     Sink,
 }
 
-/// Answers ARP requests and ICMP echo requests for `my_ip`.
-pub fn respond(frame: &[u8], my_ip: Ipv4Addr, my_mac: [u8; 6], out: &mut Vec<u8>) -> Response {
+/// The addresses the responder answers for.
+pub struct Me {
+    pub ip: Ipv4Addr,
+    pub ip6: Ipv6Addr,
+    pub mac: [u8; 6],
+}
+
+/// ICMPv6 types (RFC 4443, RFC 4861).
+const ICMP6_ECHO_REQUEST: u8 = 128;
+const ICMP6_ECHO_REPLY: u8 = 129;
+const ICMP6_NEIGHBOR_SOLICIT: u8 = 135;
+const ICMP6_NEIGHBOR_ADVERT: u8 = 136;
+const IPPROTO_ICMPV6: u8 = 58;
+
+/// The ICMPv6 checksum of `body` (checksum field zeroed) between `src`
+/// and `dst`: over the pseudo-header of RFC 8200 8.1 and the message.
+fn icmp6_checksum(src: &[u8], dst: &[u8], body: &[u8]) -> u16 {
+    let mut pseudo = [0u8; 40];
+    pseudo[0..16].copy_from_slice(src);
+    pseudo[16..32].copy_from_slice(dst);
+    pseudo[32..36].copy_from_slice(&(body.len() as u32).to_be_bytes());
+    pseudo[39] = IPPROTO_ICMPV6;
+    checksum(&[&pseudo, body], 0)
+}
+
+/// Answers ARP requests and ICMP echo requests for `me.ip`, neighbour
+/// solicitations and ICMPv6 echo requests for `me.ip6`.
+pub fn respond(frame: &[u8], me: &Me, out: &mut Vec<u8>) -> Response {
     if frame.len() < 14 {
         return Response::Sink;
     }
+    let (my_ip, my_mac) = (me.ip, me.mac);
     let et = u16::from_be_bytes([frame[12], frame[13]]);
     if et == ETH_P_ARP && frame.len() >= 42 {
         let a = &frame[14..42];
@@ -305,7 +346,99 @@ pub fn respond(frame: &[u8], my_ip: Ipv4Addr, my_mac: [u8; 6], out: &mut Vec<u8>
         }
         return Response::Echo;
     }
+    if et == ETH_P_IPV6 {
+        return respond6(frame, me, out);
+    }
     Response::Sink
+}
+
+/// The IPv6 part of [`respond`]: only ICMPv6 directly after the fixed
+/// header (no extension headers), with a valid checksum.
+fn respond6(frame: &[u8], me: &Me, out: &mut Vec<u8>) -> Response {
+    let Some(ip) = frame.get(14..54) else {
+        return Response::Sink;
+    };
+    let plen = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let Some(icmp) = frame.get(54..54 + plen) else {
+        return Response::Sink;
+    };
+    if ip[0] >> 4 != 6 || ip[6] != IPPROTO_ICMPV6 || icmp.len() < 8 {
+        return Response::Sink;
+    }
+    let (src, dst) = (&ip[8..24], &ip[24..40]);
+    if icmp6_checksum(src, dst, icmp) != 0 {
+        return Response::Sink;
+    }
+    let mine = me.ip6.octets();
+    match icmp[0] {
+        // RFC 4861 7.1.1: hop limit 255, code 0, 24+ bytes, target is ours.
+        ICMP6_NEIGHBOR_SOLICIT
+            if ip[7] == 255 && icmp[1] == 0 && icmp.len() >= 24 && icmp[8..24] == mine =>
+        {
+            // To the soliciting address, or all nodes when it was unspecified (DAD).
+            let to: [u8; 16] = if src.iter().all(|&b| b == 0) {
+                Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets()
+            } else {
+                src.try_into().unwrap_or([0; 16])
+            };
+            let dst_mac: [u8; 6] = if src.iter().all(|&b| b == 0) {
+                [0x33, 0x33, 0, 0, 0, 1]
+            } else {
+                frame[6..12].try_into().unwrap_or([0; 6])
+            };
+            out.clear();
+            out.resize(14 + 40 + 32, 0);
+            out[0..6].copy_from_slice(&dst_mac);
+            out[6..12].copy_from_slice(&me.mac);
+            out[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+            let o = &mut out[14..];
+            o[0] = 0x60;
+            o[4..6].copy_from_slice(&32u16.to_be_bytes());
+            o[6] = IPPROTO_ICMPV6;
+            o[7] = 255;
+            o[8..24].copy_from_slice(&mine);
+            o[24..40].copy_from_slice(&to);
+            let na = &mut o[40..72];
+            na[0] = ICMP6_NEIGHBOR_ADVERT;
+            // Solicited (unless answering DAD) and Override.
+            na[4] = if src.iter().all(|&b| b == 0) {
+                0x20
+            } else {
+                0x60
+            };
+            na[8..24].copy_from_slice(&mine);
+            // Target link-layer address option.
+            na[24] = 2;
+            na[25] = 1;
+            na[26..32].copy_from_slice(&me.mac);
+            let c = icmp6_checksum(&mine, &to, na);
+            na[2..4].copy_from_slice(&c.to_be_bytes());
+            Response::Neighbor
+        }
+        ICMP6_ECHO_REQUEST if icmp[1] == 0 && dst == mine => {
+            if frame[0..6] != me.mac && frame[0] & 1 == 0 {
+                return Response::Sink;
+            }
+            out.clear();
+            out.extend_from_slice(&frame[..54 + plen]);
+            out[0..6].copy_from_slice(&frame[6..12]);
+            out[6..12].copy_from_slice(&me.mac);
+            let o = &mut out[14..];
+            o[7] = 64;
+            o[8..24].copy_from_slice(&mine);
+            o[24..40].copy_from_slice(src);
+            let (hdr, body) = o.split_at_mut(40);
+            body[0] = ICMP6_ECHO_REPLY;
+            body[2..4].fill(0);
+            let c = icmp6_checksum(&hdr[8..24], &hdr[24..40], body);
+            body[2..4].copy_from_slice(&c.to_be_bytes());
+            if out.len() < 60 {
+                out.resize(60, 0);
+            }
+            Response::Echo
+        }
+        _ => Response::Sink,
+    }
 }
 
 pub fn mac_to_u64(m: [u8; 6]) -> u64 {
@@ -324,6 +457,98 @@ pub fn mac_from_u64(v: u64) -> [u8; 6] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ME6: Ipv6Addr = Ipv6Addr::new(0xfd00, 2, 0, 0, 0, 0, 0, 1);
+    const GUEST6: Ipv6Addr = Ipv6Addr::new(0xfd00, 2, 0, 0, 0, 0, 0, 0x15);
+
+    fn respond(frame: &[u8], ip: Ipv4Addr, mac: [u8; 6], out: &mut Vec<u8>) -> Response {
+        super::respond(frame, &Me { ip, ip6: ME6, mac }, out)
+    }
+
+    /// An IPv6/ICMPv6 frame from the guest with a valid checksum.
+    fn icmp6_frame(
+        dst_mac: [u8; 6],
+        src: Ipv6Addr,
+        dst: Ipv6Addr,
+        hop: u8,
+        body: &[u8],
+    ) -> Vec<u8> {
+        let mut f = vec![0u8; 54];
+        f[0..6].copy_from_slice(&dst_mac);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+        f[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+        f[14] = 0x60;
+        f[18..20].copy_from_slice(&(body.len() as u16).to_be_bytes());
+        f[20] = IPPROTO_ICMPV6;
+        f[21] = hop;
+        f[22..38].copy_from_slice(&src.octets());
+        f[38..54].copy_from_slice(&dst.octets());
+        let mut b = body.to_vec();
+        b[2..4].fill(0);
+        let c = icmp6_checksum(&src.octets(), &dst.octets(), &b);
+        b[2..4].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&b);
+        f
+    }
+
+    #[test]
+    fn neighbour_solicitation_and_icmpv6_echo() {
+        let mac = [2, 0, 0, 0, 0, 9];
+        let v4 = Ipv4Addr::new(10, 0, 2, 1);
+        let mut out = Vec::new();
+        // NS for our address from the guest (to the solicited-node group).
+        let mut ns = vec![0u8; 32];
+        ns[0] = ICMP6_NEIGHBOR_SOLICIT;
+        ns[8..24].copy_from_slice(&ME6.octets());
+        ns[24..32].copy_from_slice(&[1, 1, 2, 0, 0, 0, 0, 1]);
+        let snm = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00, 1);
+        let f = icmp6_frame([0x33, 0x33, 0xff, 0, 0, 1], GUEST6, snm, 255, &ns);
+        assert_eq!(respond(&f, v4, mac, &mut out), Response::Neighbor);
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 0, 1], "to the soliciting MAC");
+        assert_eq!(&out[6..12], &mac);
+        assert_eq!(out[21], 255, "hop limit 255");
+        assert_eq!(&out[22..38], &ME6.octets());
+        assert_eq!(&out[38..54], &GUEST6.octets());
+        let na = &out[54..];
+        assert_eq!(na[0], ICMP6_NEIGHBOR_ADVERT);
+        assert_eq!(na[4], 0x60, "solicited + override");
+        assert_eq!(&na[8..24], &ME6.octets());
+        assert_eq!(&na[24..32], &[2, 1, 2, 0, 0, 0, 0, 9]);
+        assert_eq!(icmp6_checksum(&out[22..38], &out[38..54], na), 0);
+        // Not for us, a forwarded one (hop limit < 255), a bad checksum: sunk.
+        let mut other = ns.clone();
+        other[23] = 2;
+        let f2 = icmp6_frame([0x33, 0x33, 0xff, 0, 0, 2], GUEST6, snm, 255, &other);
+        assert_eq!(respond(&f2, v4, mac, &mut out), Response::Sink);
+        let f3 = icmp6_frame([0x33, 0x33, 0xff, 0, 0, 1], GUEST6, snm, 64, &ns);
+        assert_eq!(respond(&f3, v4, mac, &mut out), Response::Sink);
+        let mut f4 = f.clone();
+        f4[60] ^= 1;
+        assert_eq!(respond(&f4, v4, mac, &mut out), Response::Sink);
+        // Truncated frames never panic.
+        for n in 0..f.len() {
+            let _ = respond(&f[..n], v4, mac, &mut out);
+        }
+
+        // Echo request -> reply with swapped addresses and a valid checksum.
+        let mut echo = vec![0u8; 8 + 16];
+        echo[0] = ICMP6_ECHO_REQUEST;
+        echo[4..8].copy_from_slice(&[0, 7, 0, 1]);
+        let f = icmp6_frame(mac, GUEST6, ME6, 64, &echo);
+        assert_eq!(respond(&f, v4, mac, &mut out), Response::Echo);
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 0, 1]);
+        assert_eq!(&out[22..38], &ME6.octets());
+        assert_eq!(&out[38..54], &GUEST6.octets());
+        assert_eq!(out[54], ICMP6_ECHO_REPLY);
+        assert_eq!(&out[58..62], &[0, 7, 0, 1]);
+        assert_eq!(icmp6_checksum(&out[22..38], &out[38..54], &out[54..]), 0);
+        // Echo to another address: sunk.
+        let f = icmp6_frame(mac, GUEST6, GUEST6, 64, &echo);
+        assert_eq!(respond(&f, v4, mac, &mut out), Response::Sink);
+        for n in 0..f.len() {
+            let _ = respond(&f[..n], v4, mac, &mut out);
+        }
+    }
 
     #[test]
     fn arp_and_ping() {
