@@ -32,6 +32,12 @@ for opt in $(cat /proc/cmdline); do
     esac
 done
 
+# Modules first (a distribution kernel has virtio_pci, virtio_net and
+# virtio_console as modules: the agent's port appears only once they load).
+for m in $(echo "$modules" | tr ',' ' '); do
+    modprobe "$m" || echo "vnic-init: modprobe $m failed" >/dev/console
+done
+
 # Named virtio-serial ports (no udev here): /dev/virtio-ports/<name> -> /dev/vportXpY.
 # Ports are announced asynchronously by the device: wait up to 1 s for them.
 if ls -d /sys/bus/virtio/drivers/virtio_console/virtio* >/dev/null 2>&1; then
@@ -47,10 +53,6 @@ if ls -d /sys/bus/virtio/drivers/virtio_console/virtio* >/dev/null 2>&1; then
         [ -n "$n" ] && ln -sf "../${p##*/}" "/dev/virtio-ports/$n"
     done
 fi
-
-for m in $(echo "$modules" | tr ',' ' '); do
-    modprobe "$m" || echo "vnic-init: modprobe $m failed" >/dev/console
-done
 
 up=$(cut -d' ' -f1 /proc/uptime)
 echo "vnic-init: userspace up at ${up}s, $(grep -c ^processor /proc/cpuinfo) cpus, agent mode $mode" >/dev/console

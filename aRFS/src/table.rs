@@ -412,6 +412,12 @@ pub struct Counters {
     pub adds: u64,
     /// ADD ops that replaced a live filter.
     pub replaces: u64,
+    /// ADD ops identical to the live entry (same id, flow and rxq): status
+    /// ok, nothing changed, no event. A driver that lost every ACK of an
+    /// applied ADD and sends it again after a new HELLO lands here, so
+    /// `adds + replaces` counts each change once.
+    #[serde(default)]
+    pub unchanged: u64,
     /// Filters removed, by reason (DEL ops, FLUSH, flows moved to another id).
     pub deletes: ReasonCounts,
     /// ADD ops refused, by status.
@@ -763,6 +769,10 @@ impl FilterTable {
         // One draw per ADD op that would otherwise succeed.
         if self.fail_rng.chance(self.cfg.add_fail_rate) {
             return self.reject(seq, op, Some(key), OpStatus::InjectedFailure, on_event);
+        }
+        if other.is_none() && cur == Some((key, op.rxq)) {
+            self.counters.unchanged += 1;
+            return OpStatus::Ok;
         }
         let keep_hits = matches!(cur, Some((f, _)) if f == key);
         let prev_meta = self.meta[usize::from(op.id)];

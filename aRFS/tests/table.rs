@@ -145,6 +145,31 @@ fn add_on_live_id_replaces() {
     assert_eq!((c.adds, c.replaces, c.deletes.total()), (1, 2, 0));
 }
 
+/// An ADD identical to the live entry (a driver re-sending an applied ADD
+/// whose ACKs it lost) is ok, changes nothing, emits no event, and is
+/// counted as `unchanged`, not as a replace.
+#[test]
+fn identical_add_is_unchanged_not_a_replace() {
+    let mut t = table(TableConfig::default());
+    run(&mut t, 1, Request::Add(vec![add(1, 2, &flow(1))]), 4);
+    t.record_hits(1, 5, 50);
+    let (st, ev) = run(&mut t, 2, Request::Add(vec![add(1, 2, &flow(1))]), 4);
+    assert_eq!(st, vec![OpStatus::Ok]);
+    assert!(
+        ev.iter().all(|e| matches!(e, TableEvent::Completed { .. })),
+        "no table change event for an identical ADD: {ev:?}"
+    );
+    assert_eq!(t.lookup(&flow(1)), Some((1, 2)));
+    assert_eq!(t.entry(1).unwrap().hits, 5, "hits kept");
+    let c = t.counters();
+    assert_eq!((c.adds, c.replaces, c.unchanged), (1, 0, 1));
+    // Same id and flow, another queue: a replace as before.
+    let (_, ev) = run(&mut t, 3, Request::Add(vec![add(1, 3, &flow(1))]), 4);
+    assert!(matches!(ev[0], TableEvent::Replaced { .. }));
+    let c = t.counters();
+    assert_eq!((c.adds, c.replaces, c.unchanged), (1, 1, 1));
+}
+
 #[test]
 fn add_of_flow_live_under_other_id_replaces_that_entry() {
     let mut t = table(TableConfig::default());

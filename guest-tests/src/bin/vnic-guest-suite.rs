@@ -22,7 +22,10 @@ USAGE:
 
 OPTIONS:
     --kernel LIST         kernel series to test, comma-separated (default 6.12,7.3;
-                          built into the cache by images/build-kernel when missing)
+                          built into the cache by images/build-kernel when missing);
+                          6.1-deb: Debian bookworm's prebuilt 6.1 kernel and headers
+                          (images/fetch-distro-kernel; virtio drivers as modules, the
+                          module built with Debian's kbuild; no debug variant)
     --kernel-image BZIMAGE --kdir TREE
                           test your own kernel instead (TREE: its built source tree)
     --scenario NAME       run only these (repeatable or comma-separated; default: all,
@@ -274,12 +277,13 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     for k in &a.kernels {
-        if !k
+        let series = k.strip_suffix(build::DISTRO_SUFFIX).unwrap_or(k);
+        if !series
             .split('.')
             .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
         {
             return Err(format!(
-                "--kernel {k:?}: expected a series like 6.12 or 7.3"
+                "--kernel {k:?}: expected a series like 6.12 or 7.3, or 6.1-deb (Debian's prebuilt kernel)"
             ));
         }
     }
@@ -337,7 +341,11 @@ fn main() -> ExitCode {
     // A kernel left out of --debug-kernel (or a custom kernel) runs the
     // debug-kind scenarios in its default boot.
     let kind_for = |s: &str, label: &str, custom: bool| match scenarios::boot_kind(s) {
-        BootKind::Debug if custom || !args.debug_kernels.iter().any(|k| k == label) => {
+        BootKind::Debug
+            if custom
+                || label.ends_with(build::DISTRO_SUFFIX)
+                || !args.debug_kernels.iter().any(|k| k == label) =>
+        {
             BootKind::Default
         }
         k => k,
@@ -468,7 +476,10 @@ fn run_boot(
             kind.variant()
         ))),
         Some((i, k)) => build::kernel_custom(i, k),
-        None => build::kernel_series(series, kind.variant()),
+        None => match series.strip_suffix(build::DISTRO_SUFFIX) {
+            Some(s) => build::kernel_distro(s),
+            None => build::kernel_series(series, kind.variant()),
+        },
     };
     let mut kernel: Kernel = match kernel {
         Ok(k) => k,
@@ -552,7 +563,10 @@ fn demo(args: &Args, art_root: &std::path::Path) -> ExitCode {
         let tools = Tools::build()?;
         let kernel = match &args.custom {
             Some((i, k)) => build::kernel_custom(i, k)?,
-            None => build::kernel_series(&args.kernels[0], "default")?,
+            None => match args.kernels[0].strip_suffix(build::DISTRO_SUFFIX) {
+                Some(s) => build::kernel_distro(s)?,
+                None => build::kernel_series(&args.kernels[0], "default")?,
+            },
         };
         let label = kernel.label.clone();
         let art = Artifacts::new(art_root.join(&label))?;

@@ -11,11 +11,70 @@ use std::process::{Command, Stdio};
 /// compiled against.
 #[derive(Debug, Clone)]
 pub struct Kernel {
-    /// Label used in reports: the series (`6.12`, `7.3`) or `custom`.
+    /// Label used in reports: the series (`6.12`, `7.3`), `6.1-deb` or `custom`.
     pub label: String,
     pub bzimage: PathBuf,
     pub kdir: PathBuf,
+    /// Modules of the kernel itself the initramfs carries and loads before
+    /// the agent (a distribution kernel's virtio drivers), in load order.
+    pub boot_modules: Vec<PathBuf>,
 }
+
+/// The suffix of a `--kernel` series meaning Debian's prebuilt kernel of
+/// that series (`6.1-deb`) instead of one built from source.
+pub const DISTRO_SUFFIX: &str = "-deb";
+
+/// Debian's prebuilt kernel of `series` with its headers
+/// (`images/fetch-distro-kernel`): nothing is compiled but the module.
+pub fn kernel_distro(series: &str) -> Result<Kernel> {
+    let script = repo_root().join("images/fetch-distro-kernel");
+    let out = run_stdout(
+        Command::new(&script).args(["--series", series]),
+        &format!("images/fetch-distro-kernel --series {series}"),
+    )?;
+    let dir = PathBuf::from(out.lines().last().unwrap_or_default());
+    let list = std::fs::read_to_string(dir.join("modules"))
+        .ctx(format!("reading {}/modules", dir.display()))?;
+    let k = Kernel {
+        label: format!("{series}{DISTRO_SUFFIX}"),
+        bzimage: dir.join("bzImage"),
+        kdir: dir.join("build"),
+        boot_modules: list
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(PathBuf::from)
+            .collect(),
+    };
+    if !k.bzimage.is_file() || !k.kdir.is_dir() || k.boot_modules.is_empty() {
+        bail!(
+            "images/fetch-distro-kernel printed {} but it has no bzImage/build/modules",
+            dir.display()
+        );
+    }
+    // What it must have, as built in or as a module the initramfs loads.
+    let config = std::fs::read_to_string(k.kdir.join(".config"))
+        .ctx(format!("reading {}/.config", k.kdir.display()))?;
+    let missing: Vec<String> = missing_config(&config)
+        .into_iter()
+        .filter(|m| {
+            !(MODULAR_OK
+                .iter()
+                .any(|o| m.starts_with(&format!("CONFIG_{o} ")))
+                && m.ends_with("=m"))
+        })
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "Debian's {series} kernel lacks options the suite needs:\n  {}",
+            missing.join("\n  ")
+        );
+    }
+    Ok(k)
+}
+
+/// Options of [`NEEDED_CONFIG`] a distribution kernel may have as modules
+/// (the initramfs loads them before the agent).
+const MODULAR_OK: &[&str] = &["VIRTIO_PCI", "VIRTIO_NET", "VIRTIO_CONSOLE"];
 
 /// Run a command, inheriting stderr (progress), returning trimmed stdout.
 fn run_stdout(cmd: &mut Command, what: &str) -> Result<String> {
@@ -48,6 +107,7 @@ pub fn kernel_series(series: &str, variant: &str) -> Result<Kernel> {
         label: series.to_string(),
         bzimage: dir.join("bzImage"),
         kdir: dir.join("build"),
+        boot_modules: Vec::new(),
     };
     if !k.bzimage.is_file() || !k.kdir.is_dir() {
         bail!(
@@ -97,11 +157,14 @@ pub fn kernel_custom(bzimage: &Path, kdir: &Path) -> Result<Kernel> {
         label: "custom".into(),
         bzimage: bzimage.to_path_buf(),
         kdir: kdir.to_path_buf(),
+        boot_modules: Vec::new(),
     })
 }
 
 /// What a guest kernel must have built in (`=y`) for the suite: the
-/// initramfs loads no driver module, only vnic_arfs.ko and its test helpers.
+/// initramfs loads no driver module of a kernel built here or of your own,
+/// only vnic_arfs.ko and its test helpers (a distribution kernel may have
+/// the virtio drivers as modules: [`kernel_distro`]).
 const NEEDED_CONFIG: &[(&str, &str)] = &[
     ("SMP", "several vCPUs"),
     ("ACPI", "-smp N and power-off under QEMU"),

@@ -187,7 +187,21 @@ impl Session {
             Ok(kos) => (kos, None),
             Err(e) => (Vec::new(), Some(e.0)),
         };
-        let initrd = build::initramfs(&kernel.kdir, &tools.agent, &kos)?;
+        let mut all_kos = kernel.boot_modules.clone();
+        all_kos.extend(kos.iter().cloned());
+        let initrd = build::initramfs(&kernel.kdir, &tools.agent, &all_kos)?;
+        // The kernel's own modules (a distribution kernel's virtio drivers)
+        // are loaded by /init before the agent starts.
+        let names: Vec<String> = kernel
+            .boot_modules
+            .iter()
+            .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .collect();
+        let append = if names.is_empty() {
+            String::new()
+        } else {
+            format!("vnic.modules={}", names.join(","))
+        };
         let release = build::kernel_release(&kernel.kdir)?;
         let mut vnic = VnicOptions {
             queues: settings.queues,
@@ -210,6 +224,7 @@ impl Session {
             qemu: QemuOptions {
                 cpus: settings.cpus,
                 queues: settings.queues,
+                append,
                 ..QemuOptions::default()
             },
             boot_timeout: settings.boot_timeout,
