@@ -41,13 +41,16 @@ OPTIONS:
     --family LIST         address families of the steering flows: ipv4, ipv6, mixed (even
                           flows IPv4, odd IPv6); the gen peer answers ARP/ICMP and
                           NS/ICMPv6 echo
-                          The suite runs every (topology, family) cell of these two lists;
-                          without either it runs the default matrix 4x4, 2x4, 4x2, 1x2
-                          (IPv4), 4x4/ipv6 and 2x4/mixed. 4x4 IPv4 runs every selected
-                          scenario; other shapes the matrix scenarios (link, steer,
-                          migrate, misroute with 2+ pairs, rps with 1 pair); IPv6 and
-                          mixed cells link, steer, migrate, expiry, misroute; --scenario
-                          runs what it names wherever it can run (--list).
+                          The suite runs every (topology, family) cell of these two lists
+                          on every kernel; without either it runs the default matrix:
+                          4x4 IPv4 and 4x4/ipv6 on every kernel, 2x4, 4x2, 1x2 and
+                          2x4/mixed on one kernel each (round robin over --kernel).
+                          4x4 IPv4 runs every selected scenario; other shapes the matrix
+                          scenarios (link, steer, migrate, misroute with 2+ pairs, rps
+                          with 1 pair); IPv6 and mixed cells link, steer, migrate,
+                          expiry, misroute; --scenario runs what it names wherever it
+                          can run (--list).
+    --full-matrix         every cell of the default matrix on every kernel
     --cpus N --queues M   one topology: M queue pairs x N vCPUs (instead of --topology)
     --channels N          with --cpus/--queues: `ethtool -L combined N` after boot
     --debug-kernel LIST   kernels whose unload-reload runs on the debug variant (default:
@@ -81,23 +84,27 @@ struct Args {
     artifacts: Option<PathBuf>,
     /// Kernel series whose debug-kind scenarios boot the debug variant.
     debug_kernels: Vec<String>,
-    /// The (topology, family) cells to run, in order.
-    cells: Vec<(Topology, Family)>,
+    /// The (topology, family) cells to run, in order, and whether a cell
+    /// runs on one kernel only (the default matrix spreads its extra shapes
+    /// over the kernels, round robin, unless --full-matrix).
+    cells: Vec<(Topology, Family, bool)>,
+    full_matrix: bool,
     /// Scenarios were named with --scenario (not the default selection).
     explicit: bool,
 }
 
-/// The default matrix: today's 4x4, several CPUs per queue, more queues
-/// than CPUs, and one queue (plain RPS), over IPv4; IPv6 on 4x4; IPv4 and
-/// IPv6 flows mixed with two CPUs per queue.
+/// The default matrix: today's 4x4 over IPv4 and over IPv6 on every
+/// kernel; several CPUs per queue, more queues than CPUs, one queue (plain
+/// RPS) and IPv4/IPv6 flows mixed on one kernel each (round robin over
+/// --kernel; --full-matrix runs them on every kernel).
 const DEFAULT_TOPOLOGIES: &str = "4x4,2x4,4x2,1x2";
-const DEFAULT_CELLS: &[(&str, Family)] = &[
-    ("4x4", Family::Ipv4),
-    ("2x4", Family::Ipv4),
-    ("4x2", Family::Ipv4),
-    ("1x2", Family::Ipv4),
-    ("4x4", Family::Ipv6),
-    ("2x4", Family::Mixed),
+const DEFAULT_CELLS: &[(&str, Family, bool)] = &[
+    ("4x4", Family::Ipv4, false),
+    ("4x4", Family::Ipv6, false),
+    ("2x4", Family::Ipv4, true),
+    ("4x2", Family::Ipv4, true),
+    ("1x2", Family::Ipv4, true),
+    ("2x4", Family::Mixed, true),
 ];
 
 fn parse_args() -> Result<Args, String> {
@@ -110,6 +117,7 @@ fn parse_args() -> Result<Args, String> {
         artifacts: None,
         debug_kernels: Vec::new(),
         cells: Vec::new(),
+        full_matrix: false,
         explicit: false,
     };
     let (mut topo_list, mut cpus, mut queues, mut channels) = (None, None, None, None);
@@ -178,6 +186,7 @@ fn parse_args() -> Result<Args, String> {
                 .scenarios
                 .extend(val("--scenario")?.split(',').map(str::to_string)),
             "--topology" => topo_list = Some(val("--topology")?),
+            "--full-matrix" => a.full_matrix = true,
             "--family" => {
                 families = Some(
                     val("--family")?
@@ -251,19 +260,19 @@ fn parse_args() -> Result<Args, String> {
     a.cells = if !shape_given && families.is_none() {
         DEFAULT_CELLS
             .iter()
-            .map(|&(t, f)| Topology::parse(t).map(|t| (t, f)).map_err(|e| e.0))
+            .map(|&(t, f, one)| Topology::parse(t).map(|t| (t, f, one)).map_err(|e| e.0))
             .collect::<Result<_, _>>()?
     } else {
         let fams = families.unwrap_or_else(|| vec![Family::Ipv4]);
         topologies
             .iter()
-            .flat_map(|&t| fams.iter().map(move |&f| (t, f)))
+            .flat_map(|&t| fams.iter().map(move |&f| (t, f, false)))
             .collect()
     };
     if a.demo {
         // The demo boots one guest: the first cell.
         a.cells.truncate(1);
-        let (t, f) = a.cells[0];
+        let (t, f, _) = a.cells[0];
         a.settings.set_topology(t);
         a.settings.family = f;
     }
@@ -350,8 +359,18 @@ fn main() -> ExitCode {
         }
         k => k,
     };
-    for (label, custom) in kernels {
-        for &(topo, family) in &args.cells {
+    let nkernels = kernels.len();
+    for (ki, (label, custom)) in kernels.into_iter().enumerate() {
+        let mut spread = 0;
+        for &(topo, family, one_kernel) in &args.cells {
+            if one_kernel && !args.full_matrix {
+                // This cell runs on kernel number (its rank among such cells)
+                // modulo the kernel count.
+                spread += 1;
+                if (spread - 1) % nkernels != ki {
+                    continue;
+                }
+            }
             // Which selected scenarios this cell runs: all of them on 4x4
             // IPv4, the matrix ones on other shapes, the family-aware ones
             // in IPv6 and mixed cells, what --scenario named wherever it
