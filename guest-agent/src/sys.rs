@@ -303,57 +303,121 @@ fn checksum(data: &[u8]) -> u16 {
 /// waited for up to `timeout`.
 pub fn ping(addr: IpAddr, count: u32, timeout: Duration) -> io::Result<PingResult> {
     match addr {
-        IpAddr::V4(a) => ping4(a, count, timeout),
-        IpAddr::V6(a) => ping6(a, count, timeout),
+        IpAddr::V4(a) => {
+            let ident = (std::process::id() as u16) ^ 0x7641;
+            let dst = sockaddr_in(a, 0);
+            // A raw ICMP socket: replies come with their IPv4 header.
+            echo(
+                &raw_socket(libc::AF_INET, libc::IPPROTO_ICMP)?,
+                (
+                    std::ptr::from_ref(&dst).cast(),
+                    size_of::<libc::sockaddr_in>(),
+                ),
+                count,
+                timeout,
+                |seq| echo_request(8, ident, seq, true),
+                |buf, _, seq| {
+                    let ihl = usize::from(buf.first().copied().unwrap_or(0) & 0x0f) * 4;
+                    buf.len() >= 20
+                        && buf.len() >= ihl + 8
+                        && buf[12..16] == a.octets()
+                        && is_echo_reply(&buf[ihl..], 0, ident, seq)
+                },
+            )
+        }
+        IpAddr::V6(a) => {
+            let ident = (std::process::id() as u16) ^ 0x7636;
+            // SAFETY: sockaddr_in6 is plain data; all-zero is a valid value.
+            let mut dst: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            dst.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            dst.sin6_addr.s6_addr = a.octets();
+            // A raw ICMPv6 socket: the kernel fills in the checksum (it
+            // always does for ICMPv6) and hands back messages without the
+            // IPv6 header; the sender comes from recvfrom.
+            echo(
+                &raw_socket(libc::AF_INET6, libc::IPPROTO_ICMPV6)?,
+                (
+                    std::ptr::from_ref(&dst).cast(),
+                    size_of::<libc::sockaddr_in6>(),
+                ),
+                count,
+                timeout,
+                |seq| echo_request(128, ident, seq, false),
+                |buf, from, seq| {
+                    // SAFETY: recvfrom on an AF_INET6 socket fills a
+                    // sockaddr_in6, which fits in (and is aligned as) the storage.
+                    let from6 = unsafe { &*std::ptr::from_ref(from).cast::<libc::sockaddr_in6>() };
+                    from6.sin6_addr.s6_addr == a.octets() && is_echo_reply(buf, 129, ident, seq)
+                },
+            )
+        }
     }
 }
 
-/// ICMPv6 echo over a raw ICMPv6 socket: the kernel fills in the checksum
-/// (it always does for ICMPv6) and hands back messages without the IPv6
-/// header; the sender comes from recvfrom.
-fn ping6(addr: Ipv6Addr, count: u32, timeout: Duration) -> io::Result<PingResult> {
+fn raw_socket(family: libc::c_int, proto: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: socket(2) with constant arguments; fd checked and owned below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_INET6,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_ICMPV6,
-        )
-    };
+    let fd = unsafe { libc::socket(family, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: fresh valid descriptor, owned from here on.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let ident = (std::process::id() as u16) ^ 0x7636;
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An echo request of type `ty` with 32 bytes of payload; the ICMP
+/// checksum is computed when `sum` (ICMPv6's is the kernel's).
+fn echo_request(ty: u8, ident: u16, seq: u16, sum: bool) -> [u8; 40] {
+    let mut pkt = [0u8; 8 + 32];
+    pkt[0] = ty;
+    pkt[4..6].copy_from_slice(&ident.to_be_bytes());
+    pkt[6..8].copy_from_slice(&seq.to_be_bytes());
+    for (i, b) in pkt[8..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    if sum {
+        let ck = checksum(&pkt);
+        pkt[2..4].copy_from_slice(&ck.to_be_bytes());
+    }
+    pkt
+}
+
+fn is_echo_reply(icmp: &[u8], ty: u8, ident: u16, seq: u16) -> bool {
+    icmp.len() >= 8
+        && icmp[0] == ty
+        && icmp[4..6] == ident.to_be_bytes()
+        && icmp[6..8] == seq.to_be_bytes()
+}
+
+/// Sends `count` echo requests (`request(seq)`) to `dst` on `fd`, one at a
+/// time; each waits up to `timeout` for a datagram `is_reply(data, sender,
+/// seq)` accepts.
+fn echo(
+    fd: &OwnedFd,
+    dst: (*const libc::sockaddr, usize),
+    count: u32,
+    timeout: Duration,
+    request: impl Fn(u16) -> [u8; 40],
+    is_reply: impl Fn(&[u8], &libc::sockaddr_storage, u16) -> bool,
+) -> io::Result<PingResult> {
     let mut res = PingResult {
         sent: 0,
         received: 0,
         rtt_us: Vec::new(),
     };
-    // SAFETY: sockaddr_in6 is plain data; all-zero is a valid value.
-    let mut dst: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-    dst.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-    dst.sin6_addr.s6_addr = addr.octets();
     for seq in 0..count {
         let seq16 = seq as u16;
-        let mut pkt = [0u8; 8 + 32];
-        pkt[0] = 128; // echo request
-        pkt[4..6].copy_from_slice(&ident.to_be_bytes());
-        pkt[6..8].copy_from_slice(&seq16.to_be_bytes());
-        for (i, b) in pkt[8..].iter_mut().enumerate() {
-            *b = i as u8;
-        }
+        let pkt = request(seq16);
         let start = Instant::now();
-        // SAFETY: pkt and dst are valid for the given lengths during the call.
+        // SAFETY: pkt is valid for its length and dst points at a socket
+        // address of dst.1 bytes (the caller's) during the call.
         let rc = unsafe {
             libc::sendto(
                 fd.as_raw_fd(),
                 pkt.as_ptr().cast(),
                 pkt.len(),
                 0,
-                std::ptr::from_ref(&dst).cast(),
-                size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                dst.0,
+                dst.1 as libc::socklen_t,
             )
         };
         if rc < 0 {
@@ -375,8 +439,8 @@ fn ping6(addr: Ipv6Addr, count: u32, timeout: Duration) -> io::Result<PingResult
                 continue;
             }
             // SAFETY: plain data, all-zero valid; filled by recvfrom.
-            let mut from: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            let mut flen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            let mut flen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             // SAFETY: buf, from and flen are writable for their lengths.
             let got = unsafe {
                 libc::recvfrom(
@@ -388,100 +452,10 @@ fn ping6(addr: Ipv6Addr, count: u32, timeout: Duration) -> io::Result<PingResult
                     &raw mut flen,
                 )
             };
-            if got < 8 || from.sin6_addr.s6_addr != addr.octets() {
+            let Ok(got) = usize::try_from(got) else {
                 continue;
-            }
-            if buf[0] == 129 && buf[4..6] == ident.to_be_bytes() && buf[6..8] == seq16.to_be_bytes()
-            {
-                res.received += 1;
-                res.rtt_us.push(start.elapsed().as_micros() as u64);
-                break;
-            }
-        }
-    }
-    Ok(res)
-}
-
-fn ping4(addr: Ipv4Addr, count: u32, timeout: Duration) -> io::Result<PingResult> {
-    // SAFETY: socket(2) with constant arguments; fd checked and owned below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_INET,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_ICMP,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh valid descriptor, owned from here on.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let ident = (std::process::id() as u16) ^ 0x7641;
-    let mut res = PingResult {
-        sent: 0,
-        received: 0,
-        rtt_us: Vec::new(),
-    };
-    let dst = sockaddr_in(addr, 0);
-    for seq in 0..count {
-        let seq16 = seq as u16;
-        let mut pkt = vec![0u8; 8 + 32];
-        pkt[0] = 8; // echo request
-        pkt[4..6].copy_from_slice(&ident.to_be_bytes());
-        pkt[6..8].copy_from_slice(&seq16.to_be_bytes());
-        for (i, b) in pkt[8..].iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let ck = checksum(&pkt);
-        pkt[2..4].copy_from_slice(&ck.to_be_bytes());
-        let start = Instant::now();
-        // SAFETY: pkt and dst are valid for the given lengths during the call.
-        let rc = unsafe {
-            libc::sendto(
-                fd.as_raw_fd(),
-                pkt.as_ptr().cast(),
-                pkt.len(),
-                0,
-                std::ptr::from_ref(&dst).cast(),
-                size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        res.sent += 1;
-        let deadline = start + timeout;
-        let mut buf = [0u8; 1500];
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
             };
-            let ms = left.as_millis().clamp(1, 10_000) as libc::c_int;
-            // SAFETY: one valid pollfd for the duration of the call.
-            let n = unsafe { libc::poll(&raw mut pfd, 1, ms) };
-            if n <= 0 {
-                continue;
-            }
-            // SAFETY: buf is writable for its length.
-            let got = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if got < 0 {
-                continue;
-            }
-            let got = got as usize;
-            if got < 20 {
-                continue;
-            }
-            let ihl = usize::from(buf[0] & 0x0f) * 4;
-            if got < ihl + 8 || buf[12..16] != addr.octets() {
-                continue;
-            }
-            let icmp = &buf[ihl..got];
-            if icmp[0] == 0
-                && icmp[4..6] == ident.to_be_bytes()
-                && icmp[6..8] == seq16.to_be_bytes()
-            {
+            if is_reply(&buf[..got], &from, seq16) {
                 res.received += 1;
                 res.rtt_us.push(start.elapsed().as_micros() as u64);
                 break;

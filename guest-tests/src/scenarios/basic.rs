@@ -59,34 +59,29 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
             s.guest.ctl.stats()?
         }
     };
-    let ping: PingResult = s.guest.agent.call(
-        &Request::Ping {
-            addr: GEN_IP.to_string(),
-            count: 3,
-            timeout_ms: 3000,
-        },
-        Duration::from_secs(30),
-    )?;
-    c.check(ping.received == ping.sent && ping.sent == 3, || {
-        format!("ping {GEN_IP}: {} of {} answered", ping.received, ping.sent)
-    });
-    // Over IPv6 too when the workload uses it: neighbour discovery and
-    // ICMPv6 echo, both answered by the gen peer.
-    let mut ping6 = String::new();
-    if st.family != Family::Ipv4 {
-        let p6: PingResult = s.guest.agent.call(
+    // 3 pings to the gen peer; over IPv6 too when the workload uses it
+    // (neighbour discovery and ICMPv6 echo, both answered by the gen peer).
+    let mut ping_to = |addr: String, c: &mut Checks| -> Result<PingResult> {
+        let p: PingResult = s.guest.agent.call(
             &Request::Ping {
-                addr: GEN_IP6.to_string(),
+                addr: addr.clone(),
                 count: 3,
                 timeout_ms: 3000,
             },
             Duration::from_secs(30),
         )?;
-        c.check(p6.received == p6.sent && p6.sent == 3, || {
-            format!("ping {GEN_IP6}: {} of {} answered", p6.received, p6.sent)
+        c.check(p.received == p.sent && p.sent == 3, || {
+            format!("ping {addr}: {} of {} answered", p.received, p.sent)
         });
-        ping6 = format!(" ping6={}/{}", p6.received, p6.sent);
-    }
+        Ok(p)
+    };
+    let ping = ping_to(GEN_IP.to_string(), c)?;
+    let ping6 = if st.family == Family::Ipv4 {
+        String::new()
+    } else {
+        let p6 = ping_to(GEN_IP6.to_string(), c)?;
+        format!(" ping6={}/{}", p6.received, p6.sent)
+    };
 
     // The CPU -> rx queue map the suite predicts for the topology (and the
     // module builds its rx_cpu_rmap from) is the guest's own: the affinity
