@@ -102,7 +102,9 @@ fn lossy_management_both_ways_converges_to_the_client_model() {
     for i in 0..60u16 {
         let id = i % 40;
         let flow = gen_flow(14000 + id, 5001);
-        let rxq = i % 4;
+        // The second round moves each flow to the next queue: a real
+        // re-steer (an identical ADD would be counted as `unchanged`).
+        let rxq = (i + i / 40) % 4;
         reqs.push(Message::Add(vec![AddOp::new(id, rxq, &flow)]));
         model.insert(id, (flow, rxq));
     }
@@ -140,6 +142,7 @@ fn lossy_management_both_ways_converges_to_the_client_model() {
         60,
         "{s}"
     );
+    assert_eq!(counter(&s, "table.unchanged"), 0, "{s}");
     assert_eq!(counter(&s, "table.deletes.expired"), 14, "{s}");
 
     let t = c.table().unwrap();
