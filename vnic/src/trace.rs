@@ -1,9 +1,12 @@
 //! The trace writer: a dedicated thread fed by a bounded channel. Producers
 //! (the management path) never block: when the channel is full the record
-//! is dropped and counted.
+//! is dropped and counted. Every record is accounted for: `written` once it
+//! reached the file, `write_errors` when the write of its batch failed (the
+//! batch is discarded, the first failure logged), `dropped` when the
+//! channel was full.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -15,6 +18,10 @@ use arfs::TraceRecord;
 
 /// Capacity of the channel between producers and the writer thread.
 pub const TRACE_QUEUE: usize = 65_536;
+
+/// Bytes of serialized records the writer batches before writing them out
+/// (it also writes when idle for 50 ms and on a flush request).
+const BATCH_BYTES: usize = 1 << 16;
 
 enum Msg {
     Rec(Box<TraceRecord>),
@@ -54,7 +61,7 @@ impl Tracer {
         let c = counters.clone();
         let thread = std::thread::Builder::new()
             .name("vnic-trace".into())
-            .spawn(move || writer(BufWriter::with_capacity(1 << 16, file), &rx, &c))?;
+            .spawn(move || writer(file, &rx, &c))?;
         Ok(Self {
             tx: Some(tx),
             counters,
@@ -99,37 +106,134 @@ impl Tracer {
     }
 }
 
-fn writer(mut out: BufWriter<File>, rx: &Receiver<Msg>, c: &TraceCounters) {
+/// Records serialized but not yet written, and how many.
+struct Batch {
+    buf: Vec<u8>,
+    records: u64,
+    /// A write failed before (logged once).
+    failed_before: bool,
+}
+
+impl Batch {
+    /// Writes the batch out: its records count as written, or all as write
+    /// errors when the write fails (the batch is discarded either way).
+    fn write_out(&mut self, out: &mut impl Write, c: &TraceCounters) -> bool {
+        if self.records == 0 {
+            return true;
+        }
+        let ok = out.write_all(&self.buf).and_then(|()| out.flush());
+        let n = std::mem::take(&mut self.records);
+        self.buf.clear();
+        match ok {
+            Ok(()) => {
+                c.written.fetch_add(n, Ordering::Relaxed);
+                true
+            }
+            Err(e) => {
+                c.write_errors.fetch_add(n, Ordering::Relaxed);
+                if !self.failed_before {
+                    self.failed_before = true;
+                    log::error!(
+                        "trace: writing {n} record(s) failed: {e}; further failures are counted in trace.write_errors"
+                    );
+                }
+                false
+            }
+        }
+    }
+}
+
+fn writer(mut out: impl Write, rx: &Receiver<Msg>, c: &TraceCounters) {
     use std::sync::mpsc::RecvTimeoutError;
-    let mut dirty = false;
+    let mut b = Batch {
+        buf: Vec::with_capacity(BATCH_BYTES + 1024),
+        records: 0,
+        failed_before: false,
+    };
     loop {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok(Msg::Rec(rec)) => {
-                let ok =
-                    serde_json::to_writer(&mut out, &rec).is_ok() && out.write_all(b"\n").is_ok();
-                if ok {
-                    c.written.fetch_add(1, Ordering::Relaxed);
+                let len = b.buf.len();
+                if serde_json::to_writer(&mut b.buf, &rec).is_ok() {
+                    b.buf.push(b'\n');
+                    b.records += 1;
                 } else {
+                    b.buf.truncate(len);
                     c.write_errors.fetch_add(1, Ordering::Relaxed);
                 }
-                dirty = true;
+                if b.buf.len() >= BATCH_BYTES {
+                    b.write_out(&mut out, c);
+                }
             }
             Ok(Msg::Flush(ack)) => {
-                if out.flush().is_err() {
-                    c.write_errors.fetch_add(1, Ordering::Relaxed);
-                }
-                dirty = false;
+                b.write_out(&mut out, c);
                 let _ = ack.send(());
             }
-            // Flush when idle so that `tail -f` and tests see lines promptly.
+            // Write out when idle so that `tail -f` and tests see lines promptly.
             Err(RecvTimeoutError::Timeout) => {
-                if dirty {
-                    let _ = out.flush();
-                    dirty = false;
-                }
+                b.write_out(&mut out, c);
             }
             Err(RecvTimeoutError::Disconnected) => break,
         }
     }
-    let _ = out.flush();
+    b.write_out(&mut out, c);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arfs::TraceRecord;
+
+    /// A sink that fails every write after the first `ok` bytes.
+    struct Full {
+        ok: usize,
+        got: Vec<u8>,
+    }
+
+    impl Write for Full {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.got.len() + b.len() > self.ok {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.got.extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn rec(i: u64) -> TraceRecord {
+        TraceRecord::gen_change(i, 1, 2, "test")
+    }
+
+    #[test]
+    fn every_record_is_written_or_counted_as_a_write_error() {
+        let c = TraceCounters::default();
+        let (tx, rx) = sync_channel(16);
+        for i in 0..3 {
+            tx.send(Msg::Rec(Box::new(rec(i)))).unwrap();
+        }
+        let (atx, arx) = sync_channel(1);
+        tx.send(Msg::Flush(atx)).unwrap();
+        for i in 3..8 {
+            tx.send(Msg::Rec(Box::new(rec(i)))).unwrap();
+        }
+        drop(tx);
+        // Room for the first batch (3 lines) only.
+        let mut line = serde_json::to_vec(&rec(0)).unwrap();
+        line.push(b'\n');
+        let sink = Full {
+            ok: 3 * line.len() + 10,
+            got: Vec::new(),
+        };
+        writer(sink, &rx, &c);
+        arx.recv().unwrap();
+        assert_eq!(c.written.load(Ordering::Relaxed), 3);
+        assert_eq!(
+            c.write_errors.load(Ordering::Relaxed),
+            5,
+            "the failed batch is counted"
+        );
+    }
 }

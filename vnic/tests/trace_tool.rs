@@ -757,3 +757,50 @@ fn summary_flags_a_trace_with_missing_lines() {
         "{text}"
     );
 }
+
+/// A trace target that takes no data (`/dev/full`): every record the
+/// daemon produced is counted as a write error, none as written, and the
+/// daemon keeps serving. A target that cannot be opened fails at start.
+#[test]
+fn trace_write_failures_are_counted_and_unopenable_targets_refused() {
+    let dm = common::daemon(&["--queues", "1", "--trace", "/dev/full"]);
+    let mut g = common::guest(&dm, 1, 1);
+    let mut c = common::ctl(&dm);
+    common::wait_stats(&mut c, "1 enabled pair", |s| s["enabled_pairs"] == 1);
+    g.hello(common::T).expect("HELLO");
+    let ops: Vec<AddOp> = (0..8)
+        .map(|i| AddOp::new(i, 0, &common::gen_flow(11000 + i, 5001)))
+        .collect();
+    g.add(ops, common::T).unwrap();
+    c.request(&json!({"cmd": "trace_flush"})).unwrap();
+    let s = c.stats().unwrap();
+    let (written, errors) = (
+        s["trace"]["written"].as_u64().unwrap(),
+        s["trace"]["write_errors"].as_u64().unwrap(),
+    );
+    assert_eq!(written, 0, "{}", s["trace"]);
+    // The generation change and the 8 ADDs at least.
+    assert!(errors >= 9, "{}", s["trace"]);
+    assert_eq!(s["table"]["live"], 8, "the daemon serves on");
+    // More records after the first failure are counted, not logged again.
+    g.add(
+        vec![AddOp::new(20, 0, &common::gen_flow(11100, 5001))],
+        common::T,
+    )
+    .unwrap();
+    c.request(&json!({"cmd": "trace_flush"})).unwrap();
+    let s2 = c.stats().unwrap();
+    assert!(s2["trace"]["write_errors"].as_u64().unwrap() > errors);
+    let log = dm.log_text();
+    assert_eq!(
+        log.matches("trace: writing").count(),
+        1,
+        "the failure is logged once: {log}"
+    );
+
+    let d = tmpdir("no-trace-dir");
+    let bad = d.join("missing/trace.jsonl");
+    let o = vnic(&["serve", "--socket", p(&d.join("s")), "--trace", p(&bad)]);
+    assert!(!o.status.success(), "started with an unopenable trace");
+    assert!(stderr(&o).contains("trace"), "{}", stderr(&o));
+}
