@@ -773,15 +773,15 @@ fn trace_write_failures_are_counted_and_unopenable_targets_refused() {
         .collect();
     g.add(ops, common::T).unwrap();
     c.request(&json!({"cmd": "trace_flush"})).unwrap();
-    let s = c.stats().unwrap();
+    let st = c.stats().unwrap();
     let (written, errors) = (
-        s["trace"]["written"].as_u64().unwrap(),
-        s["trace"]["write_errors"].as_u64().unwrap(),
+        st["trace"]["written"].as_u64().unwrap(),
+        st["trace"]["write_errors"].as_u64().unwrap(),
     );
-    assert_eq!(written, 0, "{}", s["trace"]);
+    assert_eq!(written, 0, "{}", st["trace"]);
     // The generation change and the 8 ADDs at least.
-    assert!(errors >= 9, "{}", s["trace"]);
-    assert_eq!(s["table"]["live"], 8, "the daemon serves on");
+    assert!(errors >= 9, "{}", st["trace"]);
+    assert_eq!(st["table"]["live"], 8, "the daemon serves on");
     // More records after the first failure are counted, not logged again.
     g.add(
         vec![AddOp::new(20, 0, &common::gen_flow(11100, 5001))],
