@@ -201,6 +201,7 @@ pub fn stats_json(sh: &Shared) -> Value {
         "table": table_stats_json(&snap),
         "peer": sh.stats.peer.to_json(&kind),
         "trace": sh.tracer.to_json(),
+        "ctl": sh.stats.ctl.to_json(),
         "rings": conn.as_ref().map_or(Value::Null, |c| rings_json(c)),
     })
 }

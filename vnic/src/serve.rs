@@ -11,7 +11,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
 use vhost::vhost_user::Listener;
@@ -202,9 +202,59 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
     Ok(())
 }
 
+/// Limits of the control socket (CTL.md "Limits").
+/// Longest request line; a longer one gets an error reply and the client
+/// is disconnected.
+const CTL_MAX_LINE: usize = 1 << 20;
+/// Clients at once; one more is told so and disconnected.
+const CTL_MAX_CLIENTS: usize = 64;
+/// Unsent reply bytes above which a client's further requests wait (read
+/// no more from it until it reads what it was sent).
+const CTL_OUT_SOFT: usize = 256 << 10;
+/// A client whose unsent replies made no progress for this long is
+/// disconnected.
+const CTL_STALL: Duration = Duration::from_secs(10);
+
 struct CtlConn {
     stream: UnixStream,
+    /// Bytes read, not yet a complete line.
     buf: Vec<u8>,
+    /// Reply bytes not yet written (the socket is non-blocking).
+    out: Vec<u8>,
+    /// When `out` last shrank or became non-empty.
+    progress: Instant,
+    /// What the client's fd is registered for.
+    registered: EventSet,
+    /// Read no more; close once `out` is written (the client shut its
+    /// write side, or sent a too-long line).
+    closing: bool,
+}
+
+impl CtlConn {
+    /// Writes what it can of `out`; false when the peer is gone.
+    fn flush_out(&mut self) -> bool {
+        while !self.out.is_empty() {
+            match self.stream.write(&self.out) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.out.drain(..n);
+                    self.progress = Instant::now();
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    fn reply(&mut self, v: &serde_json::Value) {
+        if self.out.is_empty() {
+            self.progress = Instant::now();
+        }
+        let _ = serde_json::to_writer(&mut self.out, v);
+        self.out.push(b'\n');
+    }
 }
 
 struct MgmtLoop {
@@ -221,7 +271,18 @@ impl MgmtLoop {
     fn accept(&mut self, ops: &mut EventOps) {
         loop {
             match self.listener.accept() {
-                Ok((s, _)) => {
+                Ok((mut s, _)) => {
+                    if self.conns.len() >= CTL_MAX_CLIENTS {
+                        self.sh.stats.ctl.refused.fetch_add(1, Ordering::Relaxed);
+                        let _ = s.set_nonblocking(true);
+                        let _ = s.write_all(
+                            format!(
+                                "{{\"ok\":false,\"error\":\"too many control clients (limit {CTL_MAX_CLIENTS})\"}}\n"
+                            )
+                            .as_bytes(),
+                        );
+                        continue;
+                    }
                     if s.set_nonblocking(true).is_err() {
                         continue;
                     }
@@ -235,11 +296,16 @@ impl MgmtLoop {
                         ))
                         .is_ok()
                     {
+                        self.sh.stats.ctl.clients.fetch_add(1, Ordering::Relaxed);
                         self.conns.insert(
                             d,
                             CtlConn {
                                 stream: s,
                                 buf: Vec::new(),
+                                out: Vec::new(),
+                                progress: Instant::now(),
+                                registered: EventSet::IN | EventSet::READ_HANG_UP,
+                                closing: false,
                             },
                         );
                     }
@@ -253,58 +319,103 @@ impl MgmtLoop {
         }
     }
 
+    /// Serves one client: writes pending replies, then (while its unsent
+    /// replies stay under [`CTL_OUT_SOFT`]) reads and answers its request
+    /// lines. Never blocks: a client that does not read its replies only
+    /// stops its own requests from being served.
     fn serve_conn(&mut self, d: u32, ops: &mut EventOps) {
         let Some(c) = self.conns.get_mut(&d) else {
             return;
         };
-        let mut closed = false;
+        let mut closed = !c.flush_out();
         let mut tmp = [0u8; 4096];
-        loop {
+        while !closed && !c.closing && c.out.len() < CTL_OUT_SOFT {
+            // Answer the complete lines read so far.
+            if let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = c.buf.drain(..=pos).collect();
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim();
+                let reply = if text.is_empty() {
+                    serde_json::json!({"ok": false, "error": "empty request line (one JSON object per line, see CTL.md)"})
+                } else {
+                    ctl::handle_line(&self.sh, text)
+                };
+                c.reply(&reply);
+                closed = !c.flush_out();
+                continue;
+            }
+            if c.buf.len() > CTL_MAX_LINE {
+                self.sh
+                    .stats
+                    .ctl
+                    .lines_too_long
+                    .fetch_add(1, Ordering::Relaxed);
+                c.buf.clear();
+                c.reply(&serde_json::json!({"ok": false, "error": format!("request line longer than {CTL_MAX_LINE} bytes; disconnecting")}));
+                c.closing = true;
+                closed = !c.flush_out();
+                break;
+            }
             match c.stream.read(&mut tmp) {
-                Ok(0) => {
-                    closed = true;
-                    break;
-                }
+                // The client is done sending: answer what it sent, then close.
+                Ok(0) => c.closing = true,
                 Ok(n) => c.buf.extend_from_slice(&tmp[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(_) => closed = true,
+            }
+        }
+        if c.closing && c.out.is_empty() {
+            closed = true;
+        }
+        if !closed {
+            // Wait for writability while replies are pending (not for its
+            // hang-up once it shut its side: that would fire until then),
+            // else for input.
+            let set = if c.out.is_empty() {
+                EventSet::IN | EventSet::READ_HANG_UP
+            } else if c.closing {
+                EventSet::OUT
+            } else {
+                EventSet::OUT | EventSet::READ_HANG_UP
+            };
+            if set != c.registered {
+                if ops.modify(Events::with_data(&c.stream, d, set)).is_ok() {
+                    c.registered = set;
+                } else {
                     closed = true;
-                    break;
                 }
             }
-            if c.buf.len() > 1 << 20 {
-                closed = true;
-                break;
-            }
-        }
-        while let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = c.buf.drain(..=pos).collect();
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim();
-            if text.is_empty() {
-                continue;
-            }
-            let reply = ctl::handle_line(&self.sh, text);
-            let mut out = serde_json::to_vec(&reply).unwrap_or_default();
-            out.push(b'\n');
-            // Replies can be large (table dumps): write them out blocking,
-            // bounded by a timeout so a stuck client cannot wedge the loop.
-            let _ = c.stream.set_nonblocking(false);
-            let _ = c.stream.set_write_timeout(Some(Duration::from_secs(5)));
-            if c.stream.write_all(&out).is_err() {
-                closed = true;
-            }
-            let _ = c.stream.set_nonblocking(true);
         }
         if closed {
-            if let Some(c) = self.conns.remove(&d) {
-                let _ = ops.remove(Events::with_data(
-                    &c.stream,
-                    d,
-                    EventSet::IN | EventSet::READ_HANG_UP,
-                ));
-            }
+            self.close(d, ops);
+        }
+    }
+
+    fn close(&mut self, d: u32, ops: &mut EventOps) {
+        if let Some(c) = self.conns.remove(&d) {
+            let _ = ops.remove(Events::with_data(&c.stream, d, c.registered));
+            self.sh.stats.ctl.clients.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Disconnects clients whose unsent replies made no progress for
+    /// [`CTL_STALL`].
+    fn drop_stalled(&mut self, ops: &mut EventOps) {
+        let stalled: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.out.is_empty() && c.progress.elapsed() > CTL_STALL)
+            .map(|(&d, _)| d)
+            .collect();
+        for d in stalled {
+            self.sh
+                .stats
+                .ctl
+                .dropped_slow
+                .fetch_add(1, Ordering::Relaxed);
+            log::warn!("control client left replies unread for {CTL_STALL:?}: disconnected");
+            self.close(d, ops);
         }
     }
 
@@ -338,6 +449,7 @@ impl MutEventSubscriber for MgmtLoop {
                 if let Some(c) = self.sh.current_conn() {
                     c.poll();
                 }
+                self.drop_stalled(ops);
             }
             d => self.serve_conn(d, ops),
         }

@@ -128,6 +128,31 @@ pub struct Stats {
     pub queues: Box<[QueueStats]>,
     pub peer: PeerStats,
     pub replies_dropped_no_buffers: AtomicU64,
+    pub ctl: CtlStats,
+}
+
+/// The control socket's clients.
+#[derive(Default)]
+pub struct CtlStats {
+    /// Clients connected now.
+    pub clients: AtomicU64,
+    /// Clients refused because [`crate::serve`]'s client limit was reached.
+    pub refused: AtomicU64,
+    /// Clients disconnected because they left replies unread too long.
+    pub dropped_slow: AtomicU64,
+    /// Request lines longer than the limit (the client is disconnected).
+    pub lines_too_long: AtomicU64,
+}
+
+impl CtlStats {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "clients": get(&self.clients),
+            "refused": get(&self.refused),
+            "dropped_slow": get(&self.dropped_slow),
+            "lines_too_long": get(&self.lines_too_long),
+        })
+    }
 }
 
 impl Stats {
@@ -136,6 +161,7 @@ impl Stats {
             queues: (0..pairs).map(|_| QueueStats::default()).collect(),
             peer: PeerStats::default(),
             replies_dropped_no_buffers: AtomicU64::new(0),
+            ctl: CtlStats::default(),
         }
     }
 }
