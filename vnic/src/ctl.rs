@@ -19,7 +19,7 @@ use crate::config::{Knob, PeerKind};
 use crate::conn::Conn;
 use crate::daemon::Shared;
 use crate::mgmt::Snapshot;
-use crate::peer::flows::{FlowSet, FlowSpec};
+use crate::peer::flows::{FlowSet, FlowSpec, MAX_FLOWS_TOTAL, MAX_SETS};
 use crate::virtq::watchdog::RingView;
 
 #[derive(Deserialize)]
@@ -115,6 +115,19 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
             }
             Some("start") => {
                 let spec = flow.unwrap_or_default();
+                if sets.1.len() >= MAX_SETS {
+                    return err(format!(
+                        "gen start: {MAX_SETS} flow sets are live already (gen stop some)"
+                    ));
+                }
+                let live: u64 = sets.1.iter().map(|s| s.tuples.len() as u64).sum();
+                let want = u64::from(spec.flows.unwrap_or(1));
+                if live + want > MAX_FLOWS_TOTAL {
+                    return err(format!(
+                        "gen start: {want} more flows would make {} over all sets, more than {MAX_FLOWS_TOTAL}",
+                        live + want
+                    ));
+                }
                 let nid = sets.0 + 1;
                 match FlowSet::new(nid, spec, sh.cfg.gen_ip, sh.cfg.guest_ip, sh.pairs()) {
                     Ok(s) => {
@@ -133,6 +146,20 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                     return err(format!("gen set: no flow set {id}"));
                 };
                 let spec = sets.1[pos].spec.merged(&flow.unwrap_or_default());
+                let others: u64 = sets
+                    .1
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != pos)
+                    .map(|(_, s)| s.tuples.len() as u64)
+                    .sum();
+                let want = u64::from(spec.flows.unwrap_or(1));
+                if others + want > MAX_FLOWS_TOTAL {
+                    return err(format!(
+                        "gen set: {want} flows would make {} over all sets, more than {MAX_FLOWS_TOTAL}",
+                        others + want
+                    ));
+                }
                 match FlowSet::new(id, spec, sh.cfg.gen_ip, sh.cfg.guest_ip, sh.pairs()) {
                     Ok(s) => {
                         sets.1[pos].stopped.store(true, Ordering::Relaxed);

@@ -132,3 +132,33 @@ fn overlong_lines_and_too_many_clients_are_refused_with_a_reason() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// What a control client can make the daemon allocate is bounded: flows per
+/// set, flows over all sets, live sets; each refusal names the limit, and
+/// stopping sets makes room again.
+#[test]
+fn generator_allocations_are_bounded_with_clear_errors() {
+    let d = daemon(&["--queues", "1"]);
+    let mut c = ctl(&d);
+    let start = |c: &mut vnic_frontend::harness::Ctl, flows: u32| {
+        c.gen_start(&serde_json::json!({"flows": flows, "sport": "1024-65535",
+            "dport": "5001-5100", "rate": 1}))
+            .map_err(|e| e.to_string())
+    };
+    let e = start(&mut c, 65_537).expect_err("65537 flows in one set");
+    assert!(e.contains("1..=65536"), "{e}");
+    for _ in 0..4 {
+        start(&mut c, 65_536).expect("4 sets of 65536 flows");
+    }
+    let e = start(&mut c, 1).expect_err("one flow over the total");
+    assert!(e.contains("262144"), "{e}");
+    c.request(&serde_json::json!({"cmd": "gen", "op": "stop"}))
+        .expect("gen stop");
+    start(&mut c, 1000).expect("room again after gen stop");
+    // At most 1024 live sets.
+    for _ in 1..1024 {
+        start(&mut c, 1).expect("up to 1024 sets");
+    }
+    let e = start(&mut c, 1).expect_err("set 1025");
+    assert!(e.contains("1024 flow sets"), "{e}");
+}

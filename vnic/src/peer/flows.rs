@@ -17,6 +17,14 @@ pub const ETH_P_IPV6: u16 = 0x86DD;
 /// Largest frame the generator builds.
 pub const MAX_FRAME: usize = 1514;
 
+/// Most flows in one flow set.
+pub const MAX_FLOWS_PER_SET: u32 = 65_536;
+/// Most flows over all live flow sets (each flow costs a tuple and one
+/// prebuilt header per worker: about 100 bytes per worker).
+pub const MAX_FLOWS_TOTAL: u64 = 262_144;
+/// Most live flow sets.
+pub const MAX_SETS: usize = 1024;
+
 /// A flow set as given over the control socket (every field optional).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -95,8 +103,10 @@ impl FlowSet {
     ) -> Result<Self, InvalidValue> {
         let bad = InvalidValue;
         let flows = spec.flows.unwrap_or(1);
-        if !(1..=1_000_000).contains(&flows) {
-            return Err(bad(format!("flows must be 1..=1000000, got {flows}")));
+        if !(1..=MAX_FLOWS_PER_SET).contains(&flows) {
+            return Err(bad(format!(
+                "flows must be 1..={MAX_FLOWS_PER_SET}, got {flows}"
+            )));
         }
         let (slo, shi) = parse_addr_range(spec.src.as_deref().unwrap_or(&gen_ip.to_string()))
             .map_err(|e| bad(format!("src: {e}")))?;
