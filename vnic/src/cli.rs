@@ -36,8 +36,9 @@ pub enum Command {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Path of the vhost-user socket to listen on (QEMU: -chardev socket,path=PATH). A stale
-    /// socket file is replaced.
+    /// Path of the vhost-user socket to listen on (QEMU: -chardev socket,path=PATH). Created mode
+    /// 0600 whatever the umask. A stale socket file (nobody listening) is replaced; a socket a live
+    /// process answers on, or a path that is not a socket, is refused.
     #[arg(long, value_name = "PATH")]
     pub socket: PathBuf,
     /// Number of queue pairs offered, 1..=16 (QEMU: -netdev vhost-user,queues=N may use up to
@@ -95,7 +96,9 @@ pub struct ServeArgs {
     /// Write one JSON line per filter-table event to FILE (truncated at start).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Control socket path. Default: the vhost-user socket path with `.ctl` appended.
+    /// Control socket path. Default: the vhost-user socket path with `.ctl` appended. Same rules
+    /// as --socket (and not the same path); only clients of this user or root are served
+    /// (SO_PEERCRED).
     #[arg(long, value_name = "SOCKET")]
     pub ctl: Option<PathBuf>,
     /// Largest virtqueue size accepted (power of two, 256..=32768). QEMU's rx_queue_size /

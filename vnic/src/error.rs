@@ -24,6 +24,12 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{what} {}: {why}", path.display())]
+    SocketInUse {
+        what: &'static str,
+        path: PathBuf,
+        why: String,
+    },
     #[error("{what}: {source}")]
     Io {
         what: &'static str,

@@ -33,17 +33,82 @@ const D_MGMT_TIMER: u32 = 3;
 const D_POLL: u32 = 4;
 const D_CONN0: u32 = 100;
 
+/// Whether two paths name the same file (by their parent directory's
+/// canonical form and the file name; the files need not exist).
+fn same_path(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let canon = |p: &std::path::Path| {
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::canonicalize(&parent)
+            .unwrap_or(parent)
+            .join(p.file_name().unwrap_or_default())
+    };
+    canon(a) == canon(b)
+}
+
+/// Binds a listening unix socket at `path`, mode 0600 whatever the umask.
+/// An existing socket nobody answers on (a daemon that died) is replaced;
+/// one a live process answers on, or a path that is not a socket, is
+/// refused with the reason.
+fn claim_socket(what: &'static str, path: &std::path::Path) -> Result<UnixListener, Error> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let in_use = |why: String| Error::SocketInUse {
+        what,
+        path: path.to_path_buf(),
+        why,
+    };
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            return Err(in_use(format!(
+                "exists and is not a socket ({}); refusing to replace it",
+                if m.is_dir() {
+                    "a directory"
+                } else {
+                    "a file or other"
+                }
+            )));
+        }
+        match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(in_use(
+                    "a live process is listening on it (another vnic serve?)".into(),
+                ))
+            }
+            // Nobody listens: a stale socket of a daemon that died.
+            Err(_) => std::fs::remove_file(path).map_err(Error::socket(what, path))?,
+        }
+    }
+    // SAFETY: umask(2) has no memory-safety preconditions; the mask is put
+    // back right after the bind (owner-only while the socket is created, so
+    // it is never reachable by others).
+    let old = unsafe { libc::umask(0o177) };
+    let r = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let l = r.map_err(Error::socket(what, path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(Error::socket(what, path))?;
+    Ok(l)
+}
+
 /// Runs the daemon until a signal ends the process.
 pub fn run(cfg: Config) -> Result<(), Error> {
     let sh = Shared::build(cfg)?;
     let sock = sh.cfg.socket.clone();
     // The public socket is ours; the vhost-user handler listens on a private
     // one and every connection is relayed (see relay.rs for why).
-    let _ = std::fs::remove_file(&sock);
-    let public = UnixListener::bind(&sock).map_err(Error::socket("--socket", &sock))?;
     let ctl_path = sh.cfg.ctl.clone();
-    let _ = std::fs::remove_file(&ctl_path);
-    let listener = UnixListener::bind(&ctl_path).map_err(Error::socket("--ctl", &ctl_path))?;
+    if same_path(&sock, &ctl_path) {
+        return Err(Error::SocketInUse {
+            what: "--ctl",
+            path: ctl_path,
+            why: "is the --socket path; give the control socket its own path".into(),
+        });
+    }
+    let public = claim_socket("--socket", &sock)?;
+    let listener = claim_socket("--ctl", &ctl_path)?;
     listener
         .set_nonblocking(true)
         .map_err(Error::socket("--ctl", &ctl_path))?;
@@ -215,6 +280,36 @@ const CTL_OUT_SOFT: usize = 256 << 10;
 /// disconnected.
 const CTL_STALL: Duration = Duration::from_secs(10);
 
+/// The uid of the process at the other end of `s` (SO_PEERCRED) when it
+/// is neither this process's effective uid nor root.
+fn foreign_peer(s: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt(SO_PEERCRED) writes at most `len` bytes into
+    // `cred`, a properly sized and aligned struct ucred; both live across
+    // the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::from_mut(&mut cred).cast(),
+            &raw mut len,
+        )
+    };
+    // SAFETY: geteuid(2) cannot fail and has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if rc != 0 {
+        // No credentials: refuse (a unix stream socket always has them).
+        return Some(u32::MAX);
+    }
+    (cred.uid != me && cred.uid != 0).then_some(cred.uid)
+}
+
 struct CtlConn {
     stream: UnixStream,
     /// Bytes read, not yet a complete line.
@@ -272,6 +367,15 @@ impl MgmtLoop {
         loop {
             match self.listener.accept() {
                 Ok((mut s, _)) => {
+                    if let Some(uid) = foreign_peer(&s) {
+                        self.sh.stats.ctl.refused.fetch_add(1, Ordering::Relaxed);
+                        log::warn!("control client of uid {uid} refused (not ours, not root)");
+                        let _ = s.set_nonblocking(true);
+                        let _ = s.write_all(
+                            b"{\"ok\":false,\"error\":\"control clients must run as the daemon's user or root\"}\n",
+                        );
+                        continue;
+                    }
                     if self.conns.len() >= CTL_MAX_CLIENTS {
                         self.sh.stats.ctl.refused.fetch_add(1, Ordering::Relaxed);
                         let _ = s.set_nonblocking(true);
