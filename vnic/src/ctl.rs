@@ -341,11 +341,16 @@ pub fn request(path: &Path, req: &Value) -> Result<Value, CtlError> {
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let mut line = req.to_string();
     line.push('\n');
-    s.write_all(line.as_bytes()).map_err(io)?;
+    // A daemon that refuses the client (too many clients, another uid)
+    // writes its reason and closes, maybe before the request is written:
+    // read what it said even when the write failed.
+    let wrote = s.write_all(line.as_bytes());
     let mut r = BufReader::new(s);
     let mut out = String::new();
-    r.read_line(&mut out).map_err(io)?;
+    let read = r.read_line(&mut out);
     if out.is_empty() {
+        wrote.map_err(io)?;
+        read.map_err(io)?;
         return Err(CtlError::Closed(path.to_path_buf()));
     }
     Ok(serde_json::from_str(&out)?)
