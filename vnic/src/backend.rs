@@ -2,7 +2,7 @@
 //! implementation, and nothing else. Events go to the pair's [`Worker`].
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -33,6 +33,11 @@ pub struct VnicBackend {
     sh: Arc<Shared>,
     conn: Arc<Conn>,
     workers: Vec<Mutex<Worker>>,
+    /// The exit-event consumer fds handed to vhost-user-backend. Its
+    /// `VringEpollHandler::new` (0.24) takes them with `into_raw_fd` and
+    /// never closes them: one leaked fd per worker and connection. They are
+    /// closed here once the workers are gone ([`VnicBackend::close_exit_fds`]).
+    exit_fds: Mutex<Vec<std::os::fd::RawFd>>,
 }
 
 impl VnicBackend {
@@ -44,7 +49,28 @@ impl VnicBackend {
             sh: sh.clone(),
             conn: conn.clone(),
             workers,
+            exit_fds: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Closes the exit-event fds vhost-user-backend leaked. Only call once
+    /// every worker thread of this connection has exited (no epoll of theirs
+    /// can still be waiting on them).
+    pub fn close_exit_fds(&self) {
+        let fds = std::mem::take(
+            &mut *self
+                .exit_fds
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for fd in fds {
+            // SAFETY: `fd` is an eventfd this backend created in
+            // `exit_event` and whose ownership vhost-user-backend released
+            // with `into_raw_fd` without closing it; nothing else owns or
+            // closes it, and the worker threads that used it have exited, so
+            // closing it here is the one close it gets.
+            drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        }
     }
 
     /// Registers the workers' own fds (inbox eventfd, peer) with their
@@ -114,7 +140,14 @@ impl VhostUserBackend for VnicBackend {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
+        // The library keeps the consumer's fd number and never closes it:
+        // remember it so that `close_exit_fds` can.
+        self.exit_fds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(consumer.as_raw_fd());
+        Some((consumer, notifier))
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {

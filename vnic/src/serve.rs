@@ -252,6 +252,20 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
     for h in &handlers {
         h.send_exit_event();
     }
+    // vhost-user-backend leaks each worker's exit-event fd (see
+    // VnicBackend::exit_fds): close them once the worker threads are gone,
+    // i.e. once only our handles to their handlers are left.
+    drop(daemon);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while handlers.iter().any(|h| Arc::strong_count(h) > 1) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if handlers.iter().all(|h| Arc::strong_count(h) == 1) {
+        drop(handlers);
+        backend.close_exit_fds();
+    } else {
+        log::warn!("worker threads still running 5 s after the connection ended; their exit events stay open");
+    }
     // The management state keeps this connection until the next reset,
     // so the evictions of that reset still report their hits.
     sh.set_conn(None);
