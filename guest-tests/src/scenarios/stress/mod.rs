@@ -467,12 +467,20 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
             None => s.module_loaded = false,
             Some(e) => c.check(false, || format!("{what}: {e}")),
         }
-        c.check(r.slow_probes == 0, || {
-            format!(
-                "{what}: RTNL held during the unload: {} of {} ethtool ioctls took over 100 ms (slowest {:.0} ms; unload {:.0} ms)",
-                r.slow_probes, r.probes, r.max_probe_ms, r.unload_ms
-            )
-        });
+        // RTNL held across the 10 s wait blocks a probe for seconds. Under
+        // TCG with KASAN a vCPU descheduled by the host makes a single probe
+        // take a few hundred ms now and then (seen once: 199 ms, the others
+        // under 40 ms), so the bar is: no probe over 1 s and at most 1% of
+        // the probes over 100 ms.
+        c.check(
+            r.max_probe_ms < 1_000.0 && r.slow_probes * 100 <= r.probes,
+            || {
+                format!(
+                    "{what}: RTNL held during the unload: {} of {} ethtool ioctls took over 100 ms (slowest {:.0} ms; unload {:.0} ms)",
+                    r.slow_probes, r.probes, r.max_probe_ms, r.unload_ms
+                )
+            },
+        );
         c.check(r.errors.is_empty(), || {
             format!("{what}: probe errors: {}", r.errors.join("; "))
         });
