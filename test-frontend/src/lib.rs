@@ -330,6 +330,16 @@ impl Driver {
         Ok(v)
     }
 
+    /// SET_VRING_ERR: the eventfd the device signals when it stops the
+    /// ring.
+    pub fn set_vring_err(
+        &mut self,
+        index: usize,
+        fd: &vmm_sys_util::eventfd::EventFd,
+    ) -> Result<()> {
+        vh("SET_VRING_ERR", self.fe.set_vring_err(index, fd))
+    }
+
     /// GET_VRING_BASE: stops the ring in the device and returns its next
     /// avail index.
     pub fn get_vring_base(&mut self, index: usize) -> Result<u32> {

@@ -126,6 +126,11 @@ pub enum Hostile {
     IndirectLongerThanRing,
     /// Device-writable buffers on TX, or read-only buffers on RX.
     WrongDirection,
+    /// One buffer of 70,000 bytes inside guest memory (more than a tx
+    /// chain may carry). TX only.
+    TooLong,
+    /// An avail entry naming a head index >= the ring size. TX only.
+    BadHead,
 }
 
 impl Hostile {
@@ -144,6 +149,10 @@ impl Hostile {
         Hostile::IndirectLongerThanRing,
         Hostile::WrongDirection,
     ];
+
+    /// Kinds that are only broken on TX (an rx buffer may be that big;
+    /// an out-of-range rx head is not tried).
+    pub const TX_ONLY: [Hostile; 2] = [Hostile::TooLong, Hostile::BadHead];
 }
 
 /// An address no guest memory layout of this driver ever reaches.
@@ -321,6 +330,14 @@ impl SplitRing {
         self.next_avail = self.next_avail.wrapping_add(1);
     }
 
+    /// Publish an avail index `ahead` entries past the driver's own,
+    /// without filling them (a broken driver), and kick.
+    pub fn publish_jump(&mut self, ahead: u16) {
+        self.mem
+            .store_u16_release(self.layout.avail + 2, self.next_avail.wrapping_add(ahead));
+        self.kick_now();
+    }
+
     /// Publish the avail index (release) without kicking.
     pub fn publish(&self) {
         self.mem
@@ -463,6 +480,13 @@ impl SplitRing {
     /// queue would have (device-writable on RX). Returns the head.
     pub fn push_hostile(&mut self, kind: Hostile, rx: bool) -> Result<u16, String> {
         let dir = if rx { VIRTQ_DESC_F_WRITE } else { 0 };
+        if kind == Hostile::BadHead {
+            // No descriptor is used, and the device cannot give such a
+            // head back: nothing goes in flight.
+            let head = self.layout.size.wrapping_add(3);
+            self.push_head(head);
+            return Ok(head);
+        }
         let len = self.layout.buf_len;
         let size = self.layout.size;
         let need = match kind {
@@ -670,6 +694,21 @@ impl SplitRing {
                     },
                 );
             }
+            Hostile::TooLong => {
+                const LEN: u64 = 70_000;
+                const { assert!(LEN <= SCRATCH_LEN, "scratch too small") };
+                self.mem.fill(self.layout.scratch, LEN as usize, 0);
+                self.write_desc(
+                    s,
+                    Desc {
+                        addr: self.layout.scratch,
+                        len: LEN as u32,
+                        flags: dir,
+                        next: 0,
+                    },
+                );
+            }
+            Hostile::BadHead => unreachable!("handled above"),
             Hostile::WrongDirection => {
                 let flags = if rx { 0 } else { VIRTQ_DESC_F_WRITE };
                 // A plausible frame on TX so only the direction is wrong.

@@ -157,6 +157,7 @@ impl VhostUserBackend for VnicBackend {
         if queue_index == 0 {
             self.sh.lock_mgmt().reset(None, "reset");
         }
+        self.conn.ring_stopped(queue_index as usize);
         self.conn
             .pairs
             .observe((queue_index / 2) as usize, false, false);

@@ -3,7 +3,7 @@
 //! pairs, the replicas' hit counters, the registered rings (for the poll
 //! and the notification watchdog) and the negotiated features.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use vhost_user_backend::VringT;
@@ -29,6 +29,10 @@ pub struct Conn {
     pub watchdog: Watchdog,
     pub event_idx: AtomicBool,
     pub acked_features: AtomicU64,
+    /// Per vring: how many times the frontend stopped it
+    /// (`GET_VRING_BASE`). A ring the device stopped runs again once this
+    /// moves (see [`crate::virtq::StopLatch`]).
+    ring_restarts: Box<[AtomicU32]>,
 }
 
 impl Conn {
@@ -42,7 +46,22 @@ impl Conn {
             watchdog: Watchdog::new(pairs),
             event_idx: AtomicBool::new(false),
             acked_features: AtomicU64::new(0),
+            ring_restarts: (0..2 * pairs).map(|_| AtomicU32::new(0)).collect(),
         })
+    }
+
+    /// The frontend stopped vring `index`.
+    pub fn ring_stopped(&self, index: usize) {
+        if let Some(r) = self.ring_restarts.get(index) {
+            r.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// How many times the frontend stopped vring `index`.
+    pub fn ring_restarts(&self, index: usize) -> u32 {
+        self.ring_restarts
+            .get(index)
+            .map_or(0, |r| r.load(Ordering::Acquire))
     }
 
     /// Whether the driver acked VIRTIO_NET_F_MRG_RXBUF.

@@ -616,6 +616,13 @@ pub fn print_summary(sh: &Shared, trace_flushed: bool) {
                 n("tx_bad_chains")
             );
         }
+        for q in qs {
+            for dir in ["rx", "tx"] {
+                if let Some(why) = q[format!("{dir}_stopped")].as_str() {
+                    let _ = writeln!(e, "  pair {}: {dir} ring stopped ({why})", q["index"]);
+                }
+            }
+        }
     }
     let m = &s["mgmt"];
     let _ = writeln!(

@@ -9,6 +9,9 @@ pub const ID_SPACE: usize = 0xFFFF;
 
 use serde_json::{json, Value};
 
+use crate::virtq::tx::BadTx;
+use crate::virtq::RingStop;
+
 /// Adds `n` to a counter (relaxed: counters are statistics, not synchronisation).
 #[inline]
 pub fn add(c: &AtomicU64, n: u64) {
@@ -43,7 +46,15 @@ pub struct QueueStats {
     pub tx_bytes: AtomicU64,
     pub tx_drops: AtomicU64,
     pub rx_bad_chains: AtomicU64,
-    pub tx_bad_chains: AtomicU64,
+    /// Unusable tx chains by reason, indexed like [`BadTx::ALL`].
+    pub tx_bad: [AtomicU64; 7],
+    /// Times the rx / tx ring was stopped, by [`RingStop`] reason
+    /// (index `code - 1`), and the reason it is stopped for now (its
+    /// code; 0: running).
+    pub rx_stops: [AtomicU64; 2],
+    pub tx_stops: [AtomicU64; 2],
+    pub rx_stopped: AtomicU64,
+    pub tx_stopped: AtomicU64,
 }
 
 impl QueueStats {
@@ -55,7 +66,7 @@ impl QueueStats {
     }
 
     pub fn to_json(&self, index: usize) -> Value {
-        json!({
+        let mut v = json!({
             "index": index,
             "rx_packets": get(&self.rx_packets),
             "rx_bytes": get(&self.rx_bytes),
@@ -70,8 +81,35 @@ impl QueueStats {
             "tx_bytes": get(&self.tx_bytes),
             "tx_drops": get(&self.tx_drops),
             "rx_bad_chains": get(&self.rx_bad_chains),
-            "tx_bad_chains": get(&self.tx_bad_chains),
-        })
+            "tx_bad_chains": self.tx_bad_chains(),
+        });
+        let m = v.as_object_mut().expect("object");
+        for (r, c) in BadTx::ALL.iter().zip(&self.tx_bad) {
+            m.insert(format!("tx_bad_{}", r.name()), get(c).into());
+        }
+        for (dir, stops, now) in [
+            ("rx", &self.rx_stops, &self.rx_stopped),
+            ("tx", &self.tx_stops, &self.tx_stopped),
+        ] {
+            for (code, c) in (1u64..).zip(stops) {
+                let name = RingStop::name_of(code).expect("nonzero");
+                m.insert(format!("{dir}_bad_{name}"), get(c).into());
+            }
+            m.insert(format!("{dir}_stopped"), RingStop::name_of(get(now)).into());
+        }
+        v
+    }
+
+    /// Unusable tx chains, all reasons.
+    pub fn tx_bad_chains(&self) -> u64 {
+        self.tx_bad.iter().map(get).sum()
+    }
+
+    /// Counts one unusable tx chain (called by the queue's worker only).
+    #[inline]
+    pub fn count_bad_tx(&self, r: BadTx) {
+        let i = BadTx::ALL.iter().position(|&x| x == r).unwrap_or(0);
+        add_owned(&self.tx_bad[i], 1);
     }
 }
 

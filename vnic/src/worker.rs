@@ -22,8 +22,9 @@ use crate::peer::tap::TapPeer;
 use crate::peer::{AnyPeer, Peer};
 use crate::stats::{add, add_owned};
 use crate::virtq::rx::RxBatch;
+use crate::virtq::tx::avail_ahead;
 use crate::virtq::tx::{gather_tx, TxChain};
-use crate::virtq::{Mem, Vring, NET_HDR_LEN};
+use crate::virtq::{Mem, StopLatch, Vring, NET_HDR_LEN};
 
 /// Most tx chains handled per event before yielding to other events.
 const TX_BUDGET: usize = 1024;
@@ -54,6 +55,9 @@ pub struct Worker {
     tx_pending: bool,
     /// Avail index at the last retry after rx notifications were re-enabled.
     rx_retry_avail: Option<std::num::Wrapping<u16>>,
+    /// The rings the device stopped (a driver it cannot follow).
+    rx_stop: StopLatch,
+    tx_stop: StopLatch,
 }
 
 impl Worker {
@@ -88,6 +92,8 @@ impl Worker {
             own: Vec::new(),
             tx_pending: false,
             rx_retry_avail: None,
+            rx_stop: StopLatch::default(),
+            tx_stop: StopLatch::default(),
         })
     }
 
@@ -139,9 +145,22 @@ impl Worker {
     /// Everything that ends in this worker's rx queue: management replies,
     /// frames from other workers, frames from the peer.
     fn rx_work(&mut self, vrings: &[Vring], peer_event: bool) {
+        let id = self.router.id;
         let mem = self.mem.memory();
         let mut rx = vrings[0].get_mut();
-        if rx.is_enabled() && rx.get_queue().ready() {
+        let running = rx.is_enabled() && rx.get_queue().ready();
+        if running {
+            let qs = &self.sh.stats.queues[id];
+            let restarts = self.conn.ring_restarts(2 * id);
+            if !self.rx_stop.holds(restarts, &qs.rx_stopped, id, "rx") {
+                if let Err(why) = avail_ahead(rx.get_queue(), &*mem) {
+                    self.rx_stop
+                        .stop(restarts, why, &qs.rx_stops, &qs.rx_stopped, id, "rx");
+                    vrings[0].signal_err();
+                }
+            }
+        }
+        if running && !self.rx_stop.is_set() {
             // Out of buffers at the last look: has the driver added some?
             let q = rx.get_queue();
             self.router.recheck_starved(|| {
@@ -150,7 +169,7 @@ impl Worker {
                     != Some(std::num::Wrapping(q.next_avail()))
             });
         }
-        let mut b = RxBatch::open(&mut rx, &mem);
+        let mut b = RxBatch::open(&mut rx, &mem, self.rx_stop.is_set());
         self.router.begin();
         self.router.drain_inbox(&mut b, &mut self.own);
         self.peer
@@ -185,12 +204,16 @@ impl Worker {
         if !(tx.is_enabled() && tx.get_queue().ready()) {
             return;
         }
-        let mut b = RxBatch::open(&mut rx, &mem);
+        let q = &self.sh.stats.queues[id];
+        let restarts = self.conn.ring_restarts(2 * id + 1);
+        if self.tx_stop.holds(restarts, &q.tx_stopped, id, "tx") {
+            return;
+        }
+        let mut b = RxBatch::open(&mut rx, &mem, self.rx_stop.is_set());
         self.router.begin();
         let mut done = 0usize;
         let mut mgmt_seen = false;
         let mut used = false;
-        let q = &self.sh.stats.queues[id];
         'outer: loop {
             if event_idx {
                 if let Err(e) = tx.disable_notification() {
@@ -203,15 +226,24 @@ impl Worker {
                     self.router.inbox().wake();
                     break 'outer;
                 }
-                let Some(r) = gather_tx(tx.get_queue_mut(), &*mem, &mut self.txbuf) else {
-                    break;
+                let r = match gather_tx(tx.get_queue_mut(), &*mem, &mut self.txbuf) {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(why) => {
+                        // Nothing popped; no notification loop either (the
+                        // avail index would read "more" for ever).
+                        self.tx_stop
+                            .stop(restarts, why, &q.tx_stops, &q.tx_stopped, id, "tx");
+                        vrings[1].signal_err();
+                        break 'outer;
+                    }
                 };
                 done += 1;
                 used = true;
                 match r {
-                    TxChain::Bad => {
-                        add_owned(&q.tx_bad_chains, 1);
-                        log::debug!("pair {id}: unusable tx chain consumed");
+                    TxChain::Bad(why) => {
+                        q.count_bad_tx(why);
+                        log::trace!("pair {id}: unusable tx chain consumed ({})", why.name());
                     }
                     TxChain::Ok { len } if len < NET_HDR_LEN + 14 => add(&q.tx_drops, 1),
                     TxChain::Ok { len } => {

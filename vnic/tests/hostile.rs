@@ -33,6 +33,24 @@ fn q(s: &Value, i: usize, f: &str) -> u64 {
     counter(s, &format!("queues.{i}.{f}"))
 }
 
+/// The `tx_bad_<reason>` counter each broken TX chain must land in.
+fn tx_reason(kind: Hostile) -> &'static str {
+    match kind {
+        Hostile::AddrOutOfMemory
+        | Hostile::StraddlesEnd
+        | Hostile::IndirectOutOfMemory
+        | Hostile::IndirectEntryOutOfMemory => "out_of_range",
+        Hostile::Loop | Hostile::ChainLongerThanRing => "loop",
+        Hostile::NextOutOfRange | Hostile::BadHead => "bad_index",
+        Hostile::ZeroLength => "short_header",
+        Hostile::IndirectBadLength | Hostile::IndirectNested | Hostile::IndirectLongerThanRing => {
+            "indirect"
+        }
+        Hostile::WrongDirection => "writable",
+        Hostile::TooLong => "too_long",
+    }
+}
+
 #[test]
 fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
     let d = daemon(&["--queues", "2"]);
@@ -40,8 +58,10 @@ fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
     let mut c = ctl(&d);
     let good = good_tx_frame(40000);
     let mut failures = Vec::new();
-    for (i, kind) in Hostile::ALL.into_iter().enumerate() {
+    let kinds = Hostile::ALL.into_iter().chain(Hostile::TX_ONLY);
+    for (i, kind) in kinds.enumerate() {
         let before = c.stats().unwrap();
+        let reason = format!("tx_bad_{}", tx_reason(kind));
         let tx = &mut g.qps[0].tx;
         tx.ring
             .push_hostile(kind, false)
@@ -73,11 +93,29 @@ fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
                 q(&s, 0, "tx_bad_chains")
             ));
         }
+        if q(&s, 0, &reason) != q(&before, 0, &reason) + 1 {
+            failures.push(format!(
+                "#{i} {kind:?}: {reason} {} want exactly {} (counted as {:?})",
+                q(&s, 0, &reason),
+                q(&before, 0, &reason) + 1,
+                s["queues"][0]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .filter(|(k, v)| k.starts_with("tx_bad_")
+                        && v.as_u64() != before["queues"][0][k.as_str()].as_u64())
+                    .map(|(k, _)| k.as_str())
+                    .collect::<Vec<_>>()
+            ));
+        }
         if q(&s, 0, "tx_packets") != want_pkts {
             failures.push(format!(
                 "#{i} {kind:?}: tx_packets {} want exactly {want_pkts} (only the good frame)",
                 q(&s, 0, "tx_packets")
             ));
+        }
+        if s["queues"][0]["tx_stopped"] != Value::Null {
+            failures.push(format!("#{i} {kind:?}: the ring was stopped"));
         }
     }
     // The other pair never saw any of it and still works.
@@ -202,4 +240,85 @@ fn hostile_rx_chains_are_counted_and_queue_keeps_working() {
         "hostile RX chains:\n{}",
         failures.join("\n")
     );
+}
+
+/// A driver that publishes an avail index more than a ring ahead of what
+/// it filled, on TX and on RX, and kicks in a loop: each ring is stopped
+/// once, counted once (`*_bad_avail_jump`), named in `ctl stats`
+/// (`*_stopped`), signalled on the ring's error eventfd, logged once
+/// (no line per kick); the other pair keeps working; after the frontend
+/// restarts the rings (GET_VRING_BASE, set-up again) they carry frames.
+#[test]
+fn avail_index_jump_stops_the_ring_once_until_restarted() {
+    let d = daemon(&["--queues", "2"]);
+    let mut g = guest(&d, 2, 2);
+    let mut c = ctl(&d);
+    let errs: Vec<_> = (0..2)
+        .map(|_| vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        .collect();
+    for (vring, e) in errs.iter().enumerate() {
+        g.drv.set_vring_err(vring, e).expect("SET_VRING_ERR");
+    }
+    let size = g.qps[0].tx.ring.size();
+    // 1,000 kicks with the index 102 past a full ring, on both rings.
+    for _ in 0..1000 {
+        g.qps[0].tx.ring.publish_jump(size + 102);
+        g.qps[0].rx.ring.publish_jump(size + 102);
+    }
+    let s = wait_stats(&mut c, "both rings of pair 0 stopped", |s| {
+        s["queues"][0]["tx_stopped"] == json!("avail_jump")
+            && s["queues"][0]["rx_stopped"] == json!("avail_jump")
+    });
+    // More kicks change nothing.
+    for _ in 0..1000 {
+        g.qps[0].tx.ring.publish_jump(size + 102);
+        g.qps[0].rx.ring.publish_jump(size + 102);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let s2 = c.stats().unwrap();
+    for dir in ["tx", "rx"] {
+        let f = format!("{dir}_bad_avail_jump");
+        assert_eq!(q(&s, 0, &f), 1, "{f} counted once: {:#}", s["queues"][0]);
+        assert_eq!(q(&s2, 0, &f), 1, "{f} still once after more kicks");
+    }
+    assert_eq!(q(&s2, 0, "tx_bad_chains"), 0, "no chain was popped");
+    for (vring, e) in errs.iter().enumerate() {
+        assert!(
+            e.read().is_ok(),
+            "vring {vring}'s error eventfd was not signalled"
+        );
+    }
+    let log = d.log_text();
+    let lines = log.lines().filter(|l| l.contains("ring stopped")).count();
+    assert!(
+        (1..=2).contains(&lines),
+        "want one log line per stopped ring, got {lines}:\n{log}"
+    );
+    assert!(
+        log.lines().count() < 20,
+        "the kick loop flooded the log:\n{log}"
+    );
+    // Pair 1 is unaffected.
+    let before = c.stats().unwrap();
+    g.send(1, &good_tx_frame(40001));
+    wait_stats(&mut c, "tx on pair 1", |s| {
+        q(s, 1, "tx_packets") == q(&before, 1, "tx_packets") + 1
+    });
+    // The frontend restarts pair 0's rings (what QEMU does on a guest
+    // driver reset): they run again.
+    g.drv.get_vring_base(0).expect("GET_VRING_BASE rx");
+    g.drv.get_vring_base(1).expect("GET_VRING_BASE tx");
+    let qp = g.drv.setup_pair(0).expect("set pair 0 up again");
+    g.qps[0] = qp;
+    g.drv.enable_pair(0, true).expect("enable pair 0");
+    g.qps[0].rx.fill();
+    g.qps[0].rx.ring.kick();
+    let before = c.stats().unwrap();
+    g.send(0, &good_tx_frame(40002));
+    let s = wait_stats(&mut c, "pair 0 carries frames again", |s| {
+        q(s, 0, "tx_packets") == q(&before, 0, "tx_packets") + 1
+            && s["queues"][0]["rx_stopped"] == Value::Null
+    });
+    assert_eq!(s["queues"][0]["tx_stopped"], Value::Null);
+    assert_eq!(q(&s, 0, "tx_bad_avail_jump"), 1);
 }

@@ -1,7 +1,9 @@
 //! The virtqueues of the packet path, treated as hostile: everything the
 //! guest put in a ring is checked, a chain that cannot be used is consumed
-//! with length 0 and counted, never left in the ring and never allowed to
-//! stop the queue.
+//! with length 0 and counted by reason, never left in the ring and never
+//! allowed to stop the queue. Only a ring the device cannot follow at all
+//! (its avail index more than a ring ahead: [`RingStop`]) is stopped, with
+//! the reason in `ctl stats`, until the frontend re-initialises it.
 //!
 //! - [`rx`]: filling rx chains (one delivery algorithm over [`rx::RxAccess`],
 //!   with a batch ring view and a per-frame virtio-queue fallback) and the
@@ -11,6 +13,9 @@
 
 use std::fs::File;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::stats::add;
 
 use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::{Error as VirtQueError, QueueT};
@@ -26,6 +31,132 @@ pub type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 /// Size of `struct virtio_net_hdr_v1` (VERSION_1 always uses it, with or
 /// without MRG_RXBUF).
 pub const NET_HDR_LEN: usize = 12;
+
+/// Why the device stopped using a ring. The virtio spec lets a device
+/// that meets such a ring set DEVICE_NEEDS_RESET; vhost-user has no
+/// message for that, so the ring stays stopped (counted once, logged once,
+/// named in `ctl stats`) until the frontend stops and restarts it, which
+/// it does on every guest driver reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingStop {
+    /// The avail index runs more than the ring size ahead of the device:
+    /// the driver published entries it cannot have filled.
+    AvailJump,
+    /// The avail ring cannot be read any more (guest memory changed under
+    /// it).
+    AvailUnreadable,
+}
+
+impl RingStop {
+    /// Code kept in the queue's `*_stopped` counter (0: running).
+    pub fn code(self) -> u64 {
+        match self {
+            RingStop::AvailJump => 1,
+            RingStop::AvailUnreadable => 2,
+        }
+    }
+
+    /// The name `ctl stats` shows for a code, `None` for 0 (running).
+    pub fn name_of(code: u64) -> Option<&'static str> {
+        match code {
+            0 => None,
+            1 => Some("avail_jump"),
+            2 => Some("avail_unreadable"),
+            _ => Some("unknown"),
+        }
+    }
+}
+
+impl std::fmt::Display for RingStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(Self::name_of(self.code()).unwrap_or("?"))
+    }
+}
+
+/// A ring's stop as its worker keeps it: the frontend's restart count of
+/// the ring (see `Conn::ring_restarts`) when the device stopped it.
+#[derive(Default)]
+pub struct StopLatch(Option<u32>);
+
+impl StopLatch {
+    /// Whether the ring is still stopped. A ring the frontend restarted
+    /// since (`restarts` moved) runs again: the latch and the queue's
+    /// `*_stopped` state are cleared.
+    pub fn holds(&mut self, restarts: u32, now: &AtomicU64, pair: usize, dir: &str) -> bool {
+        match self.0 {
+            Some(r) if r == restarts => true,
+            Some(_) => {
+                self.0 = None;
+                now.store(0, Ordering::Relaxed);
+                log::info!("pair {pair}: {dir} ring restarted by the frontend: running again");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the ring was stopped (without looking for a restart).
+    pub fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Stops the ring for `why`: counted once in `stops`, the reason kept
+    /// in `now`, one log line (rate-limited over all rings).
+    pub fn stop(
+        &mut self,
+        restarts: u32,
+        why: RingStop,
+        stops: &[AtomicU64; 2],
+        now: &AtomicU64,
+        pair: usize,
+        dir: &str,
+    ) {
+        self.0 = Some(restarts);
+        let code = why.code();
+        add(&stops[(code - 1) as usize], 1);
+        now.store(code, Ordering::Relaxed);
+        if STOP_LOG.allow() {
+            log::warn!(
+                "pair {pair}: {dir} ring stopped ({why}): the driver broke the ring; it stays stopped until the frontend restarts it"
+            );
+        } else {
+            log::debug!("pair {pair}: {dir} ring stopped ({why})");
+        }
+    }
+}
+
+/// At most one line a second for ring stops a guest can cause.
+static STOP_LOG: RateLimit = RateLimit::new();
+
+/// Lets one log line through per second; the others go to debug.
+pub struct RateLimit {
+    last: AtomicU64,
+}
+
+impl RateLimit {
+    pub const fn new() -> Self {
+        Self {
+            last: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a line may be logged now (then no other for a second).
+    pub fn allow(&self) -> bool {
+        let now = crate::clock::now_ns().max(1);
+        let last = self.last.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= 1_000_000_000)
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// Guest address of a split ring's `used_event` field (the last entry of
 /// the avail ring, VIRTIO_F_EVENT_IDX): `None` if it overflows.
@@ -50,8 +181,32 @@ pub fn used_event_addr<Q: QueueT>(q: &Q) -> Option<GuestAddress> {
 /// every signal of the worker either went to the old fd before it or goes
 /// to the new one after it), covers that window; a spurious interrupt costs
 /// the driver one look at the used ring. libvhost-user does the same.
+///
+/// It also keeps a copy of the ring's error eventfd (`SET_VRING_ERR`),
+/// which the library stores but offers no way to signal: [`Vring::signal_err`]
+/// tells the frontend that the device stopped the ring (QEMU reports
+/// "vhost vring error in virtqueue N").
 #[derive(Clone)]
-pub struct Vring(VringRwLock<Mem>);
+pub struct Vring(
+    VringRwLock<Mem>,
+    std::sync::Arc<std::sync::Mutex<Option<File>>>,
+);
+
+impl Vring {
+    /// Signals the ring's error eventfd, if the frontend gave one.
+    pub fn signal_err(&self) {
+        let err = self
+            .1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(f) = err.as_ref() {
+            use std::io::Write;
+            if let Err(e) = (&*f).write_all(&1u64.to_ne_bytes()) {
+                log::debug!("vring error eventfd: {e}");
+            }
+        }
+    }
+}
 
 impl<'a> VringStateGuard<'a, Mem> for Vring {
     type G = <VringRwLock<Mem> as VringStateGuard<'a, Mem>>::G;
@@ -63,7 +218,7 @@ impl<'a> VringStateMutGuard<'a, Mem> for Vring {
 
 impl VringT<Mem> for Vring {
     fn new(mem: Mem, max_queue_size: u16) -> Result<Self, VirtQueError> {
-        VringRwLock::new(mem, max_queue_size).map(Self)
+        VringRwLock::new(mem, max_queue_size).map(|v| Self(v, std::sync::Arc::default()))
     }
 
     fn get_ref(&self) -> <Self as VringStateGuard<'_, Mem>>::G {
@@ -155,6 +310,11 @@ impl VringT<Mem> for Vring {
     }
 
     fn set_err(&self, file: Option<File>) {
+        let copy = file.as_ref().and_then(|f| f.try_clone().ok());
+        *self
+            .1
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = copy;
         self.0.set_err(file);
     }
 }

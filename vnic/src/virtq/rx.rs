@@ -565,8 +565,10 @@ pub struct RxBatch<'m> {
 }
 
 impl<'m> RxBatch<'m> {
-    pub fn open(vring: &'m mut VringState<Mem>, mem: &'m GuestMemoryMmap) -> Self {
-        let ready = vring.is_enabled() && vring.get_queue().ready();
+    /// Opens a batch; `stopped`: the device stopped this ring (frames for
+    /// it are dropped as for a disabled queue).
+    pub fn open(vring: &'m mut VringState<Mem>, mem: &'m GuestMemoryMmap, stopped: bool) -> Self {
+        let ready = !stopped && vring.is_enabled() && vring.get_queue().ready();
         let q = vring.get_queue();
         let start_used = q.next_used();
         let ring = if ready { RxRing::open(q, mem) } else { None };
@@ -634,7 +636,7 @@ impl<'m> RxBatch<'m> {
                 }
             }
         }
-        if !(nobufs && rx.is_enabled() && rx.get_queue().ready()) {
+        if !(nobufs && self.ready) {
             return false;
         }
         match rx.enable_notification() {

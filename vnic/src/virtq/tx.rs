@@ -1,46 +1,117 @@
 //! Gathering tx chains: each chain's readable bytes are copied into one
-//! buffer and the chain is completed at once (length 0).
+//! buffer and the chain is completed at once (length 0). A chain that
+//! cannot be used is completed the same way and reported with the reason
+//! ([`BadTx`]); a ring whose avail index the device cannot trust is
+//! reported as [`RingStop`] without touching it.
 
-use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestMemory};
+use std::num::Wrapping;
+use std::sync::atomic::Ordering;
 
-use super::NET_HDR_LEN;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Error as QueueError, Queue, QueueOwnedT, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+
+use super::{RingStop, NET_HDR_LEN};
 
 /// Largest tx chain accepted (header + 64 KiB frame).
 pub const MAX_TX_LEN: usize = NET_HDR_LEN + 65_536;
+
+/// Why a tx chain was unusable (one counter each in `ctl stats`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadTx {
+    /// The chain revisits descriptors: more links than the table has
+    /// entries.
+    Loop,
+    /// A head or `next` index outside the descriptor table.
+    BadIndex,
+    /// A buffer or a descriptor table outside guest memory.
+    OutOfRange,
+    /// More than [`MAX_TX_LEN`] bytes.
+    TooLong,
+    /// A device-writable buffer in a tx chain.
+    Writable,
+    /// Fewer bytes than a virtio-net header.
+    ShortHeader,
+    /// An indirect descriptor the spec forbids: nested, a table length
+    /// that is zero or not a multiple of 16, or a table chain longer than
+    /// the ring.
+    Indirect,
+}
+
+impl BadTx {
+    /// Every reason, in the order of their `ctl stats` fields.
+    pub const ALL: [BadTx; 7] = [
+        BadTx::Loop,
+        BadTx::BadIndex,
+        BadTx::OutOfRange,
+        BadTx::TooLong,
+        BadTx::Writable,
+        BadTx::ShortHeader,
+        BadTx::Indirect,
+    ];
+
+    /// The reason's name in `ctl stats` (`tx_bad_<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BadTx::Loop => "loop",
+            BadTx::BadIndex => "bad_index",
+            BadTx::OutOfRange => "out_of_range",
+            BadTx::TooLong => "too_long",
+            BadTx::Writable => "writable",
+            BadTx::ShortHeader => "short_header",
+            BadTx::Indirect => "indirect",
+        }
+    }
+}
 
 /// Result of gathering one tx chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TxChain {
     /// `len` bytes (header included) gathered into the buffer.
     Ok { len: usize },
-    /// Unusable chain (write-only descriptor, address outside guest memory,
-    /// longer than [`MAX_TX_LEN`], shorter than the header, or cut short by
-    /// a broken link).
-    Bad,
+    /// Unusable chain, consumed and completed with length 0.
+    Bad(BadTx),
 }
 
 /// Pops one tx chain, copies its readable bytes into `buf` (resized as
 /// needed up to [`MAX_TX_LEN`]), and completes it with length 0. Returns
-/// `None` when the ring is empty.
-pub fn gather_tx<M: GuestMemory>(queue: &mut Queue, mem: &M, buf: &mut Vec<u8>) -> Option<TxChain> {
-    let qsize = usize::from(queue.size());
-    let chain = queue.pop_descriptor_chain(mem)?;
+/// `Ok(None)` when the ring is empty or not started, and `Err` when the
+/// driver's avail index runs more than a ring ahead of the device (or
+/// cannot be read): nothing is popped then, and the caller stops using
+/// the ring.
+pub fn gather_tx<M: GuestMemory>(
+    queue: &mut Queue,
+    mem: &M,
+    buf: &mut Vec<u8>,
+) -> Result<Option<TxChain>, RingStop> {
+    let qsize = queue.size();
+    let desc_table = GuestAddress(queue.desc_table());
+    // Queue::pop_descriptor_chain would log every refusal: a driver that
+    // kicks in a loop must not flood the log.
+    let chain = match queue.iter(mem) {
+        Ok(mut it) => match it.next() {
+            Some(c) => c,
+            None => return Ok(None),
+        },
+        Err(QueueError::QueueNotReady) => return Ok(None),
+        Err(QueueError::InvalidAvailRingIndex) => return Err(RingStop::AvailJump),
+        Err(_) => return Err(RingStop::AvailUnreadable),
+    };
     let head = chain.head_index();
     let mut off = 0usize;
-    let mut ok = true;
+    let mut bad = None;
     let mut ndesc = 0usize;
     let mut last_next = false;
     for desc in chain {
         ndesc += 1;
         last_next = desc.has_next();
         if desc.is_write_only() {
-            ok = false;
+            bad = Some(BadTx::Writable);
             break;
         }
         let len = desc.len() as usize;
         if off + len > MAX_TX_LEN {
-            ok = false;
+            bad = Some(BadTx::TooLong);
             break;
         }
         if buf.len() < off + len {
@@ -50,18 +121,100 @@ pub fn gather_tx<M: GuestMemory>(queue: &mut Queue, mem: &M, buf: &mut Vec<u8>) 
             .read_slice(&mut buf[off..off + len], desc.addr())
             .is_err()
         {
-            ok = false;
+            bad = Some(BadTx::OutOfRange);
             break;
         }
         off += len;
     }
-    let _ = queue.add_used(mem, head, 0);
-    // Broken link (loop, next out of range, bad indirect table), nothing in
-    // it, or not even a virtio-net header: unusable.
-    if !ok || ndesc == 0 || ndesc > qsize || last_next || off < NET_HDR_LEN {
-        return Some(TxChain::Bad);
+    if head < qsize {
+        // (virtio-queue refuses, and logs, an out-of-range head.)
+        let _ = queue.add_used(mem, head, 0);
     }
-    Some(TxChain::Ok { len: off })
+    // Broken link (loop, next out of range, bad indirect table) or too
+    // many descriptors: the walk ended early. A broken structure is the
+    // reason even when a buffer check stopped the walk first (a loop of
+    // big buffers is a loop, not a long frame).
+    let broken = ndesc == 0 || ndesc > usize::from(qsize) || last_next;
+    if broken || bad.is_some() {
+        if let Some(r) = structure_fault(mem, desc_table, qsize, head) {
+            return Ok(Some(TxChain::Bad(r)));
+        }
+    }
+    if let Some(r) = bad {
+        return Ok(Some(TxChain::Bad(r)));
+    }
+    if broken {
+        // The structure walk found nothing, yet the iterator stopped: the
+        // only case left is a chain over 4 GiB in total.
+        return Ok(Some(TxChain::Bad(BadTx::TooLong)));
+    }
+    if off < NET_HDR_LEN {
+        return Ok(Some(TxChain::Bad(BadTx::ShortHeader)));
+    }
+    Ok(Some(TxChain::Ok { len: off }))
+}
+
+/// Walks the chain at `head` the way virtio-queue does (only on the bad
+/// path) and names what is wrong with its links, if anything: `None` when
+/// the links are sound and only a buffer is at fault.
+fn structure_fault<M: GuestMemory>(
+    mem: &M,
+    desc_table: GuestAddress,
+    qsize: u16,
+    head: u16,
+) -> Option<BadTx> {
+    let (mut table, mut size, mut idx) = (desc_table, qsize, head);
+    let mut indirect = false;
+    let mut left = qsize;
+    let mut walked = 0usize;
+    loop {
+        if idx >= size {
+            return Some(BadTx::BadIndex);
+        }
+        if left == 0 {
+            return Some(BadTx::Loop);
+        }
+        let Some(Ok(d)) = table
+            .checked_add(u64::from(idx) * 16)
+            .map(|a| mem.read_obj::<Descriptor>(a))
+        else {
+            return Some(BadTx::OutOfRange);
+        };
+        if d.refers_to_indirect_table() {
+            let n = d.len() / 16;
+            if indirect || d.len() % 16 != 0 || n == 0 || n > u32::from(u16::MAX) {
+                return Some(BadTx::Indirect);
+            }
+            (table, size, idx, left, indirect) = (d.addr(), n as u16, 0, n as u16, true);
+            continue;
+        }
+        walked += 1;
+        if walked > usize::from(qsize) {
+            // Spec 2.7.5.3.1: no chain longer than the queue size.
+            return Some(if indirect {
+                BadTx::Indirect
+            } else {
+                BadTx::Loop
+            });
+        }
+        if !d.has_next() {
+            return None;
+        }
+        idx = d.next();
+        left -= 1;
+    }
+}
+
+/// Whether the avail index runs more than a ring ahead of the device's
+/// position (the driver published entries it cannot have filled).
+pub fn avail_ahead<M: GuestMemory>(queue: &Queue, mem: &M) -> Result<(), RingStop> {
+    match queue.avail_idx(mem, Ordering::Acquire) {
+        Ok(idx) if (idx - Wrapping(queue.next_avail())).0 > queue.size() => {
+            Err(RingStop::AvailJump)
+        }
+        Ok(_) => Ok(()),
+        Err(_) => Err(RingStop::AvailUnreadable),
+    }
 }
 
 #[cfg(test)]
@@ -101,12 +254,51 @@ mod tests {
         let mut buf = Vec::new();
         assert_eq!(
             gather_tx(&mut q, &m, &mut buf),
-            Some(TxChain::Ok { len: 72 })
+            Ok(Some(TxChain::Ok { len: 72 }))
         );
         assert_eq!(&buf[..12], &[9u8; 12]);
         assert_eq!(&buf[12..72], &[5u8; 60]);
-        assert_eq!(gather_tx(&mut q, &m, &mut buf), Some(TxChain::Bad));
-        assert_eq!(gather_tx(&mut q, &m, &mut buf), None);
+        assert_eq!(
+            gather_tx(&mut q, &m, &mut buf),
+            Ok(Some(TxChain::Bad(BadTx::Writable)))
+        );
+        assert_eq!(gather_tx(&mut q, &m, &mut buf), Ok(None));
         assert_eq!(q.next_used(), 2);
+    }
+
+    #[test]
+    fn a_loop_of_big_buffers_is_a_loop_and_a_jump_stops_without_popping() {
+        let m = mem();
+        let mq = MockSplitQueue::new(&m, 16);
+        // Two 60 KiB descriptors pointing at each other: the length check
+        // trips first, the reason is still the loop.
+        let descs = [
+            RawDescriptor::from(SplitDescriptor::new(
+                BUF,
+                60_000,
+                VRING_DESC_F_NEXT as u16,
+                1,
+            )),
+            RawDescriptor::from(SplitDescriptor::new(
+                BUF,
+                60_000,
+                VRING_DESC_F_NEXT as u16,
+                0,
+            )),
+        ];
+        mq.add_desc_chains(&descs, 0).unwrap();
+        let mut q: Queue = mq.create_queue().unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(
+            gather_tx(&mut q, &m, &mut buf),
+            Ok(Some(TxChain::Bad(BadTx::Loop)))
+        );
+        // The driver now says 40 more entries are there on a 16-entry ring.
+        let idx = mq.avail().idx().load();
+        mq.avail().idx().store(idx.wrapping_add(40));
+        let next = q.next_avail();
+        assert_eq!(avail_ahead(&q, &m), Err(RingStop::AvailJump));
+        assert_eq!(gather_tx(&mut q, &m, &mut buf), Err(RingStop::AvailJump));
+        assert_eq!(q.next_avail(), next, "nothing popped");
     }
 }
