@@ -281,3 +281,84 @@ pub fn counter(v: &serde_json::Value, path: &str) -> u64 {
     cur.as_u64()
         .unwrap_or_else(|| panic!("no counter {path} in {v}"))
 }
+
+/// The `vnic` daemon binary for the bench binaries: `explicit`, or else
+/// `vnic` next to the running executable. Under `cargo run` (only the
+/// bench itself is built) it first runs `cargo build [--release] -p vnic
+/// --bin vnic` with the same profile.
+pub fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return Ok(p);
+    }
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = me.parent().ok_or("no parent dir")?.to_path_buf();
+    if let Ok(cargo) = std::env::var("CARGO") {
+        // Under `cargo run` only this binary is built: build the daemon too.
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-q", "-p", "vnic", "--bin", "vnic"]);
+        // The daemon is another package of this workspace: name its manifest
+        // (cargo run sets CARGO_MANIFEST_DIR to this package's directory), so
+        // the build works whatever directory `cargo run` was started from.
+        if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
+            let manifest = PathBuf::from(dir).join("../vnic/Cargo.toml");
+            if manifest.exists() {
+                cmd.arg("--manifest-path").arg(manifest);
+            }
+        }
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        eprintln!("building the vnic daemon binary...");
+        let st = cmd
+            .status()
+            .map_err(|e| format!("running cargo build: {e}"))?;
+        if !st.success() {
+            return Err("cargo build -p vnic --bin vnic failed".into());
+        }
+    }
+    let p = dir.join("vnic");
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{} not found: build the daemon into the same target directory first \
+             (cargo build --release -p vnic) or pass --vnic PATH",
+            p.display()
+        ))
+    }
+}
+
+/// File descriptors, threads and resident kB of process `pid` at rest: read
+/// until two readings 100 ms apart agree on fds and threads (at most 5 s).
+/// Between connections `vnic serve` tears the last one down (its worker
+/// threads exit, then their fds are closed) and builds the next one (16
+/// pairs: 16 worker threads and their eventfds) before it accepts; a
+/// reading taken in the middle of that is neither state.
+pub fn settled_footprint(pid: u32) -> (usize, usize, u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = footprint(pid);
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let f = footprint(pid);
+        if (f.0, f.1) == (last.0, last.1) || Instant::now() > deadline {
+            return f;
+        }
+        last = f;
+    }
+}
+
+/// File descriptors, threads and resident kB of process `pid`.
+pub fn footprint(pid: u32) -> (usize, usize, u64) {
+    let count = |dir: String| std::fs::read_dir(dir).map_or(0, Iterator::count);
+    let rss_kb = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    (
+        count(format!("/proc/{pid}/fd")),
+        count(format!("/proc/{pid}/task")),
+        rss_kb,
+    )
+}

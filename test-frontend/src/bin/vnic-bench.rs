@@ -29,7 +29,6 @@
 //! the bench); run directly, build the daemon first.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,7 +37,7 @@ use arfs::proto::AddOp;
 use arfs::{FlowKey, L4Proto, OpStatus};
 use serde_json::json;
 use vnic_frontend::guest::{Guest, GUEST_MAC};
-use vnic_frontend::harness::{counter, Ctl, Daemon};
+use vnic_frontend::harness::{counter, vnic_binary, Ctl, Daemon};
 use vnic_frontend::pump::{rx_loop, tx_loop, PumpStats};
 use vnic_frontend::{build_frame, FrameSpec, Options};
 
@@ -223,48 +222,6 @@ fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
         }
     }
     Ok((all, workers))
-}
-
-fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
-    if let Some(p) = explicit {
-        return Ok(p);
-    }
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = me.parent().ok_or("no parent dir")?.to_path_buf();
-    if let Ok(cargo) = std::env::var("CARGO") {
-        // Under `cargo run` only this binary is built: build the daemon too.
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "vnic", "--bin", "vnic"]);
-        // The daemon is another package of this workspace: name its manifest
-        // (cargo run sets CARGO_MANIFEST_DIR to this package's directory), so
-        // the build works whatever directory `cargo run` was started from.
-        if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
-            let manifest = PathBuf::from(dir).join("../vnic/Cargo.toml");
-            if manifest.exists() {
-                cmd.arg("--manifest-path").arg(manifest);
-            }
-        }
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        eprintln!("building the vnic daemon binary...");
-        let st = cmd
-            .status()
-            .map_err(|e| format!("running cargo build: {e}"))?;
-        if !st.success() {
-            return Err("cargo build -p vnic --bin vnic failed".into());
-        }
-    }
-    let p = dir.join("vnic");
-    if p.exists() {
-        Ok(p)
-    } else {
-        Err(format!(
-            "{} not found: build the daemon into the same target directory first \
-             (cargo build --release -p vnic) or pass --vnic PATH",
-            p.display()
-        ))
-    }
 }
 
 /// One daemon under test, connected and ready (filters installed, for RX
