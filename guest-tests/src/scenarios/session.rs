@@ -427,6 +427,30 @@ impl Session {
                 problems.push(e.0);
             }
         }
+        // A real virtio_net driver never posts a broken chain nor runs its
+        // avail index ahead: anything counted here means the device
+        // misread a ring.
+        match self.guest.ctl.stats() {
+            Ok(st) => {
+                let n = st["queues"].as_array().map_or(0, Vec::len);
+                for q in 0..n {
+                    for f in ["rx_bad_chains", "tx_bad_chains"] {
+                        let v = crate::harness::ctl::counter(&st, &format!("/queues/{q}/{f}"));
+                        if v != 0 {
+                            problems.push(format!("queue {q}: {f} {v} from a real driver"));
+                        }
+                    }
+                    for f in ["rx_stopped", "tx_stopped"] {
+                        match st.pointer(&format!("/queues/{q}/{f}")) {
+                            Some(serde_json::Value::Null) => {}
+                            Some(v) => problems.push(format!("queue {q}: {f} {v}")),
+                            None => problems.push(format!("queue {q}: {f} absent from ctl stats")),
+                        }
+                    }
+                }
+            }
+            Err(e) => problems.push(format!("ctl stats at teardown: {e}")),
+        }
         match self.guest.kernel_failures() {
             Ok(bad) => problems.extend(
                 bad.into_iter()
