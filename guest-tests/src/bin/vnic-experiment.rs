@@ -841,6 +841,40 @@ fn check(points: &[CollisionPoint], flows: usize, errors: &[String]) -> Result<(
                     new.release, new.adds
                 ));
             }
+            // The lower bound: every flow that kept its slot gets a filter.
+            let sl = new.slots;
+            let rule = new
+                .slot_rule
+                .map_or("unknown".to_string(), |r| format!("{r:?}"));
+            println!(
+                "check: {}: {} of the {} flows needing a filter kept their slot (slot rule {rule}); {} of those got a filter (needs >= 90%)",
+                new.release, sl.own_slot, new.flows_needing_filter, sl.own_slot_added
+            );
+            if new.slot_rule.is_none() {
+                fails.push(format!(
+                    "{}: no filter whose slot could be compared with its flow hash",
+                    new.release
+                ));
+            } else if sl.own_slot == 0 {
+                fails.push(format!("{}: no flow kept its slot", new.release));
+            } else if (sl.own_slot_added as f64) < 0.9 * sl.own_slot as f64 {
+                fails.push(format!(
+                    "{} gave a filter to {} of the {} flows that kept their slot: under 90%",
+                    new.release, sl.own_slot_added, sl.own_slot
+                ));
+            }
+            if sl.hash_unknown * 20 > new.flows_needing_filter {
+                fails.push(format!(
+                    "{}: no flow hash recorded for {} of the {} flows needing a filter",
+                    new.release, sl.hash_unknown, new.flows_needing_filter
+                ));
+            }
+            if new.flowhash_full > 0 {
+                fails.push(format!(
+                    "{}: vnic_flowhash had no room for {} packets' flows",
+                    new.release, new.flowhash_full
+                ));
+            }
         }
         _ => fails.push("the check needs a one-iteration point at rps_flow_cnt 256 on both kernels; some are missing".into()),
     }
@@ -973,6 +1007,7 @@ fn problems(errors: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use guest_tests::scenarios::slots::{SlotCounts, SlotRule};
 
     fn point(kernel: &str, cnt: u32, iterations: u32, adds: u64) -> CollisionPoint {
         CollisionPoint {
@@ -983,6 +1018,13 @@ mod tests {
             flows_per_iteration: 332,
             adds,
             steer_calls: adds * 3,
+            flows_needing_filter: 249,
+            slot_rule: Some(SlotRule::Hash32),
+            slots: SlotCounts {
+                own_slot: 200,
+                own_slot_added: 195,
+                hash_unknown: 0,
+            },
             ..CollisionPoint::default()
         }
     }
@@ -1005,6 +1047,14 @@ mod tests {
         // Only the five-iteration variant or another size: no verdict.
         let other = [point("6.12", 512, 1, 3000), point("7.3", 256, 5, 250)];
         assert!(check(&other, 332, &[]).is_err());
+        // The new kernel left flows that kept their slot without a filter.
+        let mut few = ok.clone();
+        few[1].slots.own_slot_added = 150;
+        let e = check(&few, 332, &[]).unwrap_err();
+        assert!(e.contains("under 90%"), "{e}");
+        let mut unknown = ok.clone();
+        unknown[1].slot_rule = None;
+        assert!(check(&unknown, 332, &[]).is_err());
         // Errors during the run fail the check even with good figures.
         assert!(check(&ok, 332, &["boot failed".to_string()]).is_err());
     }

@@ -363,7 +363,7 @@ pub fn module(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Build `vnic_arfs.ko` and the test helper modules of `aRFS/kmod/tests/`
-/// (`vnic_opswap.ko`, `vnic_flowgen.ko`) for one kernel tree; returns them, `vnic_arfs.ko`
+/// (`vnic_opswap.ko`, `vnic_flowgen.ko`, `vnic_flowhash.ko`) for one kernel tree; returns them, `vnic_arfs.ko`
 /// first. The sources are copied into `work` first so builds for
 /// different kernels never share objects.
 pub fn module_build(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
@@ -384,11 +384,15 @@ pub fn module_build(kdir: &Path, work: &Path) -> Result<Vec<PathBuf>> {
     let ko = make_module(kdir, work, "vnic_arfs.ko")?;
     let tests = work.join("tests");
     let opswap = make_module(kdir, &tests, "vnic_opswap.ko")?;
-    let flowgen = tests.join("vnic_flowgen.ko");
-    if !flowgen.is_file() {
-        bail!("make produced no {}", flowgen.display());
+    let mut kos = vec![ko, opswap];
+    for name in ["vnic_flowgen.ko", "vnic_flowhash.ko"] {
+        let k = tests.join(name);
+        if !k.is_file() {
+            bail!("make produced no {}", k.display());
+        }
+        kos.push(k);
     }
-    Ok(vec![ko, opswap, flowgen])
+    Ok(kos)
 }
 
 /// `make -C kdir M=dir modules`, its output kept in `dir/build.log`;

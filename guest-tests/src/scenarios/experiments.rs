@@ -10,6 +10,7 @@
 //! docs/experiments.md. These are measurements, not scenarios of the suite:
 //! the only verdicts are the acceptance check of the binary.
 
+use super::slots::{self, SlotCounts, SlotRule};
 use super::{Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
@@ -113,6 +114,15 @@ pub struct CollisionPoint {
     pub device: BTreeMap<String, u64>,
     /// Kernel warnings seen during the point (must be empty).
     pub kernel_problems: Vec<String>,
+    /// How this kernel turns a flow hash into its RFS slot, as found from
+    /// the filters' flow_id and the flows' hashes (`None`: no filter to
+    /// compare).
+    pub slot_rule: Option<SlotRule>,
+    /// Flows needing a filter that kept their slot (no other such flow
+    /// into the same queue shares it), and how many of them got a filter.
+    pub slots: SlotCounts,
+    /// Packets of flows `vnic_flowhash` had no room for (must be 0).
+    pub flowhash_full: u64,
 }
 
 impl CollisionPoint {
@@ -194,6 +204,44 @@ fn device_deltas(a: &Value, b: &Value) -> BTreeMap<String, u64> {
 impl Session {
     fn release(&self) -> String {
         self.guest.info.kernel.clone()
+    }
+
+    /// (Re)loads the test helper `vnic_flowhash.ko` with an empty table.
+    fn load_flowhash(&mut self, flows: usize) -> Result<()> {
+        let _ = self.guest.agent.call_value(
+            &Request::ModuleUnload {
+                name: "vnic_flowhash".into(),
+            },
+            Duration::from_secs(30),
+        );
+        let path = self.module_path.replace("vnic_arfs.ko", "vnic_flowhash.ko");
+        let max = (flows + 1024).clamp(8192, 65536);
+        self.guest
+            .agent
+            .call_value(
+                &Request::ModuleLoad {
+                    path,
+                    params: format!("ifname={IFNAME} max_flows={max}"),
+                },
+                Duration::from_mins(1),
+            )
+            .map_err(|e| format!("loading vnic_flowhash.ko: {}", e.0))?;
+        Ok(())
+    }
+
+    /// The flow hashes `vnic_flowhash` recorded, then unloads it.
+    fn read_flowhash(&mut self) -> Result<(HashMap<FlowKey, u32>, u64)> {
+        let text = self
+            .guest
+            .agent
+            .read_file("/sys/kernel/debug/vnic_flowhash/flows")?;
+        self.guest.agent.call_value(
+            &Request::ModuleUnload {
+                name: "vnic_flowhash".into(),
+            },
+            Duration::from_secs(30),
+        )?;
+        Ok(slots::parse_flowhash(&text)?)
     }
 
     /// Stop every generator set and the agent's UDP workload.
@@ -335,6 +383,7 @@ pub fn collision_point(
     );
     s.ensure_module()?;
     let label = s.kernel.label.clone();
+    s.load_flowhash(w.flows * w.iterations as usize)?;
     let t_reset = Instant::now();
     s.stop_experiment_workload()?;
     s.set_flow_cnt(flow_cnt)?;
@@ -351,10 +400,13 @@ pub fn collision_point(
     let mut received = 0u64;
     let mut needing = 0u64;
     let mut traffic = Duration::ZERO;
+    let mut iteration_flows = Vec::new();
+    let mut filters = Vec::new();
     for k in 0..w.iterations {
         let base = COLLISION_PORT + (k as usize * w.flows) as u16;
         let flows = s.flows_at(base, w.flows);
         needing += flows.iter().filter(|f| f.needs_filter()).count() as u64;
+        iteration_flows.push(flows.clone());
         s.udp_start(&flows)?;
         let spec = json!({
             "flows": w.flows,
@@ -382,6 +434,12 @@ pub fn collision_point(
         let t_it = Instant::now();
         std::thread::sleep(per_iter);
         traffic += t_it.elapsed();
+        // The slots the kernel gave this iteration's filters.
+        filters.extend(
+            s.module_filters()?
+                .into_values()
+                .map(|f| (f.flow, f.flow_id)),
+        );
         // The generator stops for good before the receivers close, so
         // every frame sent had its chance to arrive.
         sent += gen_stop_counted(s, id, before)?;
@@ -400,6 +458,7 @@ pub fn collision_point(
     let trace = s.trace_since_mark()?;
     let live_at_end = counter(&s.guest.ctl.table()?, "/live");
     s.gen_running = false;
+    let (hashes, flowhash_full) = s.read_flowhash()?;
 
     let mut p = CollisionPoint {
         kernel: label,
@@ -448,6 +507,14 @@ pub fn collision_point(
     p.thrashing = programs.values().filter(|&&n| n > 2).count() as u64;
     p.max_programs_per_flow = programs.values().copied().max().unwrap_or(0);
     p.kernel_problems = s.guest.kernel_failures()?;
+    let log = slots::table_log(flow_cnt);
+    p.flowhash_full = flowhash_full;
+    p.slot_rule = slots::infer_rule(&filters, &hashes, log)?;
+    if let Some(rule) = p.slot_rule {
+        for flows in &iteration_flows {
+            p.slots += slots::slot_counts(flows, &hashes, &added, rule, log);
+        }
+    }
     Ok(p)
 }
 

@@ -37,6 +37,7 @@ pub mod experiments;
 mod faults;
 mod rps;
 mod session;
+pub mod slots;
 mod stress;
 pub mod topology;
 mod workload;

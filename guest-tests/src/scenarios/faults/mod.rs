@@ -50,10 +50,12 @@ pub(super) fn isolated(s: &mut Session, c: &mut Checks, scenario: Run) -> Result
 
 /// A module filter as debugfs `filters` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ModFilter {
-    rxq: u16,
-    flow: FlowKey,
-    state: String,
+pub(in crate::scenarios) struct ModFilter {
+    pub(in crate::scenarios) rxq: u16,
+    pub(in crate::scenarios) flow: FlowKey,
+    /// The RFS slot the kernel passed to ndo_rx_flow_steer.
+    pub(in crate::scenarios) flow_id: u32,
+    pub(in crate::scenarios) state: String,
 }
 
 /// Device filters by id: (flow, rxq).
@@ -249,7 +251,7 @@ impl Session {
     }
 
     /// The module's filters (debugfs `filters`), by id.
-    fn module_filters(&mut self) -> Result<BTreeMap<u16, ModFilter>> {
+    pub(in crate::scenarios) fn module_filters(&mut self) -> Result<BTreeMap<u16, ModFilter>> {
         let path = format!("{}/{}/filters", module::DEBUGFS_DIR, super::IFNAME);
         let text = self.guest.agent.read_file(&path)?;
         let mut m = BTreeMap::new();
@@ -265,11 +267,13 @@ impl Session {
                 .ctx(format!("module filter line {l:?}"))?;
             let id: u16 = w[0].parse().ctx(format!("id in {l:?}"))?;
             let rxq: u16 = w[1].parse().ctx(format!("rxq in {l:?}"))?;
+            let flow_id: u32 = w[5].parse().ctx(format!("flow_id in {l:?}"))?;
             m.insert(
                 id,
                 ModFilter {
                     rxq,
                     flow,
+                    flow_id,
                     state: w[6].to_string(),
                 },
             );
