@@ -632,7 +632,10 @@ struct TcpRun {
 
 impl TcpRun {
     fn start(port: u16, cpus: Vec<usize>, echo: bool) -> Result<Self, String> {
-        let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port))
+        // [::] takes IPv4 connections too (v4-mapped peers); a kernel
+        // without IPv6 gets the IPv4 wildcard.
+        let l = TcpListener::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port))
+            .or_else(|_| TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))
             .map_err(err("bind tcp"))?;
         l.set_nonblocking(true).map_err(err("nonblocking"))?;
         let stop = Arc::new(AtomicBool::new(false));

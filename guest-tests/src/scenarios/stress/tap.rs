@@ -1,5 +1,6 @@
 //! Stress group: `tcp-tap`, TCP from a host client over vnic's tap peer
-//! in a network namespace.
+//! in a network namespace, over IPv4 and IPv6 at once (even connections
+//! IPv4, odd ones IPv6).
 
 use super::ping;
 use crate::bail;
@@ -8,10 +9,12 @@ use crate::harness::vnic::VnicOptions;
 use crate::harness::{wait_for, Context, Result};
 use crate::proto::{Request, TcpStats};
 use crate::scenarios::workload::{fmt_queues, napi_queues, queue_delta};
-use crate::scenarios::{Checks, Flow, Session, Window, GEN_IP, GUEST_IP, IFNAME};
+use crate::scenarios::{
+    Checks, Flow, Session, Window, GEN_IP, GEN_IP6, GUEST_IP, GUEST_IP6, IFNAME,
+};
 use arfs::{EventKind, FlowKey, L4Proto};
 use serde_json::Value;
-use std::net::{SocketAddrV4, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,11 +59,15 @@ impl TapNet {
         Ok(t)
     }
 
-    /// Address the tap (vnic created it) and bring it up.
+    /// Address the tap (vnic created it), IPv4 and IPv6, and bring it up.
     pub fn configure(&self) -> Result<()> {
         let peer = format!("{GEN_IP}/24");
+        let peer6 = format!("{GEN_IP6}/64");
         ip(&["-n", &self.ns, "link", "set", "lo", "up"])?;
         ip(&["-n", &self.ns, "addr", "add", &peer, "dev", &self.tap])?;
+        ip(&[
+            "-n", &self.ns, "addr", "add", &peer6, "dev", &self.tap, "nodad",
+        ])?;
         ip(&["-n", &self.ns, "link", "set", &self.tap, "up"])?;
         Ok(())
     }
@@ -74,8 +81,9 @@ impl Drop for TapNet {
     }
 }
 
-/// The host-side TCP client: `n` connections from inside the namespace,
-/// a paced writer thread, TCP_INFO read back per connection.
+/// The host-side TCP client: one connection per server address, from
+/// inside the namespace, a paced writer thread, TCP_INFO read back per
+/// connection.
 struct TcpClient {
     conns: Arc<Vec<TcpStream>>,
     stop: Arc<AtomicBool>,
@@ -83,7 +91,7 @@ struct TcpClient {
 }
 
 impl TcpClient {
-    fn start(ns: &str, server: SocketAddrV4, n: usize, rate: u32) -> Result<Self> {
+    fn start(ns: &str, servers: Vec<SocketAddr>, rate: u32) -> Result<Self> {
         let ns_path = format!("/run/netns/{ns}");
         // setns() only moves the calling thread: connect from a thread of
         // our own, in the namespace; the sockets stay there.
@@ -94,9 +102,9 @@ impl TcpClient {
             if rc != 0 {
                 bail!("setns {ns_path}: {}", std::io::Error::last_os_error());
             }
-            let mut v = Vec::with_capacity(n);
-            for i in 0..n {
-                let s = TcpStream::connect_timeout(&server.into(), Duration::from_secs(20))
+            let mut v = Vec::with_capacity(servers.len());
+            for (i, server) in servers.iter().enumerate() {
+                let s = TcpStream::connect_timeout(server, Duration::from_secs(20))
                     .ctx(format!("connection {i} to {server}"))?;
                 s.set_nodelay(true)?;
                 s.set_nonblocking(true)?;
@@ -210,12 +218,16 @@ pub(in crate::scenarios) fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<S
 fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     let n = s.settings.flows;
     s.trace_since_mark()?; // the trace from the first SYN on is this scenario's
-    let client = TcpClient::start(
-        ns,
-        SocketAddrV4::new(GUEST_IP, TCP_PORT),
-        n,
-        s.settings.rate,
-    )?;
+    let servers: Vec<SocketAddr> = (0..n)
+        .map(|i| {
+            if i % 2 == 1 {
+                SocketAddr::new(GUEST_IP6.into(), TCP_PORT)
+            } else {
+                SocketAddr::new(GUEST_IP.into(), TCP_PORT)
+            }
+        })
+        .collect();
+    let client = TcpClient::start(ns, servers, s.settings.rate)?;
     let agent = &mut s.guest.agent;
     let stats: TcpStats = wait_for(
         Duration::from_secs(30),
@@ -238,7 +250,11 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         let Some(ci) = ports.iter().position(|&p| p == port) else {
             bail!("agent connection from {} is not one of ours", conn.peer);
         };
-        let key = FlowKey::v4(L4Proto::Tcp, GEN_IP, port, GUEST_IP, TCP_PORT);
+        let key = if ci % 2 == 1 {
+            FlowKey::v6(L4Proto::Tcp, GEN_IP6, port, GUEST_IP6, TCP_PORT)
+        } else {
+            FlowKey::v4(L4Proto::Tcp, GEN_IP, port, GUEST_IP, TCP_PORT)
+        };
         flows.push((
             ci,
             Flow {
@@ -405,8 +421,9 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     c.check(tap_rx > 0, || "the device read nothing from the tap".into());
     drop(client);
     Ok(format!(
-        "conns={} steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tap_rx={tap_rx} tap_tx={}",
+        "conns={} (v6 {}) steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tap_rx={tap_rx} tap_tx={}",
         flows.len(),
+        flows.iter().filter(|(_, f)| f.key.src_ip().is_ipv6()).count(),
         want.len(),
         warm.as_secs_f64(),
         100.0 * min,
