@@ -118,10 +118,23 @@ impl FlowSet {
         if slo.is_ipv4() != dlo.is_ipv4() {
             return Err(bad("src and dst must be of the same family".into()));
         }
-        let (splo, sphi) = parse_port_range(spec.sport.as_deref().unwrap_or("10000"))
-            .map_err(|e| bad(format!("sport: {e}")))?;
         let (dplo, dphi) = parse_port_range(spec.dport.as_deref().unwrap_or("5001"))
             .map_err(|e| bad(format!("dport: {e}")))?;
+        let nsrc: u128 = match (slo, shi) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => u128::from(u32::from(b) - u32::from(a)) + 1,
+            (IpAddr::V6(a), IpAddr::V6(b)) => u128::from(b) - u128::from(a) + 1,
+            _ => 1,
+        };
+        let (splo, sphi) = if let Some(r) = spec.sport.as_deref() {
+            parse_port_range(r).map_err(|e| bad(format!("sport: {e}")))?
+        } else {
+            // No source port given: as many as `flows` needs beside the
+            // other ranges, from 10000 up (lower when that runs past 65535).
+            let other = u128::from(dphi - dplo + 1) * nsrc;
+            let need = u128::from(flows).div_ceil(other).clamp(1, 65_536);
+            let lo = 10_000u128.min(65_536 - need);
+            (lo as u16, (lo + need - 1) as u16)
+        };
         let size = spec.size.unwrap_or(64);
         let min = if slo.is_ipv4() { 60 } else { 62 };
         if !(min..=MAX_FRAME).contains(&size) {
@@ -131,11 +144,6 @@ impl FlowSet {
         }
         let nsp = u64::from(sphi - splo) + 1;
         let ndp = u64::from(dphi - dplo) + 1;
-        let nsrc: u128 = match (slo, shi) {
-            (IpAddr::V4(a), IpAddr::V4(b)) => u128::from(u32::from(b) - u32::from(a)) + 1,
-            (IpAddr::V6(a), IpAddr::V6(b)) => u128::from(b) - u128::from(a) + 1,
-            _ => 1,
-        };
         let distinct = u128::from(nsp) * u128::from(ndp) * nsrc;
         if u128::from(flows) > distinct {
             return Err(bad(format!(
@@ -512,6 +520,46 @@ mod tests {
     }
 
     #[test]
+    fn flows_without_a_port_range_spread_over_source_ports() {
+        let sports = |spec: FlowSpec| {
+            let s = FlowSet::new(1, spec, gen_ip(), guest_ip(), 1).unwrap();
+            let v: Vec<u16> = s.tuples.iter().map(|t| t.sport).collect();
+            let distinct: std::collections::BTreeSet<_> =
+                s.tuples.iter().map(|t| (t.src, t.sport, t.dport)).collect();
+            assert_eq!(distinct.len(), v.len(), "tuples distinct");
+            v
+        };
+        let v = sports(FlowSpec {
+            flows: Some(64),
+            ..Default::default()
+        });
+        assert_eq!((v[0], v[63]), (10_000, 10_063));
+        // With a dport range, only the ports still needed.
+        let v = sports(FlowSpec {
+            flows: Some(64),
+            dport: Some("5001-5016".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            (v.iter().min(), v.iter().max()),
+            (Some(&10_000), Some(&10_003))
+        );
+        // More than 55,536: the range ends at 65535.
+        let v = sports(FlowSpec {
+            flows: Some(65_536),
+            ..Default::default()
+        });
+        assert_eq!((v[0], v[65_535]), (0, 65_535));
+        assert_eq!(
+            sports(FlowSpec {
+                flows: Some(1),
+                ..Default::default()
+            }),
+            vec![10_000]
+        );
+    }
+
+    #[test]
     fn bad_specs() {
         let f = |spec: FlowSpec| {
             FlowSet::new(1, spec, gen_ip(), guest_ip(), 1)
@@ -521,6 +569,7 @@ mod tests {
         };
         assert!(f(FlowSpec {
             flows: Some(10),
+            sport: Some("10000".into()),
             ..Default::default()
         })
         .contains("distinct"));
