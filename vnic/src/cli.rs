@@ -37,7 +37,7 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Path of the vhost-user socket to listen on (QEMU: -chardev socket,path=PATH). Created mode
-    /// 0600 whatever the umask. A stale socket file (nobody listening) is replaced; a socket a live
+    /// 0600 (0660 with --group) whatever the umask. A stale socket file (nobody listening) is replaced; a socket a live
     /// process answers on, or a path that is not a socket, is refused.
     #[arg(long, value_name = "PATH")]
     pub socket: PathBuf,
@@ -97,10 +97,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
     /// Control socket path. Default: the vhost-user socket path with `.ctl` appended. Same rules
-    /// as --socket (and not the same path); only clients of this user or root are served
-    /// (SO_PEERCRED).
+    /// as --socket (and not the same path); only clients of this user or root (or of --group)
+    /// are served (SO_PEERCRED).
     #[arg(long, value_name = "SOCKET")]
     pub ctl: Option<PathBuf>,
+    /// Share both sockets with a group (name or gid): they are created 0660 and owned by it, and
+    /// the control socket also serves processes whose primary or supplementary group it is (e.g.
+    /// QEMU running as another user of that group). The daemon must be allowed to chown to it.
+    #[arg(long, value_name = "GROUP", value_parser = config::parse_group)]
+    pub group: Option<u32>,
     /// Largest virtqueue size accepted (power of two, 256..=32768). QEMU's rx_queue_size /
     /// tx_queue_size must not exceed it.
     #[arg(long, value_name = "N", default_value = "1024", value_parser = config::parse_queue_size)]
@@ -132,6 +137,7 @@ impl ServeArgs {
             seed: self.seed,
             trace: self.trace,
             misroute: self.misroute,
+            group: self.group,
         }
     }
 }

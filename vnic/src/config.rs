@@ -45,6 +45,44 @@ pub struct Config {
     pub trace: Option<PathBuf>,
     /// Start with the `misroute` fault on.
     pub misroute: bool,
+    /// `--group`: sockets 0660 owned by this gid, whose members are served
+    /// on the control socket.
+    pub group: Option<u32>,
+}
+
+/// Parses a group name or a numeric gid (`--group`).
+pub fn parse_group(s: &str) -> Result<u32, InvalidValue> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(s)
+        .map_err(|_| InvalidValue(format!("group {s:?}: contains a NUL byte")))?;
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    // SAFETY: all-zero is a valid `struct group` (null pointers, gid 0).
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: getgrnam_r writes the entry into `grp` and its strings into
+    // `buf` (its length given), and a pointer to `grp` (or null) into
+    // `out`; all of them outlive the call and nothing keeps them after.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &raw mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &raw mut out,
+        )
+    };
+    if rc != 0 {
+        return Err(InvalidValue(format!(
+            "group {s:?}: {}",
+            std::io::Error::from_raw_os_error(rc)
+        )));
+    }
+    if out.is_null() {
+        return Err(InvalidValue(format!("no group named {s:?}")));
+    }
+    Ok(grp.gr_gid)
 }
 
 /// Parses `gen` or `tap:IFNAME`.

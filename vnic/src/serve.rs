@@ -48,11 +48,16 @@ fn same_path(a: &std::path::Path, b: &std::path::Path) -> bool {
     canon(a) == canon(b)
 }
 
-/// Binds a listening unix socket at `path`, mode 0600 whatever the umask.
+/// Binds a listening unix socket at `path`, mode 0600 whatever the umask
+/// (0660 and owned by `group` when one is given).
 /// An existing socket nobody answers on (a daemon that died) is replaced;
 /// one a live process answers on, or a path that is not a socket, is
 /// refused with the reason.
-fn claim_socket(what: &'static str, path: &std::path::Path) -> Result<UnixListener, Error> {
+fn claim_socket(
+    what: &'static str,
+    path: &std::path::Path,
+    group: Option<u32>,
+) -> Result<UnixListener, Error> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let in_use = |why: String| Error::SocketInUse {
         what,
@@ -88,7 +93,11 @@ fn claim_socket(what: &'static str, path: &std::path::Path) -> Result<UnixListen
     // SAFETY: as above.
     unsafe { libc::umask(old) };
     let l = r.map_err(Error::socket(what, path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(Error::socket(what, path))?;
+    }
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(Error::socket(what, path))?;
     Ok(l)
 }
@@ -107,8 +116,8 @@ pub fn run(cfg: Config) -> Result<(), Error> {
             why: "is the --socket path; give the control socket its own path".into(),
         });
     }
-    let public = claim_socket("--socket", &sock)?;
-    let listener = claim_socket("--ctl", &ctl_path)?;
+    let public = claim_socket("--socket", &sock, sh.cfg.group)?;
+    let listener = claim_socket("--ctl", &ctl_path, sh.cfg.group)?;
     listener
         .set_nonblocking(true)
         .map_err(Error::socket("--ctl", &ctl_path))?;
@@ -295,8 +304,9 @@ const CTL_OUT_SOFT: usize = 256 << 10;
 const CTL_STALL: Duration = Duration::from_secs(10);
 
 /// The uid of the process at the other end of `s` (SO_PEERCRED) when it
-/// is neither this process's effective uid nor root.
-fn foreign_peer(s: &UnixStream) -> Option<u32> {
+/// is neither this process's effective uid nor root, nor in `group`
+/// (its primary group, or a supplementary one: SO_PEERGROUPS).
+fn foreign_peer(s: &UnixStream, group: Option<u32>) -> Option<u32> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -321,7 +331,36 @@ fn foreign_peer(s: &UnixStream) -> Option<u32> {
         // No credentials: refuse (a unix stream socket always has them).
         return Some(u32::MAX);
     }
-    (cred.uid != me && cred.uid != 0).then_some(cred.uid)
+    if cred.uid == me || cred.uid == 0 {
+        return None;
+    }
+    match group {
+        Some(g) if cred.gid == g || peer_groups(s).contains(&g) => None,
+        _ => Some(cred.uid),
+    }
+}
+
+/// The supplementary groups of the process at the other end of `s`
+/// (SO_PEERGROUPS; empty if the kernel cannot say).
+fn peer_groups(s: &UnixStream) -> Vec<u32> {
+    let mut groups = vec![0 as libc::gid_t; 256];
+    let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+    // SAFETY: getsockopt(SO_PEERGROUPS) writes at most `len` bytes into
+    // `groups` (that large) and the length it wrote into `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Vec::new();
+    }
+    groups.truncate(len as usize / std::mem::size_of::<libc::gid_t>());
+    groups
 }
 
 struct CtlConn {
@@ -381,12 +420,14 @@ impl MgmtLoop {
         loop {
             match self.listener.accept() {
                 Ok((mut s, _)) => {
-                    if let Some(uid) = foreign_peer(&s) {
+                    if let Some(uid) = foreign_peer(&s, self.sh.cfg.group) {
                         self.sh.stats.ctl.refused.fetch_add(1, Ordering::Relaxed);
-                        log::warn!("control client of uid {uid} refused (not ours, not root)");
+                        log::warn!(
+                            "control client of uid {uid} refused (not ours, not root, not in --group)"
+                        );
                         let _ = s.set_nonblocking(true);
                         let _ = s.write_all(
-                            b"{\"ok\":false,\"error\":\"control clients must run as the daemon's user or root\"}\n",
+                            b"{\"ok\":false,\"error\":\"control clients must run as the daemon's user or root (or be in its --group)\"}\n",
                         );
                         continue;
                     }

@@ -121,6 +121,94 @@ fn a_stale_socket_is_replaced_and_sockets_are_private_whatever_the_umask() {
     assert!(err.contains("daemon's user or root"), "{err}");
 }
 
+#[test]
+fn group_sockets_are_0660_theirs_and_serve_the_group() {
+    use std::os::unix::fs::MetadataExt;
+    // Under /tmp itself: nobody must be able to reach it.
+    let dir = std::path::PathBuf::from(format!("/tmp/vnic-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (sock, ctl) = (dir.join("vnic.sock"), dir.join("ctl"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vnic"))
+        .args([
+            "serve",
+            "--socket",
+            p(&sock),
+            "--ctl",
+            p(&ctl),
+            "--group",
+            "65534",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ok = wait_until(Duration::from_secs(10), || {
+        std::os::unix::net::UnixStream::connect(&ctl).is_ok()
+    });
+    let meta: Vec<(u32, u32)> = [&sock, &ctl]
+        .iter()
+        .map(|f| std::fs::metadata(f).map_or((0, 0), |m| (m.mode() & 0o777, m.gid())))
+        .collect();
+    // setpriv (util-linux) drops to uid nobody with the given groups.
+    let as_user = |gid: u32, groups: &str| -> Output {
+        let groups = if groups.is_empty() {
+            "--clear-groups".to_string()
+        } else {
+            format!("--groups={groups}")
+        };
+        Command::new("setpriv")
+            .args(["--reuid=65534", &format!("--regid={gid}"), &groups])
+            .arg(env!("CARGO_BIN_EXE_vnic"))
+            .args(["ctl", "--ctl", p(&ctl), "stats"])
+            .output()
+            .expect("setpriv (util-linux)")
+    };
+    let member = as_user(65534, "");
+    let supplementary = as_user(4242, "65534");
+    // The file mode alone keeps an outsider out (EACCES); opened up, the
+    // daemon's own check (SO_PEERCRED / SO_PEERGROUPS) must refuse it.
+    let shut_out = as_user(4242, "");
+    std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let outsider = as_user(4242, "");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "vnic serve --group did not start");
+    assert_eq!(meta, [(0o660, 65534), (0o660, 65534)], "modes and groups");
+    assert!(
+        member.status.success(),
+        "primary group member refused: {}",
+        String::from_utf8_lossy(&member.stderr)
+    );
+    assert!(
+        supplementary.status.success(),
+        "supplementary group member refused: {}",
+        String::from_utf8_lossy(&supplementary.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&shut_out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&shut_out.stderr)
+    );
+    assert!(
+        !outsider.status.success(),
+        "a process outside the group was served"
+    );
+    assert!(
+        String::from_utf8_lossy(&outsider.stderr).contains("--group"),
+        "{}",
+        String::from_utf8_lossy(&outsider.stderr)
+    );
+    // An unknown group name is refused at start with its name.
+    let err = serve_fails(&[
+        "--socket",
+        "/tmp/vnic-nogroup.sock",
+        "--group",
+        "no-such-group-vnic",
+    ]);
+    assert!(err.contains("no-such-group-vnic"), "{err}");
+}
+
 fn wait_until(t: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + t;
     while std::time::Instant::now() < deadline {
