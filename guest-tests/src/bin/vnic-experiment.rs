@@ -64,13 +64,13 @@ COMMON:
     --artifacts DIR       guest logs, traces, snapshots (default <out>/artifacts)
     -h, --help            this text
 
-Progress goes to stderr, tables to stdout. Guests run under TCG unless VNIC_ACCEL=kvm:
+Progress goes to stderr, tables to stdout. Guests run under KVM when a probe boot shows it works, else TCG (VNIC_ACCEL=tcg|kvm forces):
 counts per second are a few thousand packets, far below a real NIC (docs/experiments.md).
 
 ENVIRONMENT:
     VNIC_BIN     vnic binary (default: built with cargo --release)
     VNIC_AGENT   static guest agent (default: built into target/agent)
-    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=kvm to use KVM
+    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=tcg|kvm (default auto: KVM if its probe boot works)
 ";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -389,11 +389,9 @@ fn machine() -> String {
         .find_map(|l| l.strip_prefix("MemTotal:"))
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
         .unwrap_or(0);
-    let accel = if std::env::var("VNIC_ACCEL").as_deref() == Ok("kvm") {
-        "KVM"
-    } else {
-        "TCG (software emulation, no KVM)"
-    };
+    // Decided (and printed) when the first guest booted.
+    let accel =
+        guest_tests::harness::accel::chosen().map_or("TCG or KVM (no guest booted)", |a| a.name());
     format!(
         "host: {n} CPUs ({model}), {} GiB RAM; guests under QEMU {accel}",
         mem_kb / (1 << 20)

@@ -72,7 +72,7 @@ OPTIONS:
 ENVIRONMENT:
     VNIC_BIN     vnic binary (default: built with cargo --release)
     VNIC_AGENT   static guest agent (default: built into target/agent)
-    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=kvm to use KVM
+    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=tcg|kvm (default auto: KVM if its probe boot works)
 ";
 
 struct Args {

@@ -3,6 +3,7 @@
 //! agent and the control socket, and collects artifacts. Every process it
 //! starts is killed when its handle drops; every wait has a timeout.
 
+pub mod accel;
 pub mod agent;
 pub mod build;
 pub mod ctl;

@@ -15,7 +15,8 @@ pub struct QemuOptions {
     pub mem_mb: u32,
     /// Extra kernel command line.
     pub append: String,
-    /// `tcg` (default) or `kvm` (env VNIC_ACCEL).
+    /// `auto` (default: KVM when its probe boot works, see
+    /// [`super::accel`]), `tcg` or `kvm` (env VNIC_ACCEL).
     pub accel: String,
     /// `reconnect-ms` of the vhost-user chardev: QEMU reconnects to a
     /// restarted daemon after this long (None: a dead daemon stays dead).
@@ -29,7 +30,7 @@ impl Default for QemuOptions {
             queues: 4,
             mem_mb: 768,
             append: String::new(),
-            accel: std::env::var("VNIC_ACCEL").unwrap_or_else(|_| "tcg".into()),
+            accel: std::env::var("VNIC_ACCEL").unwrap_or_else(|_| "auto".into()),
             reconnect_ms: Some(250),
         }
     }
@@ -60,16 +61,13 @@ impl Qemu {
         let qmp_socket = dir.join("qmp.sock");
         let _ = std::fs::remove_file(&agent_socket);
         let _ = std::fs::remove_file(&qmp_socket);
-        let accel: Vec<String> = if opts.accel == "kvm" {
-            vec!["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]
-        } else {
-            vec![
-                "-accel".into(),
-                "tcg,thread=multi".into(),
-                "-cpu".into(),
-                "max".into(),
-            ]
+        let qemu_bin = std::env::var("VNIC_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into());
+        let accel = match opts.accel.as_str() {
+            "kvm" => super::accel::Accel::Kvm,
+            "tcg" => super::accel::Accel::Tcg,
+            _ => super::accel::resolve(&qemu_bin, bzimage),
         };
+        let accel: Vec<String> = accel.qemu_args().map(String::from).to_vec();
         let mem = format!("{}M", opts.mem_mb);
         let q = opts.queues;
         let mut args: Vec<String> = vec!["-name".into(), "vnic-guest-test".into()];
@@ -128,7 +126,7 @@ impl Qemu {
                 format!("unix:{},server=on,wait=off", qmp_socket.display()),
             ],
         );
-        let qemu = std::env::var("VNIC_QEMU").unwrap_or_else(|_| "qemu-system-x86_64".into());
+        let qemu = qemu_bin;
         let log = std::fs::File::create(dir.join("qemu.log"))?;
         let child = Command::new(&qemu)
             .args(&args)
