@@ -57,6 +57,11 @@ RPS OPTIONS:
     --sources N           source addresses of the balanced phase (default 40)
     --rate PPS            generator packets per second (default 20000)
     --duration SECS       time per phase (default 20)
+    Phases per kernel: RPS off with the balanced traffic, RPS on balanced, RPS on one flow.
+    Asserted (check: lines, exit 1 when one fails): RPS off puts >= 95% of the processing
+    (softnet_stat column 0) on the interrupt CPU and sends no RPS IPI; RPS on spreads the
+    balanced traffic (every CPU >= half its fair share) with RPS IPIs; RPS on puts one flow
+    >= 95% on one CPU. Drops (column 1) are reported per CPU.
 
 COMMON:
     --out DIR             results: tables.md / points.json / plot.svg (collisions), rps.md /
@@ -924,20 +929,29 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
     for kernel in kernels {
         let label = kernel.label.clone();
         let mut s = boot(kernel, &tools, settings.clone(), art)?;
+        let first = phases.len();
         let r = (|| -> Result<(), String> {
             let mask = experiments::rps_setup(&mut s).map_err(|e| e.0)?;
-            for (name, sources) in [
+            for (name, sources, on) in [
+                (
+                    format!("RPS off, {} source IP addresses", args.sources),
+                    args.sources,
+                    false,
+                ),
                 (
                     format!("{} source IP addresses (balanced)", args.sources),
                     args.sources,
+                    true,
                 ),
-                ("1 source IP address (one heavy flow)".to_string(), 1),
+                ("1 source IP address (one heavy flow)".to_string(), 1, true),
             ] {
+                let mask = if on { mask.as_str() } else { "0" };
+                experiments::rps_set_mask(&mut s, mask).map_err(|e| e.0)?;
                 eprintln!(
                     "[experiment] {label}: {name}, {rate} pps for {}s",
                     duration.as_secs()
                 );
-                let p = experiments::rps_phase(&mut s, &name, sources, rate, duration, &mask)
+                let p = experiments::rps_phase(&mut s, &name, sources, rate, duration, mask)
                     .map_err(|e| format!("{label} {name}: {e}"))?;
                 if !p.kernel_problems.is_empty() {
                     errors.push(format!("{label}: kernel reported {:?}", p.kernel_problems));
@@ -950,6 +964,17 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         if let Err(e) = r {
             eprintln!("[experiment] {e}");
             errors.push(e);
+        } else if let [off, balanced, heavy] = &phases[first..] {
+            // The background material's pattern, asserted.
+            for (holds, what) in experiments::rps_pattern(Some(off), balanced, heavy) {
+                println!(
+                    "check: {label}: {} {what}",
+                    if holds { "PASS" } else { "FAIL" }
+                );
+                if !holds {
+                    errors.push(format!("{label}: {what}: does not hold"));
+                }
+            }
         }
         s.guest.collect("final-experiment", None);
         for p in s.finish() {

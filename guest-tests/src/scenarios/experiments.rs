@@ -554,6 +554,95 @@ pub struct RpsPhase {
     pub kernel_problems: Vec<String>,
 }
 
+/// Share of all processed packets (softnet_stat column 0) each CPU took.
+pub fn rps_shares(p: &RpsPhase) -> Vec<f64> {
+    let total: u64 = p.cpus.iter().map(|c| c.processed).sum();
+    p.cpus
+        .iter()
+        .map(|c| {
+            if total == 0 {
+                0.0
+            } else {
+                c.processed as f64 / total as f64
+            }
+        })
+        .collect()
+}
+
+/// `[61% 39%]`.
+pub fn fmt_shares(v: &[f64]) -> String {
+    let parts: Vec<String> = v.iter().map(|x| format!("{:.0}%", 100.0 * x)).collect();
+    format!("[{}]", parts.join(" "))
+}
+
+/// RPS IPIs received over all CPUs (softnet_stat column 9).
+pub fn rps_ipis(p: &RpsPhase) -> u64 {
+    p.cpus.iter().map(|c| c.rps).sum()
+}
+
+/// The pattern of the background material's RPS measurements (the 2012
+/// overflow patch's softnet_stat tables), as verdicts: each entry is
+/// (holds, what it says). `off`: RPS off, many flows (optional);
+/// `balanced`: RPS on, many flows; `heavy`: RPS on, one flow.
+///
+/// - RPS off: the CPU that takes the queue's interrupt processes >= 95%,
+///   and no RPS IPI is received;
+/// - RPS on, many flows: every CPU of the mask processes at least half its
+///   fair share, and RPS IPIs are received;
+/// - RPS on, one flow: one CPU processes >= 95% (the flow hash picks it),
+///   the others next to nothing.
+pub fn rps_pattern(
+    off: Option<&RpsPhase>,
+    balanced: &RpsPhase,
+    heavy: &RpsPhase,
+) -> Vec<(bool, String)> {
+    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let min = |v: &[f64]| v.iter().copied().fold(1.0, f64::min);
+    let mut out = Vec::new();
+    if let Some(off) = off {
+        let s = rps_shares(off);
+        out.push((
+            max(&s) >= 0.95,
+            format!(
+                "RPS off: the interrupt CPU processes >= 95% (shares by CPU {})",
+                fmt_shares(&s)
+            ),
+        ));
+        out.push((
+            rps_ipis(off) == 0,
+            format!("RPS off: no RPS IPI ({} received)", rps_ipis(off)),
+        ));
+    }
+    let s = rps_shares(balanced);
+    let fair = 1.0 / s.len().max(1) as f64;
+    out.push((
+        min(&s) >= fair / 2.0,
+        format!(
+            "RPS on, {} flows: every CPU processes >= half its fair share of {:.0}% (shares {})",
+            balanced.sources,
+            100.0 * fair,
+            fmt_shares(&s)
+        ),
+    ));
+    out.push((
+        rps_ipis(balanced) > 0,
+        format!(
+            "RPS on, {} flows: RPS IPIs received ({})",
+            balanced.sources,
+            rps_ipis(balanced)
+        ),
+    ));
+    let s = rps_shares(heavy);
+    out.push((
+        max(&s) >= 0.95,
+        format!(
+            "RPS on, one flow: one CPU processes >= 95% (shares {})",
+            fmt_shares(&s)
+        ),
+    ));
+    out
+}
+
 fn cpu_counts(s: &mut Session) -> Result<(Vec<procfs::Softnet>, Vec<u64>)> {
     let sn = s.guest.agent.read_file("/proc/net/softnet_stat")?;
     let si = s.guest.agent.read_file("/proc/softirqs")?;
@@ -568,6 +657,17 @@ fn cpu_counts(s: &mut Session) -> Result<(Vec<procfs::Softnet>, Vec<u64>)> {
 /// Set up plain RPS on every rx queue (the session has one): `rps_cpus` =
 /// every guest CPU, RFS off (rps_flow_cnt 0, rps_sock_flow_entries 0), the
 /// module not loaded. Returns the mask written.
+/// Sets rx-0's `rps_cpus` (hex mask; "0" turns RPS off).
+pub fn rps_set_mask(s: &mut Session, mask: &str) -> Result<()> {
+    s.guest.agent.req::<Value>(Request::Rfs {
+        ifname: IFNAME.into(),
+        sock_flow_entries: 0,
+        flow_cnt: 0,
+        rps_cpus: Some(mask.to_string()),
+    })?;
+    Ok(())
+}
+
 pub fn rps_setup(s: &mut Session) -> Result<String> {
     s.ensure_net()?;
     ensure!(

@@ -13,12 +13,12 @@
 //! - RPS on, one heavy flow: it all lands on one CPU (the flow hash picks
 //!   one), however many CPUs are in the mask.
 
-use super::experiments::{rps_phase, RpsPhase};
-use super::{Checks, Session, IFNAME};
+use super::experiments::{
+    fmt_shares, rps_ipis, rps_pattern, rps_phase, rps_set_mask, rps_shares, RpsPhase,
+};
+use super::{Checks, Session};
 use crate::ensure;
 use crate::harness::Result;
-use crate::proto::Request;
-use serde_json::Value;
 use std::time::Duration;
 
 /// Sources (one flow each) of the many-flow phases: with 64 flows hashed
@@ -26,36 +26,6 @@ use std::time::Duration;
 const MANY: u32 = 64;
 const RATE: u32 = 3000;
 const PHASE: Duration = Duration::from_secs(4);
-
-fn set_rps(s: &mut Session, mask: &str) -> Result<()> {
-    s.guest.agent.req::<Value>(Request::Rfs {
-        ifname: IFNAME.into(),
-        sock_flow_entries: 0,
-        flow_cnt: 0,
-        rps_cpus: Some(mask.to_string()),
-    })?;
-    Ok(())
-}
-
-/// Share of all processed packets each CPU processed.
-fn shares(p: &RpsPhase) -> Vec<f64> {
-    let total: u64 = p.cpus.iter().map(|c| c.processed).sum();
-    p.cpus
-        .iter()
-        .map(|c| {
-            if total == 0 {
-                0.0
-            } else {
-                c.processed as f64 / total as f64
-            }
-        })
-        .collect()
-}
-
-fn fmt_shares(v: &[f64]) -> String {
-    let parts: Vec<String> = v.iter().map(|x| format!("{:.0}%", 100.0 * x)).collect();
-    format!("[{}]", parts.join(" "))
-}
 
 pub(super) fn rps(s: &mut Session, c: &mut Checks) -> Result<String> {
     ensure!(
@@ -74,7 +44,7 @@ pub(super) fn rps(s: &mut Session, c: &mut Checks) -> Result<String> {
         ("on", all.as_str(), MANY),
         ("on-1flow", all.as_str(), 1),
     ] {
-        set_rps(s, mask)?;
+        rps_set_mask(s, mask)?;
         let p = rps_phase(s, name, sources, RATE, PHASE, mask)?;
         c.check(p.sent > 0 && p.received * 100 >= p.sent * 95, || {
             format!(
@@ -84,39 +54,13 @@ pub(super) fn rps(s: &mut Session, c: &mut Checks) -> Result<String> {
         });
         phases.push(p);
     }
-    set_rps(s, "0")?;
+    rps_set_mask(s, "0")?;
     let (off, on, one) = (&phases[0], &phases[1], &phases[2]);
-    let ipis = |p: &RpsPhase| p.cpus.iter().map(|c| c.rps).sum::<u64>();
-    let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-    let min = |v: &[f64]| v.iter().copied().fold(1.0, f64::min);
-
-    let (s_off, s_on, s_one) = (shares(off), shares(on), shares(one));
-    c.check(max(&s_off) >= 0.95, || {
-        format!(
-            "RPS off: the interrupt CPU should process everything; shares by CPU {}",
-            fmt_shares(&s_off)
-        )
-    });
-    c.check(ipis(off) == 0, || {
-        format!("RPS off: {} RPS IPIs received", ipis(off))
-    });
-    let fair = 1.0 / ncpu as f64;
-    c.check(min(&s_on) >= fair / 2.0, || {
-        format!(
-            "RPS on, {MANY} flows: some CPU got less than half its fair share ({:.0}%): {}",
-            100.0 * fair,
-            fmt_shares(&s_on)
-        )
-    });
-    c.check(ipis(on) > 0, || {
-        "RPS on, many flows: no RPS IPI was received".into()
-    });
-    c.check(max(&s_one) >= 0.95, || {
-        format!(
-            "RPS on, one flow: its packets should all be processed on one CPU; shares {}",
-            fmt_shares(&s_one)
-        )
-    });
+    for (holds, what) in rps_pattern(Some(off), on, one) {
+        c.check(holds, || what.clone());
+    }
+    let (s_off, s_on, s_one) = (rps_shares(off), rps_shares(on), rps_shares(one));
+    let ipis = rps_ipis;
     let drops = |p: &RpsPhase| p.cpus.iter().map(|c| c.dropped).sum::<u64>();
     Ok(format!(
         "processed by CPU: off {} ipis={} drops={}; on/{MANY} flows {} ipis={} drops={}; on/1 flow {} ipis={} drops={}",
