@@ -60,7 +60,7 @@ RPS OPTIONS:
     Phases per kernel: RPS off with the balanced traffic, RPS on balanced, RPS on one flow.
     Asserted (check: lines, exit 1 when one fails): RPS off puts >= 95% of the processing
     (softnet_stat column 0) on the interrupt CPU and sends no RPS IPI; RPS on spreads the
-    balanced traffic (every CPU >= half its fair share) with RPS IPIs; RPS on puts one flow
+    balanced traffic (every CPU >= a quarter of its fair share) with RPS IPIs; RPS on puts one flow
     >= 95% on one CPU. Drops (column 1) are reported per CPU.
 
 COMMON:

@@ -587,8 +587,11 @@ pub fn rps_ipis(p: &RpsPhase) -> u64 {
 ///
 /// - RPS off: the CPU that takes the queue's interrupt processes >= 95%,
 ///   and no RPS IPI is received;
-/// - RPS on, many flows: every CPU of the mask processes at least half its
-///   fair share, and RPS IPIs are received;
+/// - RPS on, many flows: every CPU of the mask processes at least a
+///   quarter of its fair share, and RPS IPIs are received (the flow hash
+///   is random per boot: with 40 flows on 4 CPUs some CPU gets 2 flows or
+///   fewer about once in 250 boots; with the suite's 64 flows on 2 CPUs,
+///   8 or fewer about once in 2 x 10^9);
 /// - RPS on, one flow: one CPU processes >= 95% (the flow hash picks it),
 ///   the others next to nothing.
 pub fn rps_pattern(
@@ -616,9 +619,9 @@ pub fn rps_pattern(
     let s = rps_shares(balanced);
     let fair = 1.0 / s.len().max(1) as f64;
     out.push((
-        min(&s) >= fair / 2.0,
+        min(&s) >= fair / 4.0,
         format!(
-            "RPS on, {} flows: every CPU processes >= half its fair share of {:.0}% (shares {})",
+            "RPS on, {} flows: every CPU processes >= a quarter of its fair share of {:.0}% (shares {})",
             balanced.sources,
             100.0 * fair,
             fmt_shares(&s)

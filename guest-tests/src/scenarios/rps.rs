@@ -8,7 +8,7 @@
 //! - RPS off: every packet is processed on the CPU that takes the queue's
 //!   interrupt, and no CPU receives an RPS IPI;
 //! - RPS on (`rps_cpus` = every CPU), many flows: the processing spreads
-//!   over every CPU (each gets at least half its fair share) and RPS IPIs
+//!   over every CPU (each gets at least a quarter of its fair share) and RPS IPIs
 //!   are sent;
 //! - RPS on, one heavy flow: it all lands on one CPU (the flow hash picks
 //!   one), however many CPUs are in the mask.
@@ -22,7 +22,8 @@ use crate::harness::Result;
 use std::time::Duration;
 
 /// Sources (one flow each) of the many-flow phases: with 64 flows hashed
-/// over 2 CPUs, one gets under a quarter with odds of about 1 in 15,000.
+/// over 2 CPUs, one gets under a quarter of its fair share (8 flows or
+/// fewer) with odds of about 1 in 2 x 10^9.
 const MANY: u32 = 64;
 const RATE: u32 = 3000;
 const PHASE: Duration = Duration::from_secs(4);
