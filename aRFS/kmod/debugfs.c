@@ -78,6 +78,7 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("stalls", c.stalls);
 	P("layout_flushes", c.layout_flushes);
 	P("max_chain", c.max_chain);
+	P("steer_walked", c.steer_walked);
 	P("ack_rtts", c.ack_rtts);
 	P("ack_rtt_min_us", c.ack_rtt_min_us);
 	P("ack_rtt_max_us", c.ack_rtt_max_us);

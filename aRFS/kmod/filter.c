@@ -338,6 +338,7 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 	}
 
 	f = vnic_flt_lookup_locked(ctx, &key);
+	ctx->c.steer_walked += key.walked;
 	if (f && f->state == VF_LIVE) {
 		f->last_seen = now;
 		f->flow_id = flow_id;

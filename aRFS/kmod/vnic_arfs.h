@@ -177,6 +177,7 @@ struct vnic_counters {
 	u64 stalls;
 	u64 layout_flushes;		/* filters deleted by a queue/CPU layout change */
 	u64 max_chain;			/* longest flow-table chain walked by a lookup */
+	u64 steer_walked;		/* flow-table entries compared by steer lookups */
 	/* ADD/DEL requests ACKed ok: first transmission to ACK, in us */
 	u64 ack_rtts, ack_rtt_min_us, ack_rtt_max_us;
 };

@@ -437,11 +437,11 @@ fn code_name(label: &str, release: &str) -> String {
     }
 }
 
-/// One table in the layout of the patch (Latency and Steer-L, which need
-/// the E810 driver, are replaced by what the device trace adds).
+/// One table in the layout of the patch (Steer-L from the guest module's
+/// lookups; no Latency column yet), with what the device trace adds.
 fn table(title: &str, points: &[&CollisionPoint]) -> String {
     let mut s = String::new();
-    let head = "| RPS | Add | Del | Steer-C | Replace | Reject | Thrash | Flows |";
+    let head = "| RPS | Add | Del | Steer-C | Steer-L | Replace | Reject | Thrash | Flows |";
     let width = head.len().max(title.len() + 12);
     let rule = "-".repeat(width);
     let pad = (width - title.len() - 2) / 2;
@@ -456,11 +456,12 @@ fn table(title: &str, points: &[&CollisionPoint]) -> String {
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             p.rps_flow_cnt,
             units(p.adds),
             units(p.dels),
             units(p.steer_calls),
+            units(p.steer_walked),
             units(p.replaces),
             units(p.rejects),
             p.thrashing,
@@ -473,6 +474,8 @@ fn table(title: &str, points: &[&CollisionPoint]) -> String {
 
 const LEGEND: &str = "\
 Steer-C: ndo_rx_flow_steer calls (the guest module's steer_calls)
+Steer-L: flow-table entries those calls' lookups compared (module steer_walked; the
+         analogue of the aRFS entries ice_arfs_flow_steer walks: an rhashtable here)
 Add:     filters programmed in the device (device counters; the trace's add lines agree)
 Del:     filters deleted, any reason (device counters; reasons in points.json)
 Replace: filters moved to another queue in place (re-steer of a known flow)
@@ -652,10 +655,11 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                 match experiments::collision_point(&mut s, &w, cnt) {
                     Ok(p) => {
                         eprintln!(
-                            "[experiment]   Add {} Del {} Steer-C {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received){}",
+                            "[experiment]   Add {} Del {} Steer-C {} Steer-L {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received){}",
                             p.adds,
                             p.dels,
                             p.steer_calls,
+                            p.steer_walked,
                             p.replaces,
                             p.rejects,
                             p.thrashing,
@@ -1095,11 +1099,11 @@ mod tests {
         let new = t.find("One iteration, New code").unwrap();
         let five = t.find("Five iterations, Original code").unwrap();
         assert!(one < new && new < five, "{t}");
-        assert!(t.contains("| RPS | Add | Del | Steer-C |"), "{t}");
+        assert!(t.contains("| RPS | Add | Del | Steer-C | Steer-L |"), "{t}");
         assert!(t.contains("| 256 | 3.5 M | 0 | 10.5 M |"), "{t}");
         assert!(t.contains("| 512 | 12.3 K |"), "{t}");
         assert!(
-            t.contains("| 256 | 900 | 0 | 2700 | 0 | 0 | 0 | 1660 |"),
+            t.contains("| 256 | 900 | 0 | 2700 | 0 | 0 | 0 | 0 | 1660 |"),
             "{t}"
         );
     }
