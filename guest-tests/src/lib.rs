@@ -6,6 +6,7 @@
 pub mod harness;
 pub mod module;
 pub mod procfs;
+pub mod report;
 pub mod scenarios;
 
 pub use vnic_agent::proto;

@@ -46,6 +46,11 @@ COLLISIONS OPTIONS:
                           original's 12K flows over 144 queues)
     --queues N            queue pairs = vCPUs (default 4)
     --rate PPS            generator packets per second over all flows (default 2000)
+    --report DIR          also write a reader's page into DIR: report.md with our points beside
+                          the 2025 patch's published numbers at the same rps_flow_cnt, and
+                          add.svg / del.svg / steer-c.svg / steer-l.svg (ours solid, the
+                          patch dashed). Needs two kernels (original code first). With
+                          --render: the page of that earlier run.
     --render POINTS.json  no guest: print the tables of an earlier run again and rewrite its
                           tables.md / plot.svg next to it (counts from the device counters)
     --check               acceptance: at rps_flow_cnt 256 the old kernel (first) programs at least
@@ -103,6 +108,7 @@ struct Args {
     artifacts: Option<PathBuf>,
     /// Re-render tables and plot from a points.json.
     render: Option<PathBuf>,
+    report: Option<PathBuf>,
     /// The arguments after the command, for the record.
     argv: Vec<String>,
 }
@@ -142,6 +148,7 @@ fn parse_args() -> Result<Args, String> {
         out: None,
         artifacts: None,
         render: None,
+        report: None,
         argv,
     };
     let (mut image, mut kdir) = (None, None);
@@ -219,6 +226,10 @@ fn parse_args() -> Result<Args, String> {
                 coll("--render")?;
                 a.render = Some(PathBuf::from(val("--render")?));
             }
+            "--report" => {
+                coll("--report")?;
+                a.report = Some(PathBuf::from(val("--report")?));
+            }
             "--artifacts" => a.artifacts = Some(PathBuf::from(val("--artifacts")?)),
             other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
@@ -282,7 +293,7 @@ fn main() -> ExitCode {
         }
     };
     if let Some(path) = &args.render {
-        return match render_again(path) {
+        return match render_again(path, args.report.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -461,7 +472,7 @@ fn table(title: &str, points: &[&CollisionPoint]) -> String {
             units(p.adds),
             units(p.dels),
             units(p.steer_calls),
-            units(p.steer_walked),
+            p.steer_walked.map_or_else(|| "-".into(), units),
             units(p.replaces),
             units(p.rejects),
             p.thrashing,
@@ -659,7 +670,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                             p.adds,
                             p.dels,
                             p.steer_calls,
-                            p.steer_walked,
+                            p.steer_walked.unwrap_or(0),
                             p.replaces,
                             p.rejects,
                             p.thrashing,
@@ -761,6 +772,16 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         t0.elapsed().as_secs_f64() / 60.0,
         out.display()
     );
+    if let Some(dir) = &args.report {
+        let about = format!(
+            "`scripts/experiment collisions {}`, {started}; {header}",
+            args.argv.join(" ")
+        );
+        match guest_tests::report::write_report(&points, about.trim_end(), dir) {
+            Ok(files) => eprintln!("[experiment] report: {}", files[0].display()),
+            Err(e) => errors.push(format!("report: {e}")),
+        }
+    }
     if args.check {
         return check(&points, args.flows, &errors);
     }
@@ -769,7 +790,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
 
 /// `--render`: tables and plot again from a points.json (e.g. after a
 /// change of layout), Add/Del/Replace/Reject taken from the device counters.
-fn render_again(path: &Path) -> Result<(), String> {
+fn render_again(path: &Path, report: Option<&Path>) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -801,7 +822,17 @@ fn render_again(path: &Path) -> Result<(), String> {
         "Slot collisions: {} flows over {} queues, {}s per point",
         w["flows_per_iteration"], v["guest"]["queue_pairs"], w["duration_s"]
     );
-    render_plot(&points, &title, &dir.join("plot.svg"))
+    render_plot(&points, &title, &dir.join("plot.svg"))?;
+    if let Some(rdir) = report {
+        let about = format!(
+            "`{}`, {}; {header}",
+            v["command"].as_str().unwrap_or(""),
+            v["started"].as_str().unwrap_or("")
+        );
+        let files = guest_tests::report::write_report(&points, about.trim_end(), rdir)?;
+        eprintln!("report: {}", files[0].display());
+    }
+    Ok(())
 }
 
 /// The acceptance check of issue 6 on one-iteration points at rps_flow_cnt
@@ -1103,7 +1134,7 @@ mod tests {
         assert!(t.contains("| 256 | 3.5 M | 0 | 10.5 M |"), "{t}");
         assert!(t.contains("| 512 | 12.3 K |"), "{t}");
         assert!(
-            t.contains("| 256 | 900 | 0 | 2700 | 0 | 0 | 0 | 0 | 1660 |"),
+            t.contains("| 256 | 900 | 0 | 2700 | - | 0 | 0 | 0 | 1660 |"),
             "{t}"
         );
     }

@@ -73,8 +73,8 @@ pub struct CollisionPoint {
     /// Steer-C: ndo_rx_flow_steer calls (module `steer_calls`).
     pub steer_calls: u64,
     /// Steer-L: flow-table entries the module's steer lookups compared
-    /// (module `steer_walked`).
-    pub steer_walked: u64,
+    /// (module `steer_walked`; `None` in points from before the counter).
+    pub steer_walked: Option<u64>,
     /// Add: new filters programmed (device counter `table/adds`).
     pub adds: u64,
     /// Del: filters deleted (device counters `table/deletes/*`), and by reason.
@@ -473,9 +473,10 @@ pub fn collision_point(
         rate_pps: w.rate,
         duration_s,
         steer_calls: m1.get("steer_calls").saturating_sub(m0.get("steer_calls")),
-        steer_walked: m1
-            .get("steer_walked")
-            .saturating_sub(m0.get("steer_walked")),
+        steer_walked: Some(
+            m1.get("steer_walked")
+                .saturating_sub(m0.get("steer_walked")),
+        ),
         flows_needing_filter: needing,
         live_at_end,
         sent,
