@@ -110,6 +110,19 @@ pub struct ServeArgs {
     /// tx_queue_size must not exceed it.
     #[arg(long, value_name = "N", default_value = "1024", value_parser = config::parse_queue_size)]
     pub max_queue_size: u16,
+    /// For benchmarks: install N filters (ids 0..N-1, 0..=--table-capacity) each time the device
+    /// comes up, for frontends that cannot send management frames (DPDK's virtio-user; see
+    /// scripts/bench-dpdk). A new connection or a device reset empties the table as always; the
+    /// filters go in, through the same table path as the guest's ADD ops, once all --queues pairs
+    /// are enabled (`ctl table` shows them). Which of them match traffic: --preload-match.
+    #[arg(long, value_name = "N", default_value = "0", value_parser = config::parse_filter_count)]
+    pub preload_filters: u32,
+    /// For benchmarks: the first M preloaded filters match the flows `gen start --flows M` sends
+    /// with its default addresses and ports (UDP --gen-ip:10000+i -> --guest-ip:5001, i < M),
+    /// each steering its flow to the rx queue RSS picks for it; the other filters are UDP flows
+    /// from 172.16.0.0/16 that nothing sends (generated frames miss them). 0..=N, at most 55536.
+    #[arg(long, value_name = "M", default_value = "0", value_parser = config::parse_filter_count)]
+    pub preload_match: u32,
 }
 
 impl ServeArgs {
@@ -138,6 +151,10 @@ impl ServeArgs {
             trace: self.trace,
             misroute: self.misroute,
             group: self.group,
+            preload: config::Preload {
+                filters: self.preload_filters,
+                matching: self.preload_match,
+            },
         }
     }
 }

@@ -48,6 +48,55 @@ pub struct Config {
     /// `--group`: sockets 0660 owned by this gid, whose members are served
     /// on the control socket.
     pub group: Option<u32>,
+    /// `--preload-filters` / `--preload-match` (benchmarks).
+    pub preload: Preload,
+}
+
+/// Filters installed into the table each time the device comes up
+/// (`vnic serve --preload-filters N --preload-match M`), for benchmark
+/// frontends that cannot send management frames (DPDK's virtio-user).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Preload {
+    /// How many (ids `0..filters`); 0: none.
+    pub filters: u32,
+    /// The first `matching` of them match the generator's default flows.
+    pub matching: u32,
+}
+
+impl Preload {
+    /// Source port of the generator's first flow and the destination
+    /// port of all (its defaults, CTL.md): matching filter `i` is for
+    /// sport `SPORT + i`.
+    pub const SPORT: u16 = 10000;
+    pub const DPORT: u16 = 5001;
+    /// Most matching filters: sports `SPORT..=65535`.
+    pub const MAX_MATCHING: u32 = 65536 - Self::SPORT as u32;
+
+    /// Checks the pair against the table capacity; the message names the
+    /// options and the limit.
+    pub fn check(self, table_capacity: u32) -> Result<(), InvalidValue> {
+        if self.filters > table_capacity {
+            return Err(invalid(format!(
+                "--preload-filters {} exceeds --table-capacity {table_capacity}",
+                self.filters
+            )));
+        }
+        if self.matching > self.filters {
+            return Err(invalid(format!(
+                "--preload-match {} exceeds --preload-filters {} (the matching filters are among the preloaded ones)",
+                self.matching, self.filters
+            )));
+        }
+        if self.matching > Self::MAX_MATCHING {
+            return Err(invalid(format!(
+                "--preload-match {}: at most {} (source ports {}..=65535)",
+                self.matching,
+                Self::MAX_MATCHING,
+                Self::SPORT
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Parses a group name or a numeric gid (`--group`).
@@ -245,6 +294,20 @@ pub fn parse_capacity(s: &str) -> Result<u32, InvalidValue> {
     Ok(v)
 }
 
+/// Parses a filter count of `--preload-filters` / `--preload-match`,
+/// 0..=65535 (checked against the table capacity at start).
+pub fn parse_filter_count(s: &str) -> Result<u32, InvalidValue> {
+    let v: u32 = s
+        .parse()
+        .map_err(|_| invalid(format!("invalid filter count {s:?}: expected 0..=65535")))?;
+    if v > arfs::table::MAX_CAPACITY {
+        return Err(invalid(format!(
+            "invalid filter count {v}: expected 0..=65535"
+        )));
+    }
+    Ok(v)
+}
+
 /// Parses the largest virtqueue size offered: a power of two 256..=32768.
 pub fn parse_queue_size(s: &str) -> Result<u16, InvalidValue> {
     let v: u16 = s
@@ -412,5 +475,26 @@ mod tests {
         assert_eq!(parse_port_range("10-20"), Ok((10, 20)));
         assert!(parse_port_range("20-10").is_err());
         assert!(parse_addr_range("10.0.0.1-::1").is_err());
+        assert_eq!(parse_filter_count("65535"), Ok(65535));
+        assert!(parse_filter_count("65536").is_err());
+        assert!(parse_filter_count("-1").is_err());
+        let p = |filters, matching| Preload { filters, matching };
+        assert_eq!(p(65535, 64).check(65535), Ok(()));
+        assert_eq!(p(0, 0).check(1), Ok(()));
+        assert!(p(9000, 0)
+            .check(8192)
+            .unwrap_err()
+            .0
+            .contains("--table-capacity 8192"));
+        assert!(p(10, 11)
+            .check(8192)
+            .unwrap_err()
+            .0
+            .contains("--preload-filters 10"));
+        assert!(p(65535, 55537)
+            .check(65535)
+            .unwrap_err()
+            .0
+            .contains("at most 55536"));
     }
 }

@@ -69,7 +69,9 @@ impl Shared {
         };
         let gen = initial_generation();
         let generation = Arc::new(AtomicU32::new(gen));
-        let mgmt = Mgmt::new(tcfg, tracer.clone(), generation.clone(), cfg.queues)?;
+        cfg.preload.check(cfg.table_capacity)?;
+        let mut mgmt = Mgmt::new(tcfg, tracer.clone(), generation.clone(), cfg.queues)?;
+        mgmt.set_preload(cfg.preload, cfg.gen_ip, cfg.guest_ip);
         let sh = Arc::new(Self {
             stats: Arc::new(Stats::new(usize::from(cfg.queues))),
             faults: Arc::new(PathFaults {

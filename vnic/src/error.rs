@@ -39,6 +39,9 @@ pub enum Error {
     EventManager(String),
     #[error("vhost-user: {0}")]
     VhostUser(String),
+    /// Options that parse one by one but do not go together.
+    #[error("{0}")]
+    Options(#[from] crate::config::InvalidValue),
 }
 
 impl Error {

@@ -9,19 +9,21 @@
 //! a [`Snapshot`] after the lock is released. The packet path never takes
 //! it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arfs::proto::{self, Ack, Caps, Direction, FrameMeta, DEVICE_MAC};
+use arfs::proto::{self, Ack, AddOp, Caps, Direction, FrameMeta, DEVICE_MAC};
 use arfs::{
-    DropCause, FilterTable, Message, OpStatus, Request, TableConfig, TableEvent, TraceRecord,
+    DropCause, FilterTable, FlowKey, L4Proto, Message, OpStatus, Request, Rss, TableConfig,
+    TableEvent, TraceRecord,
 };
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::clock::{next_generation, now_ns};
-use crate::config::Knob;
+use crate::config::{Knob, Preload};
 use crate::conn::Conn;
 use crate::handoff::Reply;
 use crate::stats::ID_SPACE;
@@ -79,6 +81,11 @@ pub struct Mgmt {
     /// The capacity the table started with: the workers' replicas are sized
     /// for it, so a runtime `table_capacity` may not exceed it.
     replica_capacity: u32,
+    /// `--preload-filters`: what to install as the device comes up, and
+    /// the generator's default addresses the matching ones are for.
+    preload: Option<(Preload, Ipv4Addr, Ipv4Addr)>,
+    /// The table was emptied since the last preload.
+    preload_due: bool,
 }
 
 impl Mgmt {
@@ -108,7 +115,81 @@ impl Mgmt {
             armed_for: None,
             max_ops: proto::MAX_ADD_OPS,
             replica_capacity: cfg_capacity,
+            preload: None,
+            preload_due: false,
         })
+    }
+
+    /// `--preload-filters`: install `p` (matching flows from `gen_ip` to
+    /// `guest_ip`) each time the device comes up; see [`Self::preload_if_ready`].
+    pub fn set_preload(&mut self, p: Preload, gen_ip: Ipv4Addr, guest_ip: Ipv4Addr) {
+        if p.filters > 0 {
+            self.preload = Some((p, gen_ip, guest_ip));
+            self.preload_due = true;
+        }
+    }
+
+    /// Installs the `--preload-filters` set when the table was emptied
+    /// (start, new connection, device reset) and every pair the device
+    /// offers is enabled (each matching filter names the queue RSS picks
+    /// among all of them). The ops take the table path a guest's ADD takes
+    /// (applied at once, whatever the programming latency): table events,
+    /// trace records and replica updates as for any ADD, but no ACK. Called
+    /// by the 50 ms poll; returns whether it installed anything.
+    pub fn preload_if_ready(&mut self) -> bool {
+        let Some((p, gen_ip, guest_ip)) = self.preload else {
+            return false;
+        };
+        let enabled = self.enabled_pairs();
+        if !self.preload_due || enabled < self.max_pairs {
+            return false;
+        }
+        self.preload_due = false;
+        let now = now_ns();
+        let rss = Rss::new(enabled);
+        let mut ok = 0u32;
+        let mut refused: BTreeMap<OpStatus, u32> = BTreeMap::new();
+        let ids: Vec<u16> = (0..p.filters).map(|i| i as u16).collect();
+        for chunk in ids.chunks(usize::from(self.max_ops.max(1))) {
+            let ops = chunk
+                .iter()
+                .map(|&id| preload_op(p, id, gen_ip, guest_ip, &rss, enabled))
+                .collect();
+            let mut evs = Vec::new();
+            let statuses = self
+                .table
+                .apply_now(now, 0, Request::Add(ops), enabled, &mut |e| evs.push(e));
+            let gen = self.generation();
+            for e in evs {
+                if matches!(e, TableEvent::Completed { .. }) {
+                    self.tracer.emit(TraceRecord::from_event(now, gen, &e));
+                } else {
+                    self.publish(now, e);
+                }
+            }
+            for s in statuses {
+                if s == OpStatus::Ok {
+                    ok += 1;
+                } else {
+                    *refused.entry(s).or_default() += 1;
+                }
+            }
+        }
+        if let Some(c) = &self.conn {
+            c.lanes.wake_all();
+        }
+        if refused.is_empty() {
+            log::info!(
+                "preloaded {ok} filters ({} matching the generator's flows)",
+                p.matching
+            );
+        } else {
+            log::warn!(
+                "preloaded {ok} of {} filters; refused: {refused:?}",
+                p.filters
+            );
+        }
+        true
     }
 
     /// The timer that fires when a delayed request comes due.
@@ -159,6 +240,7 @@ impl Mgmt {
         self.expected = None;
         self.cache.clear();
         self.pending.clear();
+        self.preload_due = self.preload.is_some();
         self.rearm();
         log::info!("generation {prev:#x} -> {gen:#x} ({cause})");
     }
@@ -514,6 +596,33 @@ pub struct Snapshot {
     pub max_ops: u16,
     /// Live filters and their hits (when asked for).
     pub filters: Vec<(arfs::table::Entry, u64)>,
+}
+
+/// Filter `id` of a preload with `pairs` pairs enabled: the first
+/// `matching` are the generator's default flows (UDP `gen_ip`:10000+id ->
+/// `guest_ip`:5001) on the queue RSS picks for them, the rest UDP flows
+/// from 172.16.0.0/16 to port 80 that nothing sends.
+fn preload_op(
+    p: Preload,
+    id: u16,
+    gen_ip: Ipv4Addr,
+    guest_ip: Ipv4Addr,
+    rss: &Rss,
+    pairs: u16,
+) -> AddOp {
+    if u32::from(id) < p.matching {
+        let k = FlowKey::v4(
+            L4Proto::Udp,
+            gen_ip,
+            Preload::SPORT + id,
+            guest_ip,
+            Preload::DPORT,
+        );
+        return AddOp::new(id, rss.queue_for_key(&k), &k);
+    }
+    let src = Ipv4Addr::new(172, 16, (id >> 8) as u8, id as u8);
+    let k = FlowKey::v4(L4Proto::Udp, src, 1024 + id % 50000, guest_ip, 80);
+    AddOp::new(id, id % pairs.max(1), &k)
 }
 
 /// A reply frame from the device, with the virtio-net header space in

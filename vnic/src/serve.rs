@@ -607,6 +607,9 @@ impl MutEventSubscriber for MgmtLoop {
                 let _ = self.poll.wait();
                 if let Some(c) = self.sh.current_conn() {
                     c.poll();
+                    if self.sh.cfg.preload.filters > 0 {
+                        self.sh.lock_mgmt().preload_if_ready();
+                    }
                 }
                 self.drop_stalled(ops);
             }
