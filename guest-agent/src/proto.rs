@@ -208,6 +208,15 @@ pub struct UdpSpec {
     /// source (RPS experiments with many source addresses).
     #[serde(default = "yes")]
     pub connect: bool,
+    /// Send every datagram received back to the peer (request/response:
+    /// the generator times the round trip of its stamped datagrams).
+    /// Needs `connect`.
+    #[serde(default)]
+    pub echo: bool,
+    /// With `echo`: send back every Nth datagram of each flow only (0 or
+    /// 1: all), so that a high-rate workload is timed on a sample.
+    #[serde(default)]
+    pub echo_every: u32,
 }
 
 fn yes() -> bool {
@@ -251,6 +260,11 @@ pub struct FlowCounters {
     pub napi_unknown: u64,
     /// Receive errors other than timeouts.
     pub errors: u64,
+    /// Datagrams sent back (`echo`), and sends that failed.
+    #[serde(default)]
+    pub echoed: u64,
+    #[serde(default)]
+    pub echo_errors: u64,
 }
 
 /// Which NAPI instance serves each rx queue: `napi[q]` is rx queue `q`'s

@@ -363,6 +363,8 @@ struct Counters {
     on_cpu: AtomicU64,
     off_cpu_recv: AtomicU64,
     errors: AtomicU64,
+    echoed: AtomicU64,
+    echo_errors: AtomicU64,
     by_cpu: Vec<AtomicU64>,
     /// CPU the receiver is pinned to now.
     cpu: AtomicUsize,
@@ -377,6 +379,8 @@ impl Counters {
             on_cpu: AtomicU64::new(0),
             off_cpu_recv: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            echoed: AtomicU64::new(0),
+            echo_errors: AtomicU64::new(0),
             by_cpu: (0..ncpu).map(|_| AtomicU64::new(0)).collect(),
             cpu: AtomicUsize::new(cpu),
         }
@@ -459,6 +463,9 @@ impl UdpRun {
         if spec.flows.is_empty() {
             return Err("no flows".into());
         }
+        if spec.echo && !spec.connect {
+            return Err("echo needs connected sockets (connect: true)".into());
+        }
         // Open every socket first: a bind failure aborts before any thread runs.
         let mut socks = Vec::with_capacity(spec.flows.len());
         for f in &spec.flows {
@@ -490,10 +497,15 @@ impl UdpRun {
             let target = Arc::new(AtomicUsize::new(f.cpu));
             let counters = Arc::new(Counters::new(ncpu, f.cpu));
             let (t, c, s) = (target.clone(), counters.clone(), stop.clone());
+            let echo = if spec.echo {
+                u64::from(spec.echo_every.max(1))
+            } else {
+                0
+            };
             let thread = std::thread::Builder::new()
                 .name(format!("udp-{}", f.local_port))
                 .stack_size(STACK)
-                .spawn(move || udp_receiver(&sock, &t, &c, &s))
+                .spawn(move || udp_receiver(&sock, echo, &t, &c, &s))
                 .map_err(err("spawn"))?;
             flows.push(UdpFlow {
                 local_port: f.local_port,
@@ -530,6 +542,8 @@ impl UdpRun {
                         napi_unknown: c.napi_unknown.load(Ordering::Relaxed),
                         off_cpu_recv: c.off_cpu_recv.load(Ordering::Relaxed),
                         errors: c.errors.load(Ordering::Relaxed),
+                        echoed: c.echoed.load(Ordering::Relaxed),
+                        echo_errors: c.echo_errors.load(Ordering::Relaxed),
                     }
                 })
                 .collect(),
@@ -581,9 +595,17 @@ impl UdpRun {
     }
 }
 
-fn udp_receiver(sock: &UdpSocket, target: &AtomicUsize, c: &Counters, stop: &AtomicBool) {
+/// `echo`: send every `echo`th datagram back (0: none).
+fn udp_receiver(
+    sock: &UdpSocket,
+    echo: u64,
+    target: &AtomicUsize,
+    c: &Counters,
+    stop: &AtomicBool,
+) {
     let mut pinned = usize::MAX;
     let mut buf = [0u8; 2048];
+    let mut n_recv = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let want = target.load(Ordering::Relaxed);
         if want != pinned {
@@ -596,9 +618,17 @@ fn udp_receiver(sock: &UdpSocket, target: &AtomicUsize, c: &Counters, stop: &Ato
             c.cpu.store(want, Ordering::Relaxed);
         }
         match sock.recv(&mut buf) {
-            Ok(_) => {
+            Ok(n) => {
                 let inc = sys::incoming_cpu(sock).unwrap_or(-1);
                 c.count(inc, sys::incoming_napi_id(sock).ok(), pinned);
+                n_recv += 1;
+                if echo > 0 && n_recv.is_multiple_of(echo) {
+                    let ctr = match sock.send(&buf[..n]) {
+                        Ok(_) => &c.echoed,
+                        Err(_) => &c.echo_errors,
+                    };
+                    ctr.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Err(e)
                 if matches!(

@@ -239,6 +239,10 @@ pub struct FlowArgs {
     /// Ethernet frame size in bytes without FCS, 60..=1514 (default 64).
     #[arg(long)]
     pub size: Option<usize>,
+    /// Stamp each frame's payload with its send time: a guest that echoes the
+    /// datagrams back to the generator gives round-trip times (`stats`: peer.rtt).
+    #[arg(long)]
+    pub stamp: bool,
 }
 
 impl FlowArgs {
@@ -259,6 +263,9 @@ impl FlowArgs {
         put!(count);
         put!(rate);
         put!(size);
+        if self.stamp {
+            m.insert("stamp".into(), json!(true));
+        }
         Value::Object(m)
     }
 }

@@ -134,6 +134,8 @@ pub struct PeerStats {
     pub icmp_echo_replies: AtomicU64,
     /// Generator: IPv6 neighbour solicitations answered.
     pub nd_replies: AtomicU64,
+    /// Generator: round trips of stamped frames the guest echoed back.
+    pub rtt: crate::peer::rtt::RttHist,
     /// Tap: frames written to / read from the tap device, and write errors.
     pub tap_tx: AtomicU64,
     pub tap_rx: AtomicU64,
@@ -153,6 +155,7 @@ impl PeerStats {
             "arp_replies": get(&self.arp_replies),
             "icmp_echo_replies": get(&self.icmp_echo_replies),
             "nd_replies": get(&self.nd_replies),
+            "rtt": self.rtt.to_json(),
             "tap_tx": get(&self.tap_tx),
             "tap_rx": get(&self.tap_rx),
             "tap_tx_errors": get(&self.tap_tx_errors),

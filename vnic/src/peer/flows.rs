@@ -45,6 +45,11 @@ pub struct FlowSpec {
     pub rate: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<usize>,
+    /// Carry a send time stamp in each frame's payload, so that a guest
+    /// echoing the payload back to the generator gives a round-trip time
+    /// (see [`super::rtt`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stamp: Option<bool>,
 }
 
 impl FlowSpec {
@@ -60,6 +65,7 @@ impl FlowSpec {
             count: over.count.or(self.count),
             rate: over.rate.or(self.rate),
             size: over.size.or(self.size),
+            stamp: over.stamp.or(self.stamp),
         }
     }
 }
@@ -87,6 +93,8 @@ pub struct FlowSet {
     pub count: u64,
     pub rate: u64,
     pub size: usize,
+    /// Frames carry a send stamp ([`super::rtt::STAMP_LEN`] bytes after the headers).
+    pub stamp: bool,
     /// Packets sent, per worker.
     pub sent: Box<[AtomicU64]>,
     pub stopped: AtomicBool,
@@ -136,10 +144,17 @@ impl FlowSet {
             (lo as u16, (lo + need - 1) as u16)
         };
         let size = spec.size.unwrap_or(64);
-        let min = if slo.is_ipv4() { 60 } else { 62 };
+        let stamp = spec.stamp.unwrap_or(false);
+        let hdr = if slo.is_ipv4() { 42 } else { 62 };
+        let min = if stamp {
+            (hdr + super::rtt::STAMP_LEN).max(60)
+        } else {
+            hdr.max(60)
+        };
         if !(min..=MAX_FRAME).contains(&size) {
             return Err(bad(format!(
-                "size must be {min}..={MAX_FRAME} bytes, got {size}"
+                "size must be {min}..={MAX_FRAME} bytes{}, got {size}",
+                if stamp { " with a stamp" } else { "" }
             )));
         }
         let nsp = u64::from(sphi - splo) + 1;
@@ -185,12 +200,14 @@ impl FlowSet {
             count: Some(spec.count.unwrap_or(0)),
             rate: Some(spec.rate.unwrap_or(1000)),
             size: Some(size),
+            stamp: Some(stamp),
         };
         Ok(Self {
             id,
             count: spec.count.unwrap_or(0),
             rate: spec.rate.unwrap_or(1000),
             size,
+            stamp,
             spec,
             tuples,
             owner,
@@ -240,6 +257,7 @@ impl FlowSet {
                 "count": self.count,
                 "rate": self.rate,
                 "size": self.size,
+                "stamp": self.stamp,
             },
             "sent": self.sent(),
             "active": self.active(),

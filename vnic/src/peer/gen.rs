@@ -41,6 +41,8 @@ pub struct GenPeer {
     unlimited: bool,
     last_tick: Instant,
     genbuf: Vec<u8>,
+    /// `genbuf` holds a stamp from a stamped set.
+    stamped: bool,
     reply: Vec<u8>,
     pkt: Vec<u8>,
 }
@@ -67,6 +69,7 @@ impl GenPeer {
             unlimited: false,
             last_tick: Instant::now(),
             genbuf: vec![0; NET_HDR_LEN + MAX_FRAME],
+            stamped: false,
             reply: Vec::with_capacity(MAX_FRAME),
             pkt: Vec::with_capacity(NET_HDR_LEN + MAX_FRAME),
         })
@@ -130,6 +133,14 @@ impl GenPeer {
                 n = 0;
             }
             let size = s.set.size;
+            let stamp = s.set.stamp;
+            if self.stamped && !stamp {
+                // Unstamped frames have a zero payload (their IPv6
+                // checksums were computed over one).
+                self.genbuf[NET_HDR_LEN..].fill(0);
+                self.stamped = false;
+            }
+            self.stamped |= stamp;
             let unlimited = s.rate == 0.0;
             let want = n;
             n = 0;
@@ -138,6 +149,13 @@ impl GenPeer {
                 s.next = if i + 1 == s.headers.len() { 0 } else { i + 1 };
                 self.genbuf[NET_HDR_LEN..NET_HDR_LEN + s.hdr_len]
                     .copy_from_slice(&s.headers[i][..s.hdr_len]);
+                if stamp {
+                    super::rtt::stamp(
+                        &mut self.genbuf[NET_HDR_LEN..NET_HDR_LEN + size],
+                        s.hdr_len,
+                        super::rtt::now_ns(),
+                    );
+                }
                 r.route(rx, &mut self.genbuf[..NET_HDR_LEN + size]);
                 n += 1;
                 // Unlimited sets stop at the first full destination.
@@ -188,6 +206,10 @@ impl Peer for GenPeer {
             }
         }
         let peer = &self.stats.peer;
+        if let Some(sent) = super::rtt::echoed_stamp(frame, self.ip, self.ip6) {
+            peer.rtt.record(sent, super::rtt::now_ns());
+            return;
+        }
         let me = Me {
             ip: self.ip,
             ip6: self.ip6,

@@ -2,7 +2,7 @@
 //! come from. Each worker runs its own [`Peer`] for its pair.
 //!
 //! - [`gen`]: the built-in generator (ARP/ICMP responder, sink, UDP flow
-//!   sets from [`flows`]);
+//!   sets from [`flows`]; round trips of stamped frames in [`rtt`]);
 //! - [`tap`]: a multi-queue tap device, one queue per pair.
 //!
 //! Adding a peer: implement [`Peer`] in a new file here, add a
@@ -16,6 +16,7 @@ use crate::virtq::rx::RxBatch;
 
 pub mod flows;
 pub mod gen;
+pub mod rtt;
 pub mod tap;
 
 /// The peer a worker runs: every kind, dispatched statically (the TX path
