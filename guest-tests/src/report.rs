@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use vnic_trace::plot::{self, Line, Panel};
 use vnic_trace::summary::units;
 
-use crate::scenarios::experiments::CollisionPoint;
+use crate::scenarios::experiments::{CollisionPoint, Variant};
 
 /// One row of the patch's tables.
 #[derive(Clone, Copy, Debug)]
@@ -93,7 +93,8 @@ pub const PATCH: [PatchRow; 32] = [
 ];
 
 /// The patch's row for (variant, code, rps_flow_cnt); five-iteration
-/// points of ours (any iteration count > 1) meet its five-run tables.
+/// points of ours (any iteration count > 1) meet its five-run tables, the
+/// one-iteration and high-rate ones its one-run tables.
 pub fn patch_row(iterations: u32, new_code: bool, rps: u32) -> Option<&'static PatchRow> {
     let it = if iterations > 1 { 5 } else { 1 };
     PATCH
@@ -110,7 +111,18 @@ struct Column {
     patch: fn(&PatchRow) -> f64,
 }
 
-const COLUMNS: [Column; 4] = [
+const COLUMNS: [Column; 5] = [
+    Column {
+        name: "Latency",
+        file: "latency.svg",
+        ours: |p| {
+            p.latency
+                .as_ref()
+                .filter(|l| l.replies > 0)
+                .map(|l| l.mean_us)
+        },
+        patch: |r| r.latency_us,
+    },
     Column {
         name: "Add",
         file: "add.svg",
@@ -177,14 +189,17 @@ pub fn write_report(
         ));
     }
     let (old, new) = (&ks[0], &ks[1]);
-    let mut variants: Vec<u32> = points.iter().map(|p| p.iterations).collect();
+    let mut variants: Vec<Variant> = points.iter().map(CollisionPoint::variant).collect();
     variants.sort_unstable();
     variants.dedup();
-    let at = |kernel: &str, it: u32, rps: u32| {
+    let at = |kernel: &str, v: Variant, rps: u32| {
         points
             .iter()
-            .find(|p| p.kernel == kernel && p.iterations == it && p.rps_flow_cnt == rps)
+            .find(|p| p.kernel == kernel && p.variant() == v && p.rps_flow_cnt == rps)
     };
+    // The patch's table a variant meets: its five-run one for ours with
+    // iterations, its one-run one otherwise.
+    let patch_it = |v: Variant| if v == Variant::Five { 5 } else { 1 };
     let mut md = String::new();
     let _ = writeln!(md, "# Slot collisions on vnic beside the 2025 patch\n");
     let _ = writeln!(md, "Ours: {about}  ");
@@ -201,8 +216,11 @@ pub fn write_report(
          so compare the shapes and the old/new ratios, not the counts. Steer-L: the patch \
          counts the aRFS entries ice's steer call walks in a hash list; ours counts the \
          entries vnic_arfs's rhashtable lookups compare (about one per call, \
-         `-` for runs before the counter existed). Latency is not measured yet \
-         (patch: {:.0}-{:.0} us old, {:.0}-{:.0} us new).\n",
+         `-` for runs before the counter existed). Latency: the patch's is its workload's \
+         (patch: {:.0}-{:.0} us old, {:.0}-{:.0} us new); ours is the mean round trip of the \
+         workload's own datagrams, stamped and timed by the device and echoed by the guest's \
+         receivers, under TCG emulation: compare old against new at the same rps_flow_cnt, \
+         not against the patch's microseconds.\n",
         PATCH
             .iter()
             .filter(|r| !r.new_code)
@@ -224,48 +242,57 @@ pub fn write_report(
             .map(|r| r.latency_us)
             .fold(0.0, f64::max),
     );
-    for &it in &variants {
-        let title = if it > 1 {
-            format!("{it} iterations (patch: 5)")
-        } else {
-            "One iteration".to_string()
+    for &v in &variants {
+        let first = points.iter().find(|p| p.variant() == v);
+        let title = match (v, first) {
+            (Variant::Five, Some(p)) => format!("{} iterations (patch: 5)", p.iterations),
+            (Variant::Fast, Some(p)) => format!(
+                "High rate: {} pps, programming latency {} ms (patch: its one-iteration table)",
+                p.rate_pps, p.program_latency_ms
+            ),
+            _ => "One iteration".to_string(),
         };
+        let it = patch_it(v);
         let _ = writeln!(md, "## {title}\n");
         let _ = writeln!(
             md,
-            "| RPS | Add old | Add new | Add old/new | Del old | Del new | Steer-C old | Steer-C new | Steer-L old | Steer-L new |"
+            "| RPS | Latency old | Latency new | Add old | Add new | Add old/new | Del old | Del new | Steer-C old | Steer-C new | Steer-C/Add old | Steer-L old | Steer-L new |"
         );
         let _ = writeln!(
             md,
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         let mut cnts: Vec<u32> = points
             .iter()
-            .filter(|p| p.iterations == it)
+            .filter(|p| p.variant() == v)
             .map(|p| p.rps_flow_cnt)
             .collect();
         cnts.sort_unstable();
         cnts.dedup();
         for rps in cnts {
-            let (po, pn) = (at(&old.0, it, rps), at(&new.0, it, rps));
+            let (po, pn) = (at(&old.0, v, rps), at(&new.0, v, rps));
             let (ro, rn) = (patch_row(it, false, rps), patch_row(it, true, rps));
             let cell = |c: &Column, p: Option<&CollisionPoint>, r: Option<&PatchRow>| {
                 format!("{} / {}", fmt(p.and_then(c.ours)), fmt(r.map(c.patch)))
             };
-            let add = &COLUMNS[0];
+            let [lat, add, del, sc, sl] = &COLUMNS;
             let _ = writeln!(
                 md,
-                "| {rps} | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} |",
+                "| {rps} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+                cell(lat, po, ro),
+                cell(lat, pn, rn),
                 cell(add, po, ro),
                 cell(add, pn, rn),
                 ratio(po.and_then(add.ours), pn.and_then(add.ours)),
                 ratio(ro.map(add.patch), rn.map(add.patch)),
-                cell(&COLUMNS[1], po, ro),
-                cell(&COLUMNS[1], pn, rn),
-                cell(&COLUMNS[2], po, ro),
-                cell(&COLUMNS[2], pn, rn),
-                cell(&COLUMNS[3], po, ro),
-                cell(&COLUMNS[3], pn, rn),
+                cell(del, po, ro),
+                cell(del, pn, rn),
+                cell(sc, po, ro),
+                cell(sc, pn, rn),
+                ratio(po.and_then(sc.ours), po.and_then(add.ours)),
+                ratio(ro.map(sc.patch), ro.map(add.patch)),
+                cell(sl, po, ro),
+                cell(sl, pn, rn),
             );
         }
         let _ = writeln!(md);
@@ -275,12 +302,12 @@ pub fn write_report(
     for c in &COLUMNS {
         let panels: Vec<Panel> = variants
             .iter()
-            .map(|&it| {
+            .map(|&v| {
                 let mut lines = Vec::new();
                 for (code, (k, release)) in [(false, old), (true, new)] {
                     let ours: Vec<(f64, f64)> = points
                         .iter()
-                        .filter(|p| p.kernel == *k && p.iterations == it)
+                        .filter(|p| p.kernel == *k && p.variant() == v)
                         .filter_map(|p| Some((f64::from(p.rps_flow_cnt), (c.ours)(p)?)))
                         .collect();
                     if !ours.is_empty() {
@@ -291,7 +318,7 @@ pub fn write_report(
                             points: ours,
                         });
                     }
-                    let patch_it = if it > 1 { 5 } else { 1 };
+                    let patch_it = patch_it(v);
                     lines.push(Line {
                         name: format!("patch, {} code", if code { "new" } else { "original" }),
                         color: usize::from(code),
@@ -307,10 +334,10 @@ pub fn write_report(
                     caption: format!(
                         "{}: {}",
                         c.name,
-                        if it > 1 {
-                            "iterations"
-                        } else {
-                            "one iteration"
+                        match v {
+                            Variant::One => "one iteration",
+                            Variant::Five => "iterations",
+                            Variant::Fast => "high rate",
                         }
                     ),
                     x_desc: "rps_flow_cnt (slots per rx queue)".into(),
@@ -375,14 +402,14 @@ mod tests {
         let files = write_report(&pts, "test run", &dir).unwrap();
         let md = std::fs::read_to_string(&files[0]).unwrap();
         assert!(
-            md.contains("| 256 | 13.1 K / 3.5 M | 217 / 12.1 K | 61x / 289x |"),
+            md.contains("| 256 | - / 229 | - / 202 | 13.1 K / 3.5 M | 217 / 12.1 K | 61x / 289x |"),
             "{md}"
         );
         assert!(
             md.contains("- / 274.8 M"),
             "Steer-L unknown for old points: {md}"
         );
-        assert_eq!(files.len(), 5);
+        assert_eq!(files.len(), 6);
         assert!(std::fs::read_to_string(&files[1]).unwrap().contains("<svg"));
         let _ = std::fs::remove_dir_all(&dir);
         assert!(write_report(&pts[..1], "one kernel", &dir).is_err());

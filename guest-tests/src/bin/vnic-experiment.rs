@@ -7,7 +7,9 @@
 
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{parse_num as num, repo_root, timestamp};
-use guest_tests::scenarios::experiments::{self, CollisionPoint, CollisionWorkload, RpsPhase};
+use guest_tests::scenarios::experiments::{
+    self, CollisionPoint, CollisionWorkload, RpsPhase, Variant,
+};
 use guest_tests::scenarios::{BootKind, Session, Settings, Tools};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ USAGE:
     vnic-experiment collisions --check     the short acceptance run (rps_flow_cnt 256 only)
     vnic-experiment rps [OPTIONS]          plain RPS on one queue: per-CPU NET_RX softirqs and
                                            softnet_stat for many sources vs one heavy flow
+    vnic-experiment rps --check            the same, 10 s per phase (the test suite's run)
 
 KERNELS (both commands):
     --kernel LIST         kernel series, comma-separated, each booted once (collisions default
@@ -39,16 +42,28 @@ COLLISIONS OPTIONS:
     --flow-cnt LIST       rps_flow_cnt values per rx queue (default
                           256,512,1024,2048,4096,8192,16384,32768)
     --duration SECS       workload time per point (default 60; --check: 40)
-    --variant V           one (flows live the whole point), five (flows replaced every
-                          duration/iterations), or both (default both; --check: one)
+    --variant LIST        one (flows live the whole point), five (flows replaced every
+                          duration/iterations), fast (one iteration at --fast-rate with the
+                          device programming filters --fast-program-latency after each ADD:
+                          the regime where the old kernel calls ndo_rx_flow_steer many times
+                          per filter), both (= one,five) or all (default all; --check: one)
     --iterations N        iterations of the `five` variant (default 5)
+    --fast-rate PPS       the `fast` variant's packets per second over all flows (default 24000)
+    --fast-program-latency MS
+                          the device's programming latency in the `fast` variant (default 100)
     --flows N             flows per iteration (default 332 = 83 per queue with 4 queues, the
                           original's 12K flows over 144 queues)
     --queues N            queue pairs = vCPUs (default 4)
     --rate PPS            generator packets per second over all flows (default 2000)
+    --program-latency MS  the device's programming latency in the `one` and `five` variants
+                          (default 0: a filter takes effect when its ADD arrives)
+    --no-latency          no request/response: the guest does not echo, no Latency column
+                          (default: the device stamps every datagram, the guest's receivers
+                          echo them, the device times the round trip; `fast` echoes a sample
+                          of the same rate as the others)
     --report DIR          also write a reader's page into DIR: report.md with our points beside
                           the 2025 patch's published numbers at the same rps_flow_cnt, and
-                          add.svg / del.svg / steer-c.svg / steer-l.svg (ours solid, the
+                          latency.svg / add.svg / del.svg / steer-c.svg / steer-l.svg (ours solid, the
                           patch dashed). Needs two kernels (original code first). With
                           --render: the page of that earlier run.
     --render POINTS.json  no guest: print the tables of an earlier run again and rewrite its
@@ -61,7 +76,9 @@ RPS OPTIONS:
     --cpus N              guest vCPUs, all in rx-0's rps_cpus (default 4)
     --sources N           source addresses of the balanced phase (default 40)
     --rate PPS            generator packets per second (default 20000)
-    --duration SECS       time per phase (default 20)
+    --duration SECS       time per phase (default 20; --check: 10)
+    --check               the test suite's run: 10 s phases; exits 1 when an assertion fails
+                          (as without it)
     Phases per kernel: RPS off with the balanced traffic, RPS on balanced, RPS on one flow.
     Asserted (check: lines, exit 1 when one fails): RPS off puts >= 95% of the processing
     (softnet_stat column 0) on the interrupt CPU and sends no RPS IPI; RPS on spreads the
@@ -96,8 +113,10 @@ struct Args {
     custom: Option<(PathBuf, PathBuf)>,
     flow_cnts: Vec<u32>,
     duration: Option<u64>,
-    variants: Vec<u32>,
+    variants: Vec<Variant>,
     iterations: u32,
+    fast_rate: u32,
+    fast_latency_ms: u32,
     flows: usize,
     queues: u16,
     cpus: u16,
@@ -109,6 +128,8 @@ struct Args {
     /// Re-render tables and plot from a points.json.
     render: Option<PathBuf>,
     report: Option<PathBuf>,
+    latency: bool,
+    program_latency_ms: u32,
     /// The arguments after the command, for the record.
     argv: Vec<String>,
 }
@@ -139,6 +160,8 @@ fn parse_args() -> Result<Args, String> {
         duration: None,
         variants: Vec::new(),
         iterations: 5,
+        fast_rate: FAST_RATE,
+        fast_latency_ms: FAST_PROGRAM_LATENCY_MS,
         flows: 332,
         queues: 4,
         cpus: 4,
@@ -149,6 +172,8 @@ fn parse_args() -> Result<Args, String> {
         artifacts: None,
         render: None,
         report: None,
+        latency: true,
+        program_latency_ms: 0,
         argv,
     };
     let (mut image, mut kdir) = (None, None);
@@ -192,6 +217,19 @@ fn parse_args() -> Result<Args, String> {
                 coll("--variant")?;
                 variant = Some(val("--variant")?);
             }
+            "--fast-rate" => {
+                coll("--fast-rate")?;
+                a.fast_rate = num(&val("--fast-rate")?, "--fast-rate", 1, 1_000_000)? as u32;
+            }
+            "--fast-program-latency" => {
+                coll("--fast-program-latency")?;
+                a.fast_latency_ms = num(
+                    &val("--fast-program-latency")?,
+                    "--fast-program-latency",
+                    0,
+                    10_000,
+                )? as u32;
+            }
             "--iterations" => {
                 coll("--iterations")?;
                 a.iterations = num(&val("--iterations")?, "--iterations", 2, 20)? as u32;
@@ -217,10 +255,16 @@ fn parse_args() -> Result<Args, String> {
                 a.sources = num(&val("--sources")?, "--sources", 2, 150)? as u32;
             }
             "--rate" => a.rate = Some(num(&val("--rate")?, "--rate", 1, 1_000_000)? as u32),
-            "--check" => {
-                coll("--check")?;
-                a.check = true;
+            "--program-latency" => {
+                coll("--program-latency")?;
+                a.program_latency_ms =
+                    num(&val("--program-latency")?, "--program-latency", 0, 10_000)? as u32;
             }
+            "--no-latency" => {
+                coll("--no-latency")?;
+                a.latency = false;
+            }
+            "--check" => a.check = true,
             "--out" => a.out = Some(PathBuf::from(val("--out")?)),
             "--render" => {
                 coll("--render")?;
@@ -254,7 +298,7 @@ fn parse_args() -> Result<Args, String> {
             ));
         }
     }
-    if a.check {
+    if a.check && cmd == Cmd::Collisions {
         // The acceptance figure is defined at rps_flow_cnt 256.
         a.flow_cnts = vec![256];
         if variant.is_some() {
@@ -267,15 +311,33 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     a.variants = match variant.as_deref() {
-        None if a.check => vec![1],
-        None | Some("both") => vec![1, a.iterations],
-        Some("one") => vec![1],
-        Some("five") => vec![a.iterations],
-        Some(v) => return Err(format!("--variant {v:?}: one, five or both")),
+        None if a.check => vec![Variant::One],
+        None | Some("all") => vec![Variant::One, Variant::Five, Variant::Fast],
+        Some(list) => {
+            let mut v = Vec::new();
+            for name in list.split(',') {
+                match name {
+                    "one" => v.push(Variant::One),
+                    "five" => v.push(Variant::Five),
+                    "fast" => v.push(Variant::Fast),
+                    "both" => v.extend([Variant::One, Variant::Five]),
+                    _ => {
+                        return Err(format!(
+                            "--variant {name:?}: one, five, fast, both (one,five) or all"
+                        ))
+                    }
+                }
+            }
+            v.dedup();
+            v
+        }
     };
-    if a.cmd == Cmd::Collisions
-        && 20000 + a.flows * a.variants.iter().copied().max().unwrap_or(1) as usize > 65535
-    {
+    let max_iters = if a.variants.contains(&Variant::Five) {
+        a.iterations
+    } else {
+        1
+    };
+    if a.cmd == Cmd::Collisions && 20000 + a.flows * max_iters as usize > 65535 {
         return Err(format!(
             "{} flows x {} iterations do not fit in the guest port range 20000..65535",
             a.flows, a.iterations
@@ -304,6 +366,7 @@ fn main() -> ExitCode {
     let name = match args.cmd {
         Cmd::Collisions if args.check => "collisions-check",
         Cmd::Collisions => "collisions",
+        Cmd::Rps if args.check => "rps-check",
         Cmd::Rps => "rps",
     };
     let out = args.out.clone().unwrap_or_else(|| {
@@ -429,14 +492,14 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
 
 // ---- collisions ---------------------------------------------------------
 
-fn variant_name(iterations: u32) -> String {
-    if iterations == 1 {
-        "One iteration".into()
-    } else if iterations == 5 {
-        "Five iterations".into()
-    } else {
-        format!("{iterations} iterations")
-    }
+/// The high-rate variant's packet rate over all flows (pps), and the
+/// device's programming latency during it (docs/experiments.md: what this
+/// machine's TCG guests sustain).
+const FAST_RATE: u32 = 24000;
+const FAST_PROGRAM_LATENCY_MS: u32 = 100;
+
+fn variant_name(p: &CollisionPoint) -> String {
+    p.variant().name(p.iterations)
 }
 
 /// "Original code" / "New code" for the two stock series, else the release.
@@ -448,11 +511,12 @@ fn code_name(label: &str, release: &str) -> String {
     }
 }
 
-/// One table in the layout of the patch (Steer-L from the guest module's
-/// lookups; no Latency column yet), with what the device trace adds.
+/// One table in the layout of the patch (Latency from the device's round
+/// trips, Steer-L from the guest module's lookups), with what the device
+/// trace adds.
 fn table(title: &str, points: &[&CollisionPoint]) -> String {
     let mut s = String::new();
-    let head = "| RPS | Add | Del | Steer-C | Steer-L | Replace | Reject | Thrash | Flows |";
+    let head = "| RPS | Latency | p99 | Add | Del | Steer-C | Steer-L | Replace | Reject | Thrash | Flows |";
     let width = head.len().max(title.len() + 12);
     let rule = "-".repeat(width);
     let pad = (width - title.len() - 2) / 2;
@@ -467,8 +531,16 @@ fn table(title: &str, points: &[&CollisionPoint]) -> String {
     for p in points {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             p.rps_flow_cnt,
+            p.latency
+                .as_ref()
+                .filter(|l| l.replies > 0)
+                .map_or_else(|| "-".into(), |l| format!("{:.0}", l.mean_us)),
+            p.latency
+                .as_ref()
+                .filter(|l| l.replies > 0)
+                .map_or_else(|| "-".into(), |l| format!("{:.0}", l.p99_us)),
             units(p.adds),
             units(p.dels),
             units(p.steer_calls),
@@ -484,6 +556,8 @@ fn table(title: &str, points: &[&CollisionPoint]) -> String {
 }
 
 const LEGEND: &str = "\
+Latency: mean round trip in us of the workload's own datagrams: the device stamps each one,
+         the guest's receiver echoes it, the device times it (p99: 99th percentile)
 Steer-C: ndo_rx_flow_steer calls (the guest module's steer_calls)
 Steer-L: flow-table entries those calls' lookups compared (module steer_walked; the
          analogue of the aRFS entries ice_arfs_flow_steer walks: an rhashtable here)
@@ -498,8 +572,7 @@ Units:   K = 1,000, M = 1,000,000 (below 10,000 exact)
 
 fn render_tables(points: &[CollisionPoint]) -> String {
     let mut out = String::new();
-    let mut variants: Vec<u32> = points.iter().map(|p| p.iterations).collect();
-    variants.dedup();
+    let mut variants: Vec<Variant> = points.iter().map(CollisionPoint::variant).collect();
     variants.sort_unstable();
     variants.dedup();
     let mut kernels: Vec<(String, String)> = Vec::new();
@@ -512,12 +585,19 @@ fn render_tables(points: &[CollisionPoint]) -> String {
         for (label, release) in &kernels {
             let ps: Vec<&CollisionPoint> = points
                 .iter()
-                .filter(|p| p.iterations == *v && p.kernel == *label)
+                .filter(|p| p.variant() == *v && p.kernel == *label)
                 .collect();
             if ps.is_empty() {
                 continue;
             }
-            let title = format!("{}, {}", variant_name(*v), code_name(label, release));
+            let mut title = format!("{}, {}", variant_name(ps[0]), code_name(label, release));
+            if *v == Variant::Fast {
+                let _ = write!(
+                    title,
+                    ", {} pps, programming {} ms",
+                    ps[0].rate_pps, ps[0].program_latency_ms
+                );
+            }
             out.push_str(&table(&title, &ps));
         }
     }
@@ -525,9 +605,9 @@ fn render_tables(points: &[CollisionPoint]) -> String {
 }
 
 fn render_plot(points: &[CollisionPoint], title: &str, out: &Path) -> Result<(), String> {
-    let mut keys: Vec<(String, String, u32)> = Vec::new();
+    let mut keys: Vec<(String, String, Variant)> = Vec::new();
     for p in points {
-        let k = (p.kernel.clone(), p.release.clone(), p.iterations);
+        let k = (p.kernel.clone(), p.release.clone(), p.variant());
         if !keys.contains(&k) {
             keys.push(k);
         }
@@ -540,13 +620,21 @@ fn render_plot(points: &[CollisionPoint], title: &str, out: &Path) -> Result<(),
     }
     let line = |f: &dyn Fn(&CollisionPoint) -> u64| -> Vec<Line> {
         keys.iter()
-            .map(|(label, release, it)| Line {
-                name: format!("{release}, {}", variant_name(*it).to_lowercase()),
-                color: kernel_order.iter().position(|k| k == label).unwrap_or(0),
-                dashed: *it > 1,
+            .map(|(label, release, v)| Line {
+                name: format!(
+                    "{release}, {}",
+                    points
+                        .iter()
+                        .find(|p| p.variant() == *v)
+                        .map_or_else(String::new, |p| variant_name(p).to_lowercase())
+                ),
+                // Colours: one per kernel; the high-rate variant gets two more.
+                color: kernel_order.iter().position(|k| k == label).unwrap_or(0)
+                    + if *v == Variant::Fast { 2 } else { 0 },
+                dashed: *v == Variant::Five,
                 points: points
                     .iter()
-                    .filter(|p| p.kernel == *label && p.iterations == *it)
+                    .filter(|p| p.kernel == *label && p.variant() == *v)
                     .map(|p| (f64::from(p.rps_flow_cnt), f(p) as f64))
                     .collect(),
             })
@@ -618,7 +706,10 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                                  "expire_quota": settings.module.expire_quota,
                                  "idle_timeout_ms": 0}},
             "workload": {"flows_per_iteration": args.flows, "rate_pps": rate,
-                         "duration_s": duration.as_secs(), "variants": args.variants},
+                         "duration_s": duration.as_secs(), "variants": args.variants,
+                         "latency": args.latency, "program_latency_ms": args.program_latency_ms,
+                         "fast": {"rate_pps": args.fast_rate,
+                                  "program_latency_ms": args.fast_latency_ms}},
             "errors": errors,
             "points": points,
         })
@@ -649,24 +740,51 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         // Both variants of a size back to back: a problem with either
         // shows in the first minutes of a long run.
         'points: for &cnt in &args.flow_cnts {
-            for &iters in &args.variants {
+            for &variant in &args.variants {
+                let fast = variant == Variant::Fast;
+                let iters = if variant == Variant::Five {
+                    args.iterations
+                } else {
+                    1
+                };
                 let w = CollisionWorkload {
                     flows: args.flows,
-                    rate,
+                    rate: if fast { args.fast_rate } else { rate },
                     duration,
                     iterations: iters,
+                    variant,
+                    latency: args.latency,
+                    // The high-rate variant times as many round trips per
+                    // second as the others.
+                    echo_every: if fast {
+                        args.fast_rate.div_ceil(rate).max(1)
+                    } else {
+                        1
+                    },
+                    program_latency_ms: if fast {
+                        args.fast_latency_ms
+                    } else {
+                        args.program_latency_ms
+                    },
                 };
                 done += 1;
                 eprintln!(
                     "[experiment] ({done}/{npoints}, {:.0} min so far) {label} {} rps_flow_cnt={cnt}: running {}s",
                     t0.elapsed().as_secs_f64() / 60.0,
-                    variant_name(iters).to_lowercase(),
+                    variant.name(iters).to_lowercase(),
                     duration.as_secs()
                 );
                 match experiments::collision_point(&mut s, &w, cnt) {
                     Ok(p) => {
                         eprintln!(
-                            "[experiment]   Add {} Del {} Steer-C {} Steer-L {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received){}",
+                            "[experiment]   Latency {} Add {} Del {} Steer-C {} Steer-L {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received){}",
+                            p.latency.as_ref().map_or_else(
+                                || "-".into(),
+                                |l| format!(
+                                    "{:.0}us (p99 {:.0}us, {} round trips)",
+                                    l.mean_us, l.p99_us, l.replies
+                                )
+                            ),
                             p.adds,
                             p.dels,
                             p.steer_calls,
@@ -695,7 +813,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                     Err(e) => {
                         let msg = format!(
                             "{label} {} rps_flow_cnt={cnt}: {e}",
-                            variant_name(iters).to_lowercase()
+                            variant.name(iters).to_lowercase()
                         );
                         eprintln!("[experiment]   ERROR {msg}");
                         errors.push(msg);
@@ -849,7 +967,7 @@ fn check(points: &[CollisionPoint], flows: usize, errors: &[String]) -> Result<(
         let l = labels.get(i)?;
         points
             .iter()
-            .find(|p| p.kernel == *l && p.rps_flow_cnt == 256 && p.iterations == 1)
+            .find(|p| p.kernel == *l && p.rps_flow_cnt == 256 && p.variant() == Variant::One)
     };
     match (at(0), at(1)) {
         (Some(old), Some(new)) => {
@@ -948,7 +1066,7 @@ fn rps_block(p: &RpsPhase) -> String {
 }
 
 fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
-    let duration = Duration::from_secs(args.duration.unwrap_or(20));
+    let duration = Duration::from_secs(args.duration.unwrap_or(if args.check { 10 } else { 20 }));
     let rate = args.rate.unwrap_or(20000);
     let settings = Settings {
         cpus: args.cpus,
@@ -1130,12 +1248,36 @@ mod tests {
         let new = t.find("One iteration, New code").unwrap();
         let five = t.find("Five iterations, Original code").unwrap();
         assert!(one < new && new < five, "{t}");
-        assert!(t.contains("| RPS | Add | Del | Steer-C | Steer-L |"), "{t}");
-        assert!(t.contains("| 256 | 3.5 M | 0 | 10.5 M |"), "{t}");
-        assert!(t.contains("| 512 | 12.3 K |"), "{t}");
         assert!(
-            t.contains("| 256 | 900 | 0 | 2700 | - | 0 | 0 | 0 | 1660 |"),
+            t.contains("| RPS | Latency | p99 | Add | Del | Steer-C | Steer-L |"),
             "{t}"
         );
+        assert!(t.contains("| 256 | - | - | 3.5 M | 0 | 10.5 M |"), "{t}");
+        assert!(t.contains("| 512 | - | - | 12.3 K |"), "{t}");
+        assert!(
+            t.contains("| 256 | - | - | 900 | 0 | 2700 | - | 0 | 0 | 0 | 1660 |"),
+            "{t}"
+        );
+        // The high-rate variant gets its own table, after the others, with
+        // its rate and programming latency; latency is shown when measured.
+        let mut fast = point("6.12", 256, 1, 3000);
+        fast.variant = Some(Variant::Fast);
+        fast.rate_pps = 24000;
+        fast.program_latency_ms = 100;
+        fast.latency = Some(experiments::Latency {
+            replies: 10,
+            mean_us: 1234.4,
+            p50_us: 1000.0,
+            p99_us: 5678.0,
+            bad: 0,
+        });
+        let mut with_fast = pts.to_vec();
+        with_fast.push(fast);
+        let t = render_tables(&with_fast);
+        let hr = t
+            .find("High rate, Original code (6.12.0: no slot-collision fix), 24000 pps, programming 100 ms")
+            .unwrap_or_else(|| panic!("{t}"));
+        assert!(hr > t.find("Five iterations").unwrap(), "{t}");
+        assert!(t.contains("| 256 | 1234 | 5678 | 3000 |"), "{t}");
     }
 }

@@ -46,10 +46,45 @@ pub struct CollisionWorkload {
     #[serde(serialize_with = "secs")]
     pub duration: Duration,
     pub iterations: u32,
+    pub variant: Variant,
+    /// Request/response: the generator stamps its datagrams, the guest's
+    /// receivers echo each one back, and the device times the round trip
+    /// (the Latency column).
+    pub latency: bool,
+    /// With `latency`: the guest echoes every Nth datagram of a flow.
+    pub echo_every: u32,
+    /// The device's programming latency during the point (`program_latency`
+    /// knob: a filter takes effect this long after its ADD), 0 = at once.
+    pub program_latency_ms: u32,
 }
 
 fn secs<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64())
+}
+
+/// The collision experiment's variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Variant {
+    /// The flows live the whole point (the patch's one-iteration table).
+    One,
+    /// The flows are replaced every duration/iterations (its five-iteration table).
+    Five,
+    /// One iteration at a high per-flow packet rate, with the device
+    /// programming filters after a delay as a real NIC does: the regime in
+    /// which the old kernel calls `ndo_rx_flow_steer` many times per filter.
+    Fast,
+}
+
+impl Variant {
+    pub fn name(self, iterations: u32) -> String {
+        match self {
+            Variant::One => "One iteration".into(),
+            Variant::Five if iterations == 5 => "Five iterations".into(),
+            Variant::Five => format!("{iterations} iterations"),
+            Variant::Fast => "High rate".into(),
+        }
+    }
 }
 
 /// The figures of one point (one kernel, one rps_flow_cnt, one variant).
@@ -62,10 +97,14 @@ pub struct CollisionPoint {
     pub kernel: String,
     pub release: String,
     pub rps_flow_cnt: u32,
+    /// `None` in points from before the high-rate variant: see [`Self::variant`].
+    pub variant: Option<Variant>,
     pub iterations: u32,
     pub flows_per_iteration: usize,
     pub queues: u16,
     pub rate_pps: u32,
+    /// The device's programming latency during the point.
+    pub program_latency_ms: u32,
     /// Traffic time (the generator ran), summed over the iterations; the
     /// counts also include what happened while the receivers of an
     /// iteration were being set up and torn down.
@@ -75,6 +114,9 @@ pub struct CollisionPoint {
     /// Steer-L: flow-table entries the module's steer lookups compared
     /// (module `steer_walked`; `None` in points from before the counter).
     pub steer_walked: Option<u64>,
+    /// Latency: round trips of the stamped datagrams the guest echoed
+    /// (`None` without `--latency`, or in points from before it).
+    pub latency: Option<Latency>,
     /// Add: new filters programmed (device counter `table/adds`).
     pub adds: u64,
     /// Del: filters deleted (device counters `table/deletes/*`), and by reason.
@@ -129,6 +171,15 @@ pub struct CollisionPoint {
 }
 
 impl CollisionPoint {
+    /// The variant (older points: by their iteration count).
+    pub fn variant(&self) -> Variant {
+        self.variant.unwrap_or(if self.iterations > 1 {
+            Variant::Five
+        } else {
+            Variant::One
+        })
+    }
+
     /// Add / Del / Replace / Reject from the device counter deltas in
     /// `device` (exact for the window: they are read synchronously at its
     /// start and end), keeping the trace counts in `trace_*`.
@@ -395,6 +446,10 @@ pub fn collision_point(
 
     // The reset's DEL lines must be in the file before the mark moves past them.
     std::thread::sleep(TRACE_SETTLE);
+    s.guest.ctl.set(
+        "program_latency",
+        &json!(format!("{}ms", w.program_latency_ms)),
+    )?;
     let m0 = s.module_counters()?;
     let d0 = s.guest.ctl.stats()?;
     s.trace_since_mark()?;
@@ -410,8 +465,9 @@ pub fn collision_point(
         let flows = s.flows_at(base, w.flows);
         needing += flows.iter().filter(|f| f.needs_filter()).count() as u64;
         iteration_flows.push(flows.clone());
-        s.udp_start(&flows)?;
+        s.udp_start_echo(&flows, if w.latency { w.echo_every.max(1) } else { 0 })?;
         let spec = json!({
+            "stamp": w.latency,
             "flows": w.flows,
             "src": GEN_IP.to_string(),
             "sport": GEN_PORT.to_string(),
@@ -453,6 +509,7 @@ pub fn collision_point(
         received += st.flows.iter().map(|f| f.packets).sum::<u64>();
     }
     let duration_s = traffic.as_secs_f64();
+    s.guest.ctl.set("program_latency", &json!(0))?;
     let m1 = s.module_counters()?;
     let d1 = s.guest.ctl.stats()?;
     // vnic writes the trace from its own thread and flushes it when idle
@@ -467,10 +524,12 @@ pub fn collision_point(
         kernel: label,
         release: s.release(),
         rps_flow_cnt: flow_cnt,
+        variant: Some(w.variant),
         iterations: w.iterations,
         flows_per_iteration: w.flows,
         queues: s.settings.queues,
         rate_pps: w.rate,
+        program_latency_ms: w.program_latency_ms,
         duration_s,
         steer_calls: m1.get("steer_calls").saturating_sub(m0.get("steer_calls")),
         steer_walked: Some(
@@ -485,6 +544,11 @@ pub fn collision_point(
         reset_used_idle: used_idle,
         module: module_deltas(&m0, &m1),
         device: device_deltas(&d0, &d1),
+        latency: if w.latency {
+            Some(Latency::window(&d0["peer"]["rtt"], &d1["peer"]["rtt"]))
+        } else {
+            None
+        },
         ..CollisionPoint::default()
     };
     let mut programs: HashMap<FlowKey, u64> = HashMap::new();
@@ -523,6 +587,76 @@ pub fn collision_point(
         }
     }
     Ok(p)
+}
+
+/// Round-trip times over a window, from two snapshots of the device's
+/// `peer.rtt` histogram (`ctl stats`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Latency {
+    /// Round trips timed in the window.
+    pub replies: u64,
+    pub mean_us: f64,
+    /// Percentiles read from the histogram, interpolated inside their
+    /// bucket (buckets are 1/8 of a power of two wide).
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Echoes with an impossible stamp (from the future, or older than 60 s).
+    pub bad: u64,
+}
+
+impl Latency {
+    /// The window between snapshots `a` and `b` (missing fields count as 0).
+    pub fn window(a: &Value, b: &Value) -> Latency {
+        let buckets = |v: &Value| -> BTreeMap<u64, (u64, u64)> {
+            v["buckets"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|e| Some((e[0].as_u64()?, (e[1].as_u64()?, e[2].as_u64()?))))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+        let before = buckets(a);
+        let delta: Vec<(u64, u64, u64)> = buckets(b)
+            .into_iter()
+            .filter_map(|(lo, (hi, nb))| {
+                let d = nb.saturating_sub(before.get(&lo).map_or(0, |x| x.1));
+                (d > 0).then_some((lo, hi, d))
+            })
+            .collect();
+        let replies = n(b, "replies").saturating_sub(n(a, "replies"));
+        let sum_ns = n(b, "sum_ns").saturating_sub(n(a, "sum_ns"));
+        let total: u64 = delta.iter().map(|x| x.2).sum();
+        let pct = |q: f64| -> f64 {
+            if total == 0 {
+                return 0.0;
+            }
+            let want = q * total as f64;
+            let mut seen = 0u64;
+            for &(lo, hi, c) in &delta {
+                if (seen + c) as f64 >= want {
+                    let frac = ((want - seen as f64) / c as f64).clamp(0.0, 1.0);
+                    return (lo as f64 + frac * (hi - lo) as f64) / 1e3;
+                }
+                seen += c;
+            }
+            delta.last().map_or(0.0, |x| x.1 as f64 / 1e3)
+        };
+        Latency {
+            replies,
+            mean_us: if replies == 0 {
+                0.0
+            } else {
+                sum_ns as f64 / replies as f64 / 1e3
+            },
+            p50_us: pct(0.5),
+            p99_us: pct(0.99),
+            bad: n(b, "bad").saturating_sub(n(a, "bad")),
+        }
+    }
 }
 
 /// Per-CPU figures of one RPS phase (deltas over the phase).
@@ -734,6 +868,8 @@ pub fn rps_phase(
                 peer: None,
             }],
             connect: false,
+            echo: false,
+            echo_every: 0,
         }),
         Duration::from_mins(1),
     )?;
@@ -810,4 +946,36 @@ pub fn rps_phase(
         cpus,
         kernel_problems: s.guest.kernel_failures()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The window is the difference of two snapshots, bucket by bucket;
+    /// the percentiles come from the window's buckets only.
+    #[test]
+    fn latency_window_subtracts_snapshots() {
+        let a = json!({"replies": 100, "sum_ns": 100_000_000, "bad": 1,
+                       "buckets": [[1_000_000, 1_048_576, 100]]});
+        // 100 more at ~1 ms before, then 98 at ~100 us and 2 at ~10 ms.
+        let b = json!({"replies": 200, "sum_ns": 100_000_000 + 98 * 100_000 + 2 * 10_000_000,
+                       "bad": 3,
+                       "buckets": [[98_304, 102_400, 98],
+                                   [1_000_000, 1_048_576, 100],
+                                   [9_961_472, 10_485_760, 2]]});
+        let l = Latency::window(&a, &b);
+        assert_eq!(l.replies, 100);
+        assert_eq!(l.bad, 2);
+        assert!((l.mean_us - 298.0).abs() < 1e-9, "{l:?}");
+        assert!((98.3..=102.4).contains(&l.p50_us), "{l:?}");
+        // The 99th of 100 falls in the 10 ms bucket.
+        assert!((9961.0..=10486.0).contains(&l.p99_us), "{l:?}");
+        // Nothing in the window: zeros, not NaN.
+        let z = Latency::window(&b, &b);
+        assert_eq!((z.replies, z.mean_us, z.p99_us), (0, 0.0, 0.0));
+        // Missing or malformed snapshots (older daemons): zeros.
+        let e = Latency::window(&json!(null), &json!({"buckets": [["x"]]}));
+        assert_eq!(e, Latency::default());
+    }
 }

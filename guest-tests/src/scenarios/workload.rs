@@ -267,6 +267,12 @@ impl Session {
     }
 
     pub(super) fn udp_start(&mut self, flows: &[Flow]) -> Result<()> {
+        self.udp_start_echo(flows, 0)
+    }
+
+    /// [`Self::udp_start`], the receivers sending every `echo_every`th
+    /// datagram back (0: none; the generator times stamped ones).
+    pub(super) fn udp_start_echo(&mut self, flows: &[Flow], echo_every: u32) -> Result<()> {
         let spec = UdpSpec {
             peer: GEN_IP.to_string(),
             flows: flows
@@ -279,6 +285,8 @@ impl Session {
                 })
                 .collect(),
             connect: true,
+            echo: echo_every > 0,
+            echo_every,
         };
         self.guest
             .agent
