@@ -1,0 +1,1490 @@
+//! vnic-bench-dpdk: vnic against DPDK's vhost PMD, both driven by DPDK
+//! testpmd's `net_virtio_user` frontend over a vhost-user socket.
+//!
+//! Run it through `scripts/bench-dpdk`, which installs testpmd (Debian's
+//! DPDK 22.11, unpacked under the vnic cache when it is not installed) and
+//! builds vnic. Per case, a fresh backend (`vnic serve --peer gen` or
+//! `dpdk-testpmd --vdev net_vhost0`) and a fresh frontend (`dpdk-testpmd
+//! --vdev net_virtio_user0`, txonly or rxonly) are started on disjoint CPU
+//! sets; after a warm-up, the packets the frontend's port counted (its
+//! ethdev statistics, read through DPDK telemetry) and the CPU time the
+//! backend process used (/proc/PID/stat) are sampled at both ends of the
+//! measured window. The backends alternate inside each round.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vnic_frontend::harness::{counter, Ctl};
+
+const USAGE: &str = "\
+vnic-bench-dpdk: vnic against DPDK's vhost PMD, with testpmd's net_virtio_user
+as the frontend of both (normally run through scripts/bench-dpdk)
+
+USAGE: vnic-bench-dpdk --testpmd PATH --vnic PATH [--dpdk-libs DIR]
+                       [--duration SECS] [--rounds N] [--pairs LIST] [--quick]
+                       [--warmup SECS] [--frontend-cpus LIST] [--backend-cpus LIST]
+                       [--out DIR]
+
+  --duration SECS       measured seconds per case (default 15)
+  --rounds N            rounds over all cases (default 2); the backends
+                        alternate inside each round (DPDK first in odd
+                        rounds, vnic first in even ones)
+  --pairs LIST          queue pairs, comma-separated (default 1,2)
+  --quick               --duration 3 --rounds 1 (unless given)
+  --warmup SECS         traffic before the window (default 2)
+  --testpmd PATH        dpdk-testpmd (DPDK 22.11)
+  --dpdk-libs DIR       its libraries, when not installed system-wide: used as
+                        LD_LIBRARY_PATH, and the vhost, virtio and mempool-ring
+                        drivers are loaded from DIR/dpdk/pmds-23.0 with -d
+  --vnic PATH           the vnic binary
+  --frontend-cpus LIST  CPUs of the frontend (default: the upper half of the
+                        CPUs this process may use)
+  --backend-cpus LIST   CPUs of the backend (default: the lower half)
+  --out DIR             where the JSON and the per-run logs go (default
+                        target/bench-dpdk)
+
+Directions: TX = guest -> device (frontend txonly; vnic's gen peer or
+testpmd rxonly sinks), RX = device -> guest (frontend rxonly; vnic's generator
+sends 64 UDP flows at rate 0, or testpmd txonly). Filters (vnic only, RX only:
+the table is looked up on the device -> guest path alone): 0; 65535 of which
+64 match the generated flows; 65535 that no frame hits. They are installed as
+the device comes up with vnic serve --preload-filters (testpmd sends no
+management frames). Frames are 64 bytes.
+";
+
+/// Set by SIGINT / SIGTERM / SIGHUP: stop, clean up, exit.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("vnic-bench-dpdk: error: {msg}");
+    std::process::exit(2);
+}
+
+fn log(msg: &str) {
+    eprintln!(
+        "[bench-dpdk {:>6.1}s] {msg}",
+        started().elapsed().as_secs_f64()
+    );
+}
+
+fn started() -> Instant {
+    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *T0.get_or_init(Instant::now)
+}
+
+/// Sleeps `d`, in short naps so that a signal is acted on at once.
+fn nap(d: Duration) -> Result<(), String> {
+    let end = Instant::now() + d;
+    loop {
+        if STOP.load(Ordering::SeqCst) {
+            return Err("interrupted".into());
+        }
+        let now = Instant::now();
+        if now >= end {
+            return Ok(());
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(50)));
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    /// Guest -> device: the frontend runs txonly.
+    Tx,
+    /// Device -> guest: the frontend runs rxonly.
+    Rx,
+}
+
+impl Dir {
+    fn name(self) -> &'static str {
+        match self {
+            Dir::Tx => "TX",
+            Dir::Rx => "RX",
+        }
+    }
+    fn frontend_mode(self) -> &'static str {
+        match self {
+            Dir::Tx => "txonly",
+            Dir::Rx => "rxonly",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Filters {
+    None,
+    /// 65535, 64 of them for the generated flows.
+    Match,
+    /// 65535, none for the generated flows.
+    Miss,
+}
+
+impl Filters {
+    fn label(self) -> &'static str {
+        match self {
+            Filters::None => "0",
+            Filters::Match => "65535, 64 hit",
+            Filters::Miss => "65535, all miss",
+        }
+    }
+    fn key(self) -> &'static str {
+        match self {
+            Filters::None => "0",
+            Filters::Match => "65535-match64",
+            Filters::Miss => "65535-miss",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Dpdk,
+    Vnic(Filters),
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Dpdk => "dpdk",
+            Backend::Vnic(_) => "vnic",
+        }
+    }
+}
+
+/// Generated flows (vnic: `gen start --flows 64 --sport 10000-10063`; the
+/// matching preloaded filters are for them).
+const GEN_FLOWS: u32 = 64;
+const FILTERS_FULL: u32 = 65535;
+
+struct Opts {
+    duration: f64,
+    rounds: usize,
+    pairs: Vec<u16>,
+    warmup: f64,
+    testpmd: PathBuf,
+    dpdk_libs: Option<PathBuf>,
+    vnic: PathBuf,
+    front_cpus: Vec<usize>,
+    back_cpus: Vec<usize>,
+    out: PathBuf,
+}
+
+fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
+    let mut v = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let a: usize = a.parse().map_err(|_| format!("bad CPU list {s:?}"))?;
+        let b: usize = b.parse().map_err(|_| format!("bad CPU list {s:?}"))?;
+        if a > b || b >= libc::CPU_SETSIZE as usize {
+            return Err(format!("bad CPU list {s:?}"));
+        }
+        v.extend(a..=b);
+    }
+    v.sort_unstable();
+    v.dedup();
+    if v.is_empty() {
+        return Err(format!("empty CPU list {s:?}"));
+    }
+    Ok(v)
+}
+
+fn fmt_cpus(v: &[usize]) -> String {
+    v.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: all-zero is a valid (empty) cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most the given size into `set`,
+    // which lives across the call.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw mut set) };
+    if rc != 0 {
+        return vec![0];
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE, the set is initialised.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+fn parse_args() -> Opts {
+    let mut duration = None;
+    let mut rounds = None;
+    let mut pairs = vec![1u16, 2];
+    let mut quick = false;
+    let mut warmup = 2.0;
+    let mut testpmd = None;
+    let mut dpdk_libs = None;
+    let mut vnic = None;
+    let mut front = None;
+    let mut back = None;
+    let mut out = PathBuf::from("target/bench-dpdk");
+    let mut args = std::env::args().skip(1);
+    let val = |args: &mut std::iter::Skip<std::env::Args>, name: &str| {
+        args.next()
+            .unwrap_or_else(|| fail(&format!("{name} needs a value")))
+    };
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--duration" => {
+                duration = Some(
+                    val(&mut args, "--duration")
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|v| *v > 0.0)
+                        .unwrap_or_else(|| fail("--duration needs a positive number of seconds")),
+                );
+            }
+            "--rounds" => {
+                rounds = Some(
+                    val(&mut args, "--rounds")
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|v| *v > 0)
+                        .unwrap_or_else(|| fail("--rounds needs a positive integer")),
+                );
+            }
+            "--pairs" => {
+                let s = val(&mut args, "--pairs");
+                pairs = s
+                    .split(',')
+                    .map(|p| {
+                        p.trim()
+                            .parse::<u16>()
+                            .ok()
+                            .filter(|p| (1..=16).contains(p))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .unwrap_or_else(|| {
+                        fail(&format!("--pairs {s:?}: a comma-separated list of 1..=16"))
+                    });
+                pairs.dedup();
+            }
+            "--quick" => quick = true,
+            "--warmup" => {
+                warmup = val(&mut args, "--warmup")
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| *v >= 0.0)
+                    .unwrap_or_else(|| fail("--warmup needs a number of seconds"));
+            }
+            "--testpmd" => testpmd = Some(PathBuf::from(val(&mut args, "--testpmd"))),
+            "--dpdk-libs" => dpdk_libs = Some(PathBuf::from(val(&mut args, "--dpdk-libs"))),
+            "--vnic" => vnic = Some(PathBuf::from(val(&mut args, "--vnic"))),
+            "--frontend-cpus" => {
+                front = Some(
+                    parse_cpus(&val(&mut args, "--frontend-cpus")).unwrap_or_else(|e| fail(&e)),
+                );
+            }
+            "--backend-cpus" => {
+                back = Some(
+                    parse_cpus(&val(&mut args, "--backend-cpus")).unwrap_or_else(|e| fail(&e)),
+                );
+            }
+            "--out" => out = PathBuf::from(val(&mut args, "--out")),
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                std::process::exit(0);
+            }
+            x => fail(&format!("unknown argument {x:?} (see --help)")),
+        }
+    }
+    let testpmd = testpmd.unwrap_or_else(|| {
+        fail("--testpmd PATH is required (scripts/bench-dpdk finds or installs it)")
+    });
+    if !testpmd.exists() {
+        fail(&format!("--testpmd {}: no such file", testpmd.display()));
+    }
+    let vnic = vnic.unwrap_or_else(|| fail("--vnic PATH is required"));
+    if !vnic.exists() {
+        fail(&format!(
+            "--vnic {}: no such file (cargo build --release -p vnic)",
+            vnic.display()
+        ));
+    }
+    let cpus = allowed_cpus();
+    let half = cpus.len().div_ceil(2).min(cpus.len() - 1).max(1);
+    let back_cpus = back.unwrap_or_else(|| cpus[..half.min(cpus.len())].to_vec());
+    let front_cpus = front.unwrap_or_else(|| {
+        if cpus.len() > 1 {
+            cpus[half..].to_vec()
+        } else {
+            cpus.clone()
+        }
+    });
+    Opts {
+        duration: duration.unwrap_or(if quick { 3.0 } else { 15.0 }),
+        rounds: rounds.unwrap_or(if quick { 1 } else { 2 }),
+        pairs,
+        warmup,
+        testpmd,
+        dpdk_libs,
+        vnic,
+        front_cpus,
+        back_cpus,
+        out,
+    }
+}
+
+/// CPU seconds (user + system, all threads) process `pid` used so far.
+fn proc_cpu(pid: u32) -> Result<f64, String> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    let close = stat.rfind(')').ok_or("bad /proc stat")?;
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after
+    // the ")" that ends the command name.
+    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    if f.len() < 13 {
+        return Err(format!("{path}: short stat line"));
+    }
+    let ticks: f64 = f[11].parse::<f64>().map_err(|e| e.to_string())?
+        + f[12].parse::<f64>().map_err(|e| e.to_string())?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}
+
+/// The last `n` lines of a log file.
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(n);
+    lines[from..]
+        .iter()
+        .map(|l| {
+            format!(
+                "    | {}",
+                l.replace("\x1b[2J", "").replace("\x1b[1;1H", "")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A child process of the bench: pinned to its CPUs, killed with the
+/// bench (PR_SET_PDEATHSIG), stdin held open (testpmd exits on EOF),
+/// stdout and stderr in a log file; stopped and reaped on drop.
+struct Proc {
+    what: String,
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    log: PathBuf,
+    /// DPDK's runtime directory (/var/run/dpdk/PREFIX), removed once the
+    /// process is gone.
+    runtime_dir: Option<PathBuf>,
+}
+
+impl Proc {
+    fn spawn(
+        what: &str,
+        mut cmd: Command,
+        log: &Path,
+        cpus: &[usize],
+        runtime_dir: Option<PathBuf>,
+    ) -> Result<Self, String> {
+        let f = File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let f2 = f.try_clone().map_err(|e| e.to_string())?;
+        cmd.stdin(Stdio::piped()).stdout(f).stderr(f2);
+        let cpus = cpus.to_vec();
+        // SAFETY: the closure runs in the child between fork and exec; it
+        // only calls prctl and sched_setaffinity (async-signal-safe) on a
+        // cpu_set_t on its own stack, and reads `cpus`, allocated before
+        // the fork and not freed in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                for &c in &cpus {
+                    libc::CPU_SET(c, &mut set);
+                }
+                if libc::sched_setaffinity(
+                    0,
+                    std::mem::size_of::<libc::cpu_set_t>(),
+                    &raw const set,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {what} ({}): {e}", cmd.get_program().display()))?;
+        let stdin = child.stdin.take();
+        Ok(Self {
+            what: what.to_string(),
+            child: Some(child),
+            stdin,
+            log: log.to_path_buf(),
+            runtime_dir,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// An error naming the process and showing its log tail when it has
+    /// exited.
+    fn check(&mut self) -> Result<(), String> {
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                self.child = None;
+                return Err(format!(
+                    "{} exited ({}); last lines of {}:\n{}",
+                    self.what,
+                    describe(st),
+                    self.log.display(),
+                    tail(&self.log, 25)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `sig`, waits up to `timeout` for the exit (then SIGKILL).
+    fn stop(&mut self, sig: libc::c_int, timeout: Duration) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        // SAFETY: kill(2) on the pid of our own child, not yet reaped.
+        unsafe { libc::kill(c.id().cast_signed(), sig) };
+        let deadline = Instant::now() + timeout;
+        let st = loop {
+            match c.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => {
+                    log(&format!(
+                        "{} did not exit within {timeout:?}: SIGKILL",
+                        self.what
+                    ));
+                    let _ = c.kill();
+                    break c.wait().ok();
+                }
+            }
+        };
+        self.stdin = None;
+        if let Some(d) = self.runtime_dir.take() {
+            let _ = std::fs::remove_dir_all(&d);
+            if let Some(p) = d.parent() {
+                let _ = std::fs::remove_dir(p); // only when empty
+            }
+        }
+        st
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop(libc::SIGTERM, Duration::from_secs(5));
+        }
+    }
+}
+
+fn describe(st: ExitStatus) -> String {
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        _ => st.to_string(),
+    }
+}
+
+/// DPDK's runtime directory of a file prefix.
+fn dpdk_runtime_dir(prefix: &str) -> PathBuf {
+    // SAFETY: geteuid(2) cannot fail.
+    let base = if unsafe { libc::geteuid() } == 0 {
+        PathBuf::from("/var/run/dpdk")
+    } else {
+        std::env::var_os("XDG_RUNTIME_DIR").map_or_else(
+            || PathBuf::from("/tmp/dpdk"),
+            |d| PathBuf::from(d).join("dpdk"),
+        )
+    };
+    base.join(prefix)
+}
+
+/// A client of DPDK's telemetry socket (SOCK_SEQPACKET, JSON replies).
+struct Telemetry {
+    sock: File,
+    buf: Vec<u8>,
+    /// The greeting: {"version": "DPDK 22.11.x", "pid": ..., ...}.
+    hello: Value,
+}
+
+impl Telemetry {
+    fn connect(path: &Path) -> Result<Self, String> {
+        let err = |what: &str| {
+            format!(
+                "telemetry {}: {what}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            )
+        };
+        // SAFETY: socket(2) with constant arguments.
+        let fd =
+            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(err("socket"));
+        }
+        // SAFETY: `fd` is a socket just created and owned by nothing else.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: all-zero is a valid sockaddr_un.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.len() >= addr.sun_path.len() {
+            return Err(format!(
+                "telemetry socket path too long: {}",
+                path.display()
+            ));
+        }
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = s.cast_signed();
+        }
+        // SAFETY: `addr` is a valid sockaddr_un of the length given; it
+        // lives across the call.
+        let rc = unsafe {
+            libc::connect(
+                owned.as_raw_fd(),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(err("connect"));
+        }
+        let tv = libc::timeval {
+            tv_sec: 5,
+            tv_usec: 0,
+        };
+        // SAFETY: setsockopt reads a timeval of the given size from `tv`.
+        let rc = unsafe {
+            libc::setsockopt(
+                owned.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const tv).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(err("SO_RCVTIMEO"));
+        }
+        let mut t = Self {
+            sock: File::from(owned),
+            buf: vec![0; 1 << 16],
+            hello: Value::Null,
+        };
+        t.hello = t.read()?;
+        Ok(t)
+    }
+
+    fn read(&mut self) -> Result<Value, String> {
+        let n = self
+            .sock
+            .read(&mut self.buf)
+            .map_err(|e| format!("telemetry read: {e}"))?;
+        serde_json::from_slice(&self.buf[..n]).map_err(|e| format!("telemetry reply: {e}"))
+    }
+
+    fn query(&mut self, cmd: &str) -> Result<Value, String> {
+        self.sock
+            .write_all(cmd.as_bytes())
+            .map_err(|e| format!("telemetry write: {e}"))?;
+        let v = self.read()?;
+        let key = cmd.split(',').next().unwrap_or(cmd);
+        Ok(v[key].clone())
+    }
+
+    /// (rx, tx) packets of ethdev port 0.
+    fn port_packets(&mut self) -> Result<(u64, u64), String> {
+        let s = self.query("/ethdev/stats,0")?;
+        match (s["ipackets"].as_u64(), s["opackets"].as_u64()) {
+            (Some(i), Some(o)) => Ok((i, o)),
+            _ => Err(format!("telemetry /ethdev/stats,0: unexpected reply {s}")),
+        }
+    }
+}
+
+/// Waits until `path` exists, both processes staying alive.
+fn wait_path(
+    path: &Path,
+    what: &str,
+    procs: &mut [&mut Proc],
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        for p in procs.iter_mut() {
+            p.check()?;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = procs
+                .iter()
+                .map(|p| format!("last lines of {}:\n{}", p.log.display(), tail(&p.log, 15)))
+                .collect();
+            return Err(format!(
+                "{what} {} did not appear within {timeout:?}\n{}",
+                path.display(),
+                logs.join("\n")
+            ));
+        }
+        nap(Duration::from_millis(20))?;
+    }
+    Ok(())
+}
+
+/// The packets the frontend's port counted in the case's direction.
+fn pick(dir: Dir, (rx, tx): (u64, u64)) -> u64 {
+    match dir {
+        Dir::Rx => rx,
+        Dir::Tx => tx,
+    }
+}
+
+/// "RX-packets" / "TX-packets" of testpmd's "Accumulated forward
+/// statistics for all ports", printed as it stops.
+fn exit_totals(log: &Path) -> Option<(u64, u64)> {
+    let text = String::from_utf8_lossy(&std::fs::read(log).ok()?).into_owned();
+    let at = text.rfind("Accumulated forward statistics for all ports")?;
+    let num = |key: &str| -> Option<u64> {
+        let i = text[at..].find(key)? + at + key.len();
+        text[i..].split_whitespace().next()?.parse().ok()
+    };
+    Some((num("RX-packets:")?, num("TX-packets:")?))
+}
+
+#[derive(Clone, Debug)]
+struct Run {
+    round: usize,
+    dir: Dir,
+    pairs: u16,
+    backend: Backend,
+    packets: u64,
+    secs: f64,
+    backend_cpu: f64,
+    /// CPU seconds of the frontend process in the window: how much of its
+    /// CPUs it got (a busy host shows here).
+    frontend_cpu: f64,
+    /// What the backend itself counted in the window (vnic: its rx/tx
+    /// packet counters; DPDK: its port's), as a cross-check.
+    backend_packets: u64,
+    /// vnic RX: frames steered by a filter / by RSS in the window.
+    rx_filter: Option<u64>,
+    rx_rss: Option<u64>,
+    /// The frontend's totals as it stopped (rx, tx).
+    frontend_exit: Option<(u64, u64)>,
+    dpdk_version: String,
+}
+
+impl Run {
+    fn mpps(&self) -> f64 {
+        self.packets as f64 / self.secs / 1e6
+    }
+    fn mpps_per_cpu(&self) -> f64 {
+        if self.backend_cpu > 0.0 {
+            self.packets as f64 / self.backend_cpu / 1e6
+        } else {
+            f64::NAN
+        }
+    }
+    fn cores(&self) -> f64 {
+        self.backend_cpu / self.secs
+    }
+    fn front_cores(&self) -> f64 {
+        self.frontend_cpu / self.secs
+    }
+    fn to_json(&self) -> Value {
+        json!({
+            "round": self.round,
+            "dir": self.dir.name(),
+            "frontend_mode": self.dir.frontend_mode(),
+            "pairs": self.pairs,
+            "backend": self.backend.name(),
+            "filters": match self.backend { Backend::Vnic(f) => Value::from(f.key()), Backend::Dpdk => Value::Null },
+            "packets": self.packets,
+            "secs": self.secs,
+            "mpps": self.mpps(),
+            "backend_cpu_s": self.backend_cpu,
+            "mpps_per_backend_cpu_s": self.mpps_per_cpu(),
+            "backend_cores": self.cores(),
+            "frontend_cpu_s": self.frontend_cpu,
+            "frontend_cores": self.front_cores(),
+            "backend_counted_packets": self.backend_packets,
+            "vnic_rx_filter": self.rx_filter,
+            "vnic_rx_rss": self.rx_rss,
+            "frontend_exit_rx_tx": self.frontend_exit,
+        })
+    }
+}
+
+/// One end of the measured window.
+struct Sample {
+    /// When the frontend's counter was read.
+    t: Instant,
+    /// The frontend's port counter of the case's direction.
+    packets: u64,
+    backend_cpu: f64,
+    frontend_cpu: f64,
+    /// The backend's own count of the direction.
+    backend_packets: u64,
+    /// vnic's `stats`.
+    vnic_stats: Option<Value>,
+}
+
+struct Bench {
+    o: Opts,
+    /// Per-invocation directory for logs and the JSON.
+    dir: PathBuf,
+    /// Sockets (short paths).
+    sockdir: PathBuf,
+    n: usize,
+}
+
+impl Bench {
+    fn testpmd(&self, prefix: &str, lcores: &str, vdev: &str, pmds: &[&str]) -> Command {
+        let mut c = Command::new(&self.o.testpmd);
+        c.args([
+            "--lcores",
+            lcores,
+            "--no-pci",
+            "--no-huge",
+            "-m",
+            "1024",
+            "--file-prefix",
+            prefix,
+        ]);
+        if let Some(libs) = &self.o.dpdk_libs {
+            c.env("LD_LIBRARY_PATH", libs);
+            for p in pmds {
+                c.arg("-d").arg(
+                    libs.join("dpdk/pmds-23.0")
+                        .join(format!("librte_{p}.so.23")),
+                );
+            }
+        }
+        c.args(["--vdev", vdev, "--"]);
+        c
+    }
+
+    /// `--lcores`: the main lcore and `workers` forwarding lcores on `cpus`
+    /// (forwarding lcore i on cpus[i % n]; the main one, which sleeps, on
+    /// the first).
+    fn lcores(cpus: &[usize], workers: u16) -> String {
+        let mut s = format!("0@{}", cpus[0]);
+        for i in 0..usize::from(workers) {
+            let _ = write!(s, ",{}@{}", i + 1, cpus[i % cpus.len()]);
+        }
+        s
+    }
+
+    #[allow(clippy::many_single_char_names)]
+    fn run(&mut self, round: usize, dir: Dir, pairs: u16, backend: Backend) -> Result<Run, String> {
+        self.n += 1;
+        let tag = match backend {
+            Backend::Dpdk => format!("{:02}-{}-{}p-dpdk", self.n, dir.name(), pairs),
+            Backend::Vnic(f) => format!("{:02}-{}-{}p-vnic-{}", self.n, dir.name(), pairs, f.key()),
+        };
+        let rdir = self.dir.join(&tag);
+        std::fs::create_dir_all(&rdir).map_err(|e| format!("{}: {e}", rdir.display()))?;
+        let sock = self.sockdir.join(format!("{}.sock", self.n));
+        let ctl_path = self.sockdir.join(format!("{}.ctl", self.n));
+        let prefix = format!("vnic-bench-dpdk-{}-{}", std::process::id(), self.n);
+        let q = pairs.to_string();
+        let label = match backend {
+            Backend::Dpdk => "DPDK vhost".to_string(),
+            Backend::Vnic(f) => format!("vnic, filters {}", f.label()),
+        };
+        log(&format!(
+            "round {round}: {} {pairs} pair(s), {label} (logs {})",
+            dir.name(),
+            rdir.display()
+        ));
+
+        // The backend.
+        let mut back = match backend {
+            Backend::Vnic(f) => {
+                let mut c = Command::new(&self.o.vnic);
+                c.arg("serve")
+                    .arg("--socket")
+                    .arg(&sock)
+                    .arg("--ctl")
+                    .arg(&ctl_path)
+                    .args(["--peer", "gen", "--queues", &q, "--table-capacity", "65535"]);
+                match f {
+                    Filters::None => {}
+                    Filters::Match => {
+                        c.args(["--preload-filters", "65535", "--preload-match", "64"]);
+                    }
+                    Filters::Miss => {
+                        c.args(["--preload-filters", "65535", "--preload-match", "0"]);
+                    }
+                }
+                c.env("RUST_LOG", "info");
+                Proc::spawn(
+                    "vnic serve (backend)",
+                    c,
+                    &rdir.join("backend.log"),
+                    &self.o.back_cpus,
+                    None,
+                )?
+            }
+            Backend::Dpdk => {
+                let bprefix = format!("{prefix}-back");
+                let mut c = self.testpmd(
+                    &bprefix,
+                    &Self::lcores(&self.o.back_cpus, pairs),
+                    &format!("net_vhost0,iface={},queues={pairs}", sock.display()),
+                    &["net_vhost", "mempool_ring"],
+                );
+                let mode = match dir {
+                    Dir::Tx => "rxonly",
+                    Dir::Rx => "txonly",
+                };
+                c.arg(format!("--forward-mode={mode}"))
+                    .arg(format!("--nb-cores={pairs}"))
+                    .arg(format!("--rxq={pairs}"))
+                    .arg(format!("--txq={pairs}"))
+                    .arg("--auto-start");
+                Proc::spawn(
+                    "dpdk-testpmd (vhost backend)",
+                    c,
+                    &rdir.join("backend.log"),
+                    &self.o.back_cpus,
+                    Some(dpdk_runtime_dir(&bprefix)),
+                )?
+            }
+        };
+        wait_path(
+            &sock,
+            "backend socket",
+            &mut [&mut back],
+            Duration::from_mins(1),
+        )?;
+        let mut ctl = match backend {
+            Backend::Vnic(_) => {
+                wait_path(
+                    &ctl_path,
+                    "vnic control socket",
+                    &mut [&mut back],
+                    Duration::from_secs(30),
+                )?;
+                Some(Ctl::connect(&ctl_path).map_err(|e| format!("vnic control socket: {e}"))?)
+            }
+            Backend::Dpdk => None,
+        };
+        // The backend's telemetry (DPDK), for its own count.
+        let mut back_tele = match backend {
+            Backend::Dpdk => {
+                let p = back
+                    .runtime_dir
+                    .clone()
+                    .unwrap_or_default()
+                    .join("dpdk_telemetry.v2");
+                wait_path(
+                    &p,
+                    "backend telemetry socket",
+                    &mut [&mut back],
+                    Duration::from_secs(30),
+                )?;
+                Some(Telemetry::connect(&p)?)
+            }
+            Backend::Vnic(_) => None,
+        };
+
+        // The frontend.
+        let fprefix = format!("{prefix}-front");
+        let mut c = self.testpmd(
+            &fprefix,
+            &Self::lcores(&self.o.front_cpus, pairs),
+            &format!(
+                "net_virtio_user0,path={},queues={pairs},queue_size=1024,in_order=0,mrg_rxbuf=1",
+                sock.display()
+            ),
+            &["net_virtio", "mempool_ring"],
+        );
+        c.arg(format!("--nb-cores={pairs}"))
+            .arg(format!("--rxq={pairs}"))
+            .arg(format!("--txq={pairs}"))
+            .arg("--total-num-mbufs=8192")
+            .arg(format!("--forward-mode={}", dir.frontend_mode()))
+            .args(["--auto-start", "--stats-period", "5"]);
+        let mut front = Proc::spawn(
+            "dpdk-testpmd (virtio-user frontend)",
+            c,
+            &rdir.join("frontend.log"),
+            &self.o.front_cpus,
+            Some(dpdk_runtime_dir(&fprefix)),
+        )?;
+        let tele_path = front
+            .runtime_dir
+            .clone()
+            .unwrap_or_default()
+            .join("dpdk_telemetry.v2");
+        wait_path(
+            &tele_path,
+            "frontend telemetry socket",
+            &mut [&mut front, &mut back],
+            Duration::from_mins(1),
+        )?;
+        let mut tele = Telemetry::connect(&tele_path)?;
+        let dpdk_version = tele.hello["version"].as_str().unwrap_or("?").to_string();
+
+        // vnic: every pair enabled, the filters in, the generator running.
+        if let Some(c) = ctl.as_mut() {
+            let deadline = Instant::now() + Duration::from_mins(1);
+            loop {
+                front.check()?;
+                back.check()?;
+                let s = c.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
+                let live = counter(&s, "table.live");
+                let want = match backend {
+                    Backend::Vnic(Filters::None) | Backend::Dpdk => 0,
+                    Backend::Vnic(_) => u64::from(FILTERS_FULL),
+                };
+                if s["enabled_pairs"] == json!(pairs) && live == want {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "vnic: {pairs} pair(s) enabled and {want} filters live not reached within 1 min (enabled_pairs {}, live {live}); last lines of {}:\n{}",
+                        s["enabled_pairs"],
+                        back.log.display(),
+                        tail(&back.log, 15)
+                    ));
+                }
+                nap(Duration::from_millis(50))?;
+            }
+            if dir == Dir::Rx {
+                c.gen_start(
+                    &json!({"flows": GEN_FLOWS, "sport": "10000-10063", "rate": 0, "size": 64}),
+                )
+                .map_err(|e| format!("vnic gen start: {e}"))?;
+            }
+        }
+        // Traffic flows: the frontend's counter moves.
+        let first = pick(dir, tele.port_packets()?);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pick(dir, tele.port_packets()?) == first {
+            front.check()?;
+            back.check()?;
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the frontend counted no {} packets within 30 s\nfrontend, {}:\n{}\nbackend, {}:\n{}",
+                    dir.name(),
+                    front.log.display(),
+                    tail(&front.log, 20),
+                    back.log.display(),
+                    tail(&back.log, 20)
+                ));
+            }
+            nap(Duration::from_millis(50))?;
+        }
+        nap(Duration::from_secs_f64(self.o.warmup))?;
+
+        // The window.
+        let bpid = back.pid();
+        let fpid = front.pid();
+        let sample = |tele: &mut Telemetry,
+                      back_tele: &mut Option<Telemetry>,
+                      ctl: &mut Option<Ctl>|
+         -> Result<Sample, String> {
+            let fcpu = proc_cpu(fpid)?;
+            let cpu = proc_cpu(bpid)?;
+            let t = Instant::now();
+            let pk = pick(dir, tele.port_packets()?);
+            let (bpk, vs) = match (back_tele.as_mut(), ctl.as_mut()) {
+                (Some(bt), _) => {
+                    // The backend's direction is the other one.
+                    let (rx, tx) = bt.port_packets()?;
+                    (if dir == Dir::Rx { tx } else { rx }, None)
+                }
+                (None, Some(c)) => {
+                    let s = c.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
+                    let f = if dir == Dir::Rx {
+                        "rx_packets"
+                    } else {
+                        "tx_packets"
+                    };
+                    (sum_queues(&s, f), Some(s))
+                }
+                (None, None) => (0, None),
+            };
+            Ok(Sample {
+                t,
+                packets: pk,
+                backend_cpu: cpu,
+                backend_packets: bpk,
+                vnic_stats: vs,
+                frontend_cpu: fcpu,
+            })
+        };
+        let a = sample(&mut tele, &mut back_tele, &mut ctl)?;
+        nap(Duration::from_secs_f64(self.o.duration))?;
+        let b = sample(&mut tele, &mut back_tele, &mut ctl)?;
+        front.check()?;
+        back.check()?;
+        let (rx_filter, rx_rss) = match (&a.vnic_stats, &b.vnic_stats) {
+            (Some(sa), Some(sb)) if dir == Dir::Rx => (
+                Some(sum_queues(sb, "rx_filter") - sum_queues(sa, "rx_filter")),
+                Some(sum_queues(sb, "rx_rss") - sum_queues(sa, "rx_rss")),
+            ),
+            _ => (None, None),
+        };
+        drop(tele);
+        drop(back_tele);
+        drop(ctl);
+        front.stop(libc::SIGINT, Duration::from_secs(20));
+        let frontend_exit = exit_totals(&front.log);
+        // testpmd's vhost PMD unlinks its socket as it exits: wait for it.
+        let sig = if backend == Backend::Dpdk {
+            libc::SIGINT
+        } else {
+            libc::SIGTERM
+        };
+        back.stop(sig, Duration::from_secs(20));
+        let run = Run {
+            round,
+            dir,
+            pairs,
+            backend,
+            packets: b.packets - a.packets,
+            secs: (b.t - a.t).as_secs_f64(),
+            backend_cpu: b.backend_cpu - a.backend_cpu,
+            frontend_cpu: b.frontend_cpu - a.frontend_cpu,
+            backend_packets: b.backend_packets - a.backend_packets,
+            rx_filter,
+            rx_rss,
+            frontend_exit,
+            dpdk_version,
+        };
+        // The filter cases measure what they claim to.
+        if let (Backend::Vnic(f), Some(hit), Some(rss)) = (backend, rx_filter, rx_rss) {
+            let ok = match f {
+                Filters::None | Filters::Miss => hit == 0,
+                Filters::Match => rss == 0 && hit > 0,
+            };
+            if !ok {
+                return Err(format!(
+                    "vnic filters {}: {hit} frames steered by a filter and {rss} by RSS in the window: not what the case is about",
+                    f.label()
+                ));
+            }
+        }
+        log(&format!(
+            "  {:.3} Mpps wall, backend {:.2} cores, {:.3} Mpps per backend CPU-s, frontend {:.2} cores ({} packets in {:.2} s; backend counted {})",
+            run.mpps(),
+            run.cores(),
+            run.mpps_per_cpu(),
+            run.front_cores(),
+            run.packets,
+            run.secs,
+            run.backend_packets
+        ));
+        Ok(run)
+    }
+}
+
+/// Sum of a per-queue counter of vnic's `stats`.
+fn sum_queues(stats: &Value, field: &str) -> u64 {
+    stats["queues"]
+        .as_array()
+        .map_or(0, |qs| qs.iter().filter_map(|q| q[field].as_u64()).sum())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        f64::midpoint(v[n / 2 - 1], v[n / 2])
+    }
+}
+
+fn f2(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.2}")
+    } else {
+        "-".into()
+    }
+}
+
+fn f3(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "-".into()
+    }
+}
+
+fn read_first_line(path: &str, prefix: &str) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(prefix)
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn command_out(cmd: &mut Command) -> String {
+    cmd.output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// One line of the summary: a (direction, pairs, vnic filters) against
+/// the DPDK runs of the same direction and pairs.
+struct Row {
+    dir: Dir,
+    pairs: u16,
+    filters: Filters,
+    dpdk: Vec<Run>,
+    vnic: Vec<Run>,
+}
+
+impl Row {
+    /// Per round: vnic / DPDK of `f`.
+    fn ratios(&self, f: impl Fn(&Run) -> f64) -> Vec<f64> {
+        self.vnic
+            .iter()
+            .filter_map(|v| {
+                let d = self.dpdk.iter().find(|d| d.round == v.round)?;
+                Some(f(v) / f(d))
+            })
+            .collect()
+    }
+}
+
+fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
+    let mut rows = Vec::new();
+    for &pairs in &o.pairs {
+        for dir in [Dir::Tx, Dir::Rx] {
+            let dpdk: Vec<Run> = runs
+                .iter()
+                .filter(|r| r.dir == dir && r.pairs == pairs && r.backend == Backend::Dpdk)
+                .cloned()
+                .collect();
+            for f in filter_cases(dir) {
+                let vnic: Vec<Run> = runs
+                    .iter()
+                    .filter(|r| r.dir == dir && r.pairs == pairs && r.backend == Backend::Vnic(f))
+                    .cloned()
+                    .collect();
+                if !vnic.is_empty() || !dpdk.is_empty() {
+                    rows.push(Row {
+                        dir,
+                        pairs,
+                        filters: f,
+                        dpdk: dpdk.clone(),
+                        vnic,
+                    });
+                }
+            }
+        }
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "| dir | pairs | vnic filters | Mpps wall DPDK -> vnic | vnic/DPDK (per round) | Mpps per backend CPU-s DPDK -> vnic | vnic/DPDK (per round) | backend cores DPDK / vnic | frontend cores DPDK / vnic | vnic frames steered by a filter |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    let mut js = Vec::new();
+    for r in &rows {
+        let med = |v: &[Run], f: fn(&Run) -> f64| median(v.iter().map(f).collect());
+        let wall = r.ratios(Run::mpps);
+        let cpu = r.ratios(Run::mpps_per_cpu);
+        let hits: Vec<f64> = r
+            .vnic
+            .iter()
+            .filter_map(|v| {
+                let (h, s) = (v.rx_filter?, v.rx_rss?);
+                Some(if h + s == 0 {
+                    f64::NAN
+                } else {
+                    100.0 * h as f64 / (h + s) as f64
+                })
+            })
+            .collect();
+        let ratio = |v: &[f64]| {
+            format!(
+                "{}x ({})",
+                f2(median(v.to_vec())),
+                v.iter().map(|x| f2(*x)).collect::<Vec<_>>().join(" ")
+            )
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {} / {} | {} / {} | {} |",
+            r.dir.name(),
+            r.pairs,
+            r.filters.label(),
+            f3(med(&r.dpdk, Run::mpps)),
+            f3(med(&r.vnic, Run::mpps)),
+            ratio(&wall),
+            f3(med(&r.dpdk, Run::mpps_per_cpu)),
+            f3(med(&r.vnic, Run::mpps_per_cpu)),
+            ratio(&cpu),
+            f2(med(&r.dpdk, Run::cores)),
+            f2(med(&r.vnic, Run::cores)),
+            f2(med(&r.dpdk, Run::front_cores)),
+            f2(med(&r.vnic, Run::front_cores)),
+            if hits.is_empty() {
+                "n/a".to_string()
+            } else {
+                format!("{} %", f2(median(hits.clone())))
+            },
+        );
+        js.push(json!({
+            "dir": r.dir.name(),
+            "pairs": r.pairs,
+            "vnic_filters": r.filters.key(),
+            "mpps_dpdk_median": med(&r.dpdk, Run::mpps),
+            "mpps_vnic_median": med(&r.vnic, Run::mpps),
+            "mpps_ratio_per_round": wall,
+            "mpps_ratio_median": median(wall.clone()),
+            "mpps_per_cpu_dpdk_median": med(&r.dpdk, Run::mpps_per_cpu),
+            "mpps_per_cpu_vnic_median": med(&r.vnic, Run::mpps_per_cpu),
+            "mpps_per_cpu_ratio_per_round": cpu,
+            "mpps_per_cpu_ratio_median": median(cpu.clone()),
+            "backend_cores_dpdk_median": med(&r.dpdk, Run::cores),
+            "backend_cores_vnic_median": med(&r.vnic, Run::cores),
+            "frontend_cores_dpdk_median": med(&r.dpdk, Run::front_cores),
+            "frontend_cores_vnic_median": med(&r.vnic, Run::front_cores),
+            "vnic_filter_hit_percent": hits,
+        }));
+    }
+    let _ = writeln!(
+        md,
+        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | backend's own count |"
+    );
+    let _ = writeln!(
+        md,
+        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for r in runs {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} |",
+            r.round,
+            r.dir.name(),
+            r.pairs,
+            r.backend.name(),
+            match r.backend {
+                Backend::Vnic(f) => f.label(),
+                Backend::Dpdk => "",
+            },
+            r.packets,
+            r.secs,
+            f3(r.mpps()),
+            r.backend_cpu,
+            f3(r.mpps_per_cpu()),
+            f2(r.cores()),
+            f2(r.front_cores()),
+            r.backend_packets
+        );
+    }
+    (md, js)
+}
+
+/// Pair counts with more forwarding lcores than CPUs on a side: DPDK's
+/// polling lcores then time-share a CPU, which says little about either
+/// backend on a host with enough CPUs.
+fn crowded_note(o: &Opts) -> Option<String> {
+    let per_side = o.back_cpus.len().min(o.front_cpus.len());
+    let over: Vec<String> = o
+        .pairs
+        .iter()
+        .filter(|&&p| usize::from(p) > per_side)
+        .map(ToString::to_string)
+        .collect();
+    (!over.is_empty()).then(|| {
+        format!(
+            "with {} pair(s), each side runs more forwarding threads than it has CPUs ({per_side} per side: backend {}, frontend {}): \
+             testpmd's busy-polling lcores (the DPDK backend's, and the frontend's in every run) time-share a CPU, vnic's workers sleep when idle; \
+             those rows describe an oversubscribed host, not the backends",
+            over.join(", "),
+            fmt_cpus(&o.back_cpus),
+            fmt_cpus(&o.front_cpus)
+        )
+    })
+}
+
+/// vnic filter variants run in a direction: the table is only looked up
+/// on the device -> guest path.
+fn filter_cases(dir: Dir) -> Vec<Filters> {
+    match dir {
+        Dir::Tx => vec![Filters::None],
+        Dir::Rx => vec![Filters::None, Filters::Match, Filters::Miss],
+    }
+}
+
+fn main() {
+    started();
+    let o = parse_args();
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    let stamp = command_out(Command::new("date").args(["-u", "+%Y%m%dT%H%M%SZ"]));
+    let dir = o.out.join(&stamp);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        fail(&format!("{}: {e}", dir.display()));
+    }
+    let sockdir = std::env::temp_dir().join(format!("vnic-bench-dpdk-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&sockdir) {
+        fail(&format!("{}: {e}", sockdir.display()));
+    }
+    if o.front_cpus.iter().any(|c| o.back_cpus.contains(c)) {
+        log("warning: frontend and backend CPUs overlap");
+    }
+    let load_start = loadavg();
+    log(&format!(
+        "{} round(s) x pairs {:?}, {} s per case after {} s warm-up; backend on CPU(s) {}, frontend on CPU(s) {}; load average {load_start}",
+        o.rounds,
+        o.pairs,
+        o.duration,
+        o.warmup,
+        fmt_cpus(&o.back_cpus),
+        fmt_cpus(&o.front_cpus)
+    ));
+    log("TX runs vnic with 0 filters only: the filter table is looked up on the device -> guest (RX) path alone");
+    let crowded = crowded_note(&o);
+    if let Some(n) = &crowded {
+        log(&format!("warning: {n}"));
+    }
+    let mut b = Bench {
+        o,
+        dir: dir.clone(),
+        sockdir: sockdir.clone(),
+        n: 0,
+    };
+    let mut runs = Vec::new();
+    let mut err = None;
+    'all: for round in 1..=b.o.rounds {
+        for pairs in b.o.pairs.clone() {
+            for d in [Dir::Tx, Dir::Rx] {
+                let mut order: Vec<Backend> = vec![Backend::Dpdk];
+                order.extend(filter_cases(d).into_iter().map(Backend::Vnic));
+                if round % 2 == 0 {
+                    order.reverse();
+                }
+                for be in order {
+                    match b.run(round, d, pairs, be) {
+                        Ok(r) => runs.push(r),
+                        Err(e) => {
+                            err = Some(e);
+                            break 'all;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&sockdir);
+    let o = &b.o;
+    let (md, rows) = summary(&runs, o);
+    let meta = json!({
+        "started_utc": stamp,
+        "duration_s": o.duration,
+        "warmup_s": o.warmup,
+        "rounds": o.rounds,
+        "pairs": o.pairs,
+        "frame_bytes": 64,
+        "backend_cpus": o.back_cpus,
+        "frontend_cpus": o.front_cpus,
+        "cpus_online": allowed_cpus().len(),
+        "cpu_model": read_first_line("/proc/cpuinfo", "model name"),
+        "kernel": command_out(Command::new("uname").arg("-r")),
+        "load_average_start": load_start,
+        "load_average_end": loadavg(),
+        "nice": command_out(Command::new("sh").args(["-c", "ps -o ni= -p $PPID"])),
+        "testpmd": o.testpmd,
+        "dpdk_version": runs.first().map(|r| r.dpdk_version.clone()),
+        "vnic": o.vnic,
+        "vnic_version": command_out(Command::new(&o.vnic).arg("--version")),
+        "frontend": "dpdk-testpmd --vdev net_virtio_user0,queues=N,queue_size=1024,in_order=0,mrg_rxbuf=1 --total-num-mbufs=8192 --forward-mode=txonly|rxonly",
+        "tx_filters_note": "TX runs vnic with 0 filters only: the filter table is looked up on the device -> guest path alone",
+        "interrupted_or_failed": err,
+        "crowded_cpus_note": crowded,
+    });
+    let out = json!({"meta": meta, "summary": rows, "runs": runs.iter().map(Run::to_json).collect::<Vec<_>>()});
+    let json_path = dir.join("bench-dpdk.json");
+    match std::fs::write(
+        &json_path,
+        serde_json::to_string_pretty(&out).unwrap_or_default(),
+    ) {
+        Ok(()) => log(&format!("raw figures: {}", json_path.display())),
+        Err(e) => log(&format!("writing {}: {e}", json_path.display())),
+    }
+    if !runs.is_empty() {
+        println!(
+            "vnic vs DPDK vhost PMD, frontend dpdk-testpmd net_virtio_user ({}), 64 B frames, {} round(s) of {} s per case, backend on CPU(s) {}, frontend on CPU(s) {}, load average {} -> {}\n",
+            runs[0].dpdk_version,
+            o.rounds,
+            o.duration,
+            fmt_cpus(&o.back_cpus),
+            fmt_cpus(&o.front_cpus),
+            out["meta"]["load_average_start"].as_str().unwrap_or(""),
+            out["meta"]["load_average_end"].as_str().unwrap_or(""),
+        );
+        print!("{md}");
+        println!(
+            "\nTX (guest -> device) runs vnic with 0 filters only: the filter table is looked up on the device -> guest path alone. \
+             Medians over rounds; \"per round\" lists each round's vnic/DPDK. Backend CPU: user + system of the whole backend process in the window \
+             (DPDK's forwarding lcores poll, so they use their CPUs whether or not packets flow)."
+        );
+        if let Some(n) = &crowded {
+            println!("\nWarning: {n}.");
+        }
+    }
+    if let Some(e) = err {
+        if STOP.load(Ordering::SeqCst) {
+            eprintln!("vnic-bench-dpdk: interrupted; processes stopped");
+            std::process::exit(130);
+        }
+        eprintln!("vnic-bench-dpdk: error: {e}");
+        std::process::exit(1);
+    }
+}
