@@ -956,26 +956,26 @@ mod tests {
     /// the percentiles come from the window's buckets only.
     #[test]
     fn latency_window_subtracts_snapshots() {
-        let a = json!({"replies": 100, "sum_ns": 100_000_000, "bad": 1,
+        let before = json!({"replies": 100, "sum_ns": 100_000_000, "bad": 1,
                        "buckets": [[1_000_000, 1_048_576, 100]]});
         // 100 more at ~1 ms before, then 98 at ~100 us and 2 at ~10 ms.
-        let b = json!({"replies": 200, "sum_ns": 100_000_000 + 98 * 100_000 + 2 * 10_000_000,
+        let after = json!({"replies": 200, "sum_ns": 100_000_000 + 98 * 100_000 + 2 * 10_000_000,
                        "bad": 3,
                        "buckets": [[98_304, 102_400, 98],
                                    [1_000_000, 1_048_576, 100],
                                    [9_961_472, 10_485_760, 2]]});
-        let l = Latency::window(&a, &b);
-        assert_eq!(l.replies, 100);
-        assert_eq!(l.bad, 2);
-        assert!((l.mean_us - 298.0).abs() < 1e-9, "{l:?}");
-        assert!((98.3..=102.4).contains(&l.p50_us), "{l:?}");
+        let w = Latency::window(&before, &after);
+        assert_eq!(w.replies, 100);
+        assert_eq!(w.bad, 2);
+        assert!((w.mean_us - 298.0).abs() < 1e-9, "{w:?}");
+        assert!((98.3..=102.4).contains(&w.p50_us), "{w:?}");
         // The 99th of 100 falls in the 10 ms bucket.
-        assert!((9961.0..=10486.0).contains(&l.p99_us), "{l:?}");
+        assert!((9961.0..=10486.0).contains(&w.p99_us), "{w:?}");
         // Nothing in the window: zeros, not NaN.
-        let z = Latency::window(&b, &b);
-        assert_eq!((z.replies, z.mean_us, z.p99_us), (0, 0.0, 0.0));
+        let none = Latency::window(&after, &after);
+        assert_eq!((none.replies, none.mean_us, none.p99_us), (0, 0.0, 0.0));
         // Missing or malformed snapshots (older daemons): zeros.
-        let e = Latency::window(&json!(null), &json!({"buckets": [["x"]]}));
-        assert_eq!(e, Latency::default());
+        let bad = Latency::window(&json!(null), &json!({"buckets": [["x"]]}));
+        assert_eq!(bad, Latency::default());
     }
 }
