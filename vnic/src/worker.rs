@@ -23,7 +23,7 @@ use crate::peer::{AnyPeer, Peer};
 use crate::stats::{add, add_owned};
 use crate::virtq::rx::RxBatch;
 use crate::virtq::tx::avail_ahead;
-use crate::virtq::tx::{gather_tx, TxChain};
+use crate::virtq::tx::{gather_tx, TxChain, TxRing};
 use crate::virtq::{Mem, StopLatch, Vring, NET_HDR_LEN};
 
 /// Most tx chains handled per event before yielding to other events.
@@ -214,24 +214,42 @@ impl Worker {
         let mut done = 0usize;
         let mut mgmt_seen = false;
         let mut used = false;
+        // Used index before the batch: the notification window of the
+        // ring path (which leaves virtio-queue's num_added alone).
+        let start_used = tx.get_queue().next_used();
+        let mut ring_used = false;
         'outer: loop {
             if event_idx {
                 if let Err(e) = tx.disable_notification() {
                     log::debug!("pair {id}: tx disable_notification: {e}");
                 }
             }
+            // The direct ring view, or virtio-queue per chain when the
+            // rings do not resolve to host memory.
+            let mut ring = TxRing::open(tx.get_queue(), &mem);
+            ring_used |= ring.is_some();
             loop {
                 if done == TX_BUDGET {
                     self.tx_pending = true;
                     self.router.inbox().wake();
+                    if let Some(r) = ring.take() {
+                        r.finish(tx.get_queue_mut());
+                    }
                     break 'outer;
                 }
-                let r = match gather_tx(tx.get_queue_mut(), &*mem, &mut self.txbuf) {
+                let next = match &mut ring {
+                    Some(r) => r.next(&mut self.txbuf),
+                    None => gather_tx(tx.get_queue_mut(), &*mem, &mut self.txbuf),
+                };
+                let r = match next {
                     Ok(Some(r)) => r,
                     Ok(None) => break,
                     Err(why) => {
                         // Nothing popped; no notification loop either (the
                         // avail index would read "more" for ever).
+                        if let Some(r) = ring.take() {
+                            r.finish(tx.get_queue_mut());
+                        }
                         self.tx_stop
                             .stop(restarts, why, &q.tx_stops, &q.tx_stopped, id, "tx");
                         vrings[1].signal_err();
@@ -261,6 +279,11 @@ impl Worker {
                     }
                 }
             }
+            // The queue's positions are current again before it decides
+            // on notifications.
+            if let Some(r) = ring.take() {
+                r.finish(tx.get_queue_mut());
+            }
             if !event_idx {
                 break;
             }
@@ -278,12 +301,18 @@ impl Worker {
             tx.get_queue().next_avail()
         );
         if used {
-            match tx.needs_notification() {
-                Ok(true) => {
-                    let _ = tx.signal_used_queue();
-                }
-                Ok(false) => {}
-                Err(e) => log::debug!("pair {id}: tx needs_notification: {e}"),
+            let notify = if ring_used {
+                // Also right when some rounds ran per chain: those moved
+                // the same next_used.
+                crate::virtq::rx::needs_notification(tx.get_queue(), &*mem, start_used)
+            } else {
+                tx.needs_notification().unwrap_or_else(|e| {
+                    log::debug!("pair {id}: tx needs_notification: {e}");
+                    true
+                })
+            };
+            if notify {
+                let _ = tx.signal_used_queue();
             }
         }
         drop(tx);
