@@ -153,6 +153,22 @@ fn fmt(v: Option<f64>) -> String {
     v.map_or_else(|| "-".into(), |v| units(v.round() as u64))
 }
 
+/// A latency in us: whole microseconds, thousands separated ("57,459").
+fn fmt_us(v: Option<f64>) -> String {
+    let Some(v) = v else {
+        return "-".into();
+    };
+    let digits = format!("{}", v.round() as u64);
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 && a / b < 10.0 => format!("{:.1}x", a / b),
@@ -273,7 +289,8 @@ pub fn write_report(
             let (po, pn) = (at(&old.0, v, rps), at(&new.0, v, rps));
             let (ro, rn) = (patch_row(it, false, rps), patch_row(it, true, rps));
             let cell = |c: &Column, p: Option<&CollisionPoint>, r: Option<&PatchRow>| {
-                format!("{} / {}", fmt(p.and_then(c.ours)), fmt(r.map(c.patch)))
+                let f = if c.name == "Latency" { fmt_us } else { fmt };
+                format!("{} / {}", f(p.and_then(c.ours)), f(r.map(c.patch)))
             };
             let [lat, add, del, sc, sl] = &COLUMNS;
             let _ = writeln!(
@@ -374,6 +391,14 @@ mod tests {
             steer_calls: adds * 2,
             ..CollisionPoint::default()
         }
+    }
+
+    #[test]
+    fn latency_cells_are_whole_microseconds() {
+        assert_eq!(fmt_us(Some(57_459.4)), "57,459");
+        assert_eq!(fmt_us(Some(1_017_139.0)), "1,017,139");
+        assert_eq!(fmt_us(Some(229.05)), "229");
+        assert_eq!(fmt_us(None), "-");
     }
 
     #[test]
