@@ -21,6 +21,7 @@ use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, Vring
 use virtio_queue::{Error as VirtQueError, QueueT};
 use vm_memory::{Address, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
+pub mod ring;
 pub mod rx;
 pub mod tx;
 pub mod watchdog;

@@ -15,10 +15,11 @@ use vhost_user_backend::VringState;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap,
-    GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, Permissions, VolatileSlice,
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap, Permissions,
+    VolatileSlice,
 };
 
+use super::ring::RingView;
 use super::{used_event_addr, Mem, NET_HDR_LEN};
 
 /// Offset of `num_buffers` in the header.
@@ -247,141 +248,47 @@ impl<'a, M: GuestMemory> RxAccess for QueueAccess<'a, M> {
     }
 }
 
-/// Used entries published at most this many at a time while a batch runs
-/// (the driver can consume the first ones while the device writes more).
-const PUBLISH_EVERY: u16 = 64;
-
-/// Host view of one split rx virtqueue for one batch of frames: the
-/// descriptor table, avail ring and used ring are resolved to host memory
-/// once when the batch starts, the avail index is read once per batch (and
-/// again only when the cached entries run out), used entries are written
-/// as frames are delivered and the used index is published every
-/// [`PUBLISH_EVERY`] entries and at [`RxRing::finish`]. Per frame this
-/// costs no guest-memory region lookup except one range check per
-/// descriptor buffer (against the last region used).
+/// Host view of one split rx virtqueue for one batch of frames
+/// ([`RingView`]: rings resolved to host memory once per batch, the avail
+/// index read once per batch, used entries written as frames are delivered
+/// and the used index published every [`super::ring::PUBLISH_EVERY`]
+/// entries and at [`RxRing::finish`]). Per frame this costs no
+/// guest-memory region lookup except one range check per descriptor
+/// buffer (against the last region used).
 ///
-/// The queue's own `next_avail` / `next_used` are stale while the batch
-/// runs: the caller must hold the vring's lock from [`RxRing::open`] to
-/// [`RxRing::finish`] and use nothing else on this queue in between.
-/// Queue::add_used is not called, so the queue's `num_added` does not move:
-/// decide on used-buffer notifications with [`needs_notification`], never
-/// with `Queue::needs_notification`.
+/// The caller holds the vring's lock from [`RxRing::open`] to
+/// [`RxRing::finish`] and decides on notifications with
+/// [`needs_notification`] (see [`RingView`]).
 ///
 /// Frames go in through [`deliver`], as on the per-frame path.
 pub struct RxRing<'a> {
-    mem: &'a GuestMemoryMmap,
-    desc: VolatileSlice<'a, ()>,
-    avail: VolatileSlice<'a, ()>,
-    used: VolatileSlice<'a, ()>,
-    size: u16,
-    next_avail: Wrapping<u16>,
-    /// Avail index as last read from the ring.
-    avail_idx: Wrapping<u16>,
-    next_used: Wrapping<u16>,
-    published: Wrapping<u16>,
-    /// Region of the last descriptor buffer (most buffers share it).
-    region: Option<&'a GuestRegionMmap>,
+    r: RingView<'a>,
 }
 
 impl<'a> RxRing<'a> {
-    /// Resolves the rings of `q`. `None` when the queue is not ready, its
-    /// size is not a power of two, or a ring area is not one contiguous
-    /// piece of host memory: the caller then uses [`QueueAccess`].
+    /// Resolves the rings of `q`; `None` when [`RingView::open`] cannot:
+    /// the caller then uses [`QueueAccess`].
     pub fn open(q: &Queue, mem: &'a GuestMemoryMmap) -> Option<Self> {
-        let size = q.size();
-        if !q.ready() || size == 0 || !size.is_power_of_two() {
-            return None;
-        }
-        let n = usize::from(size);
-        let ev = if q.event_idx_enabled() { 2 } else { 0 };
-        let desc = mem.get_slice(GuestAddress(q.desc_table()), 16 * n).ok()?;
-        let avail = mem
-            .get_slice(GuestAddress(q.avail_ring()), 4 + 2 * n + ev)
-            .ok()?;
-        let used = mem
-            .get_slice(GuestAddress(q.used_ring()), 4 + 8 * n + ev)
-            .ok()?;
-        let next_avail = Wrapping(q.next_avail());
-        let next_used = Wrapping(q.next_used());
-        Some(Self {
-            mem,
-            desc,
-            avail,
-            used,
-            size,
-            next_avail,
-            avail_idx: next_avail,
-            next_used,
-            published: next_used,
-            region: None,
-        })
+        RingView::open(q, mem).map(|r| Self { r })
     }
 
     /// Publishes the used index and hands the ring positions back to `q`.
     /// Returns the used index.
-    pub fn finish(mut self, q: &mut Queue) -> u16 {
-        self.publish();
-        q.set_next_avail(self.next_avail.0);
-        q.set_next_used(self.next_used.0);
-        self.next_used.0
-    }
-
-    fn publish(&mut self) {
-        if self.published != self.next_used {
-            // Release: the used elements and the buffers' contents are
-            // visible before the index that hands them to the driver.
-            let _ = self
-                .used
-                .store(u16::to_le(self.next_used.0), 2, Ordering::Release);
-            self.published = self.next_used;
-        }
+    pub fn finish(self, q: &mut Queue) -> u16 {
+        self.r.finish(q)
     }
 
     /// The head of the next available chain, if any.
     #[inline]
     fn pop_head(&mut self) -> Option<u16> {
-        if self.next_avail == self.avail_idx {
-            let idx = Wrapping(u16::from_le(
-                self.avail.load::<u16>(2, Ordering::Acquire).ok()?,
-            ));
-            // More than a ring's worth of new entries: the driver is broken
-            // (virtio-queue refuses such a ring in the same way).
-            if (idx - self.next_avail).0 > self.size {
-                log::debug!(
-                    "rx avail idx {} runs more than a ring ahead of {}",
-                    idx.0,
-                    self.next_avail.0
-                );
-                return None;
-            }
-            self.avail_idx = idx;
-            if idx == self.next_avail {
-                return None;
+        match self.r.pop_head() {
+            Ok(h) => h,
+            Err(e) => {
+                let (idx, next) = self.r.positions();
+                log::debug!("rx ring: {e} (avail idx {idx}, device at {next})");
+                None
             }
         }
-        let slot = usize::from(self.next_avail.0 & (self.size - 1));
-        let head = u16::from_le(
-            self.avail
-                .load::<u16>(4 + 2 * slot, Ordering::Relaxed)
-                .ok()?,
-        );
-        self.next_avail += Wrapping(1);
-        Some(head)
-    }
-
-    /// Host memory of `len` bytes at `addr` when they lie in one region.
-    #[inline]
-    fn buffer(&mut self, addr: GuestAddress, len: usize) -> Option<VolatileSlice<'a, ()>> {
-        let r = match self.region {
-            Some(r) if addr >= r.start_addr() && addr <= r.last_addr() => r,
-            _ => {
-                let r = self.mem.find_region(addr)?;
-                self.region = Some(r);
-                r
-            }
-        };
-        let off = addr.unchecked_offset_from(r.start_addr());
-        r.get_slice(MemoryRegionAddress(off), len).ok()
     }
 
     #[inline]
@@ -393,8 +300,8 @@ impl<'a> RxRing<'a> {
         nb: &mut [Option<GuestAddress>; 2],
     ) -> Result<(), BadChain> {
         let total = src.len();
-        let mut table = self.desc;
-        let mut table_len = self.size;
+        let mut table = self.r.desc;
+        let mut table_len = self.r.size;
         let mut indirect = false;
         let mut idx = head;
         let mut ttl = table_len;
@@ -416,11 +323,12 @@ impl<'a> RxRing<'a> {
                     return Err(BadChain);
                 }
                 let len = d.len() as usize;
-                table = if let Ok(t) = self.mem.get_slice(d.addr(), len) {
+                table = if let Ok(t) = self.r.mem.get_slice(d.addr(), len) {
                     t
                 } else {
                     copied.resize(len, 0);
-                    self.mem
+                    self.r
+                        .mem
                         .read_slice(&mut copied, d.addr())
                         .map_err(|_| BadChain)?;
                     VolatileSlice::from(copied.as_mut_slice())
@@ -438,7 +346,7 @@ impl<'a> RxRing<'a> {
             bytes = bytes.checked_add(d.len()).ok_or(BadChain)?;
             let len = d.len() as usize;
             let n = len.min(total - *off);
-            if let Some(buf) = self.buffer(d.addr(), len) {
+            if let Some(buf) = self.r.buffer(d.addr(), len) {
                 if n > 0 {
                     buf.copy_from(&src[*off..*off + n]);
                 }
@@ -446,7 +354,7 @@ impl<'a> RxRing<'a> {
                 // Outside guest memory, or across regions: check (and
                 // write) it piece by piece.
                 let mut done = 0usize;
-                let slices = GuestMemory::get_slices(self.mem, d.addr(), len, Permissions::Write)
+                let slices = GuestMemory::get_slices(self.r.mem, d.addr(), len, Permissions::Write)
                     .map_err(|_| BadChain)?;
                 for slice in slices {
                     let slice = slice.map_err(|_| BadChain)?;
@@ -479,7 +387,7 @@ impl<'a> RxRing<'a> {
             }
             idx = d.next();
         }
-        if ndesc > usize::from(self.size) {
+        if ndesc > usize::from(self.r.size) {
             return Err(BadChain);
         }
         Ok(())
@@ -496,7 +404,7 @@ impl RxAccess for RxRing<'_> {
 
     #[inline]
     fn unpop(&mut self, n: usize) {
-        self.next_avail -= Wrapping(n as u16);
+        self.r.unpop(n);
     }
 
     #[inline]
@@ -512,20 +420,12 @@ impl RxAccess for RxRing<'_> {
 
     #[inline]
     fn add_used(&mut self, head: u16, len: u32) {
-        let slot = usize::from(self.next_used.0 & (self.size - 1));
-        let mut e = [0u8; 8];
-        e[..4].copy_from_slice(&u32::from(head).to_le_bytes());
-        e[4..].copy_from_slice(&len.to_le_bytes());
-        let _ = self.used.write_slice(&e, 4 + 8 * slot);
-        self.next_used += Wrapping(1);
-        if (self.next_used - self.published).0 >= PUBLISH_EVERY {
-            self.publish();
-        }
+        self.r.push_used(head, len);
     }
 
     #[inline]
     fn write(&mut self, bytes: &[u8], at: GuestAddress) {
-        let _ = self.mem.write_slice(bytes, at);
+        let _ = self.r.mem.write_slice(bytes, at);
     }
 }
 
@@ -660,6 +560,7 @@ impl<'m> RxBatch<'m> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::virtq::ring::PUBLISH_EVERY;
     use virtio_bindings::bindings::virtio_ring::{
         VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     };
@@ -1000,9 +901,10 @@ mod tests {
         // The driver adds 3 buffers: the next batch uses exactly those.
         repost(&m, &mq, 5, 3, 2048);
         let mut r = RxRing::open(&q, &m).unwrap();
-        for _ in 0..4 {
+        for i in 0..4 {
             let mut pkt = vec![9u8; NET_HDR_LEN + 60];
-            let want = if r.next_used.0 < 8 {
+            // Used entries 5, 6 and 7 fit; the fourth frame finds none.
+            let want = if i < 3 {
                 RxOutcome::Delivered { buffers: 1 }
             } else {
                 RxOutcome::NoBuffers

@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueOwnedT, QueueT};
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap,
-    GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress, VolatileSlice,
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice,
 };
 
+use super::ring::RingView;
 use super::{RingStop, NET_HDR_LEN};
 
 /// Largest tx chain accepted (header + 64 KiB frame).
@@ -157,136 +157,50 @@ pub fn gather_tx<M: GuestMemory>(
     Ok(Some(TxChain::Ok { len: off }))
 }
 
-/// Used entries written before the used index is published mid-batch (the
-/// driver can reuse those buffers without waiting for the batch's end).
-const PUBLISH_EVERY: u16 = 64;
-
 /// A worker's tx ring during one batch, read without virtio-queue's
-/// per-chain calls: the descriptor table, avail ring and used ring are
-/// resolved to host memory once when the batch starts, the avail index is
-/// read once per batch (and again only when the entries seen run out),
-/// buffers are copied through the region of the last buffer, used entries
-/// are written as chains complete and the used index is published every
-/// [`PUBLISH_EVERY`] entries and at [`TxRing::finish`].
+/// per-chain calls ([`RingView`]: rings resolved to host memory once per
+/// batch, the avail index read once per batch, used entries written as
+/// chains complete, the used index published every
+/// [`super::ring::PUBLISH_EVERY`] entries and at [`TxRing::finish`], one
+/// notification decision per batch by the caller, with
+/// [`super::rx::needs_notification`]).
 ///
 /// Chains are checked as [`gather_tx`] checks them and a bad one is named
 /// by the same rules ([`structure_fault`] on the bad path), so the counters
-/// do not depend on which path ran.
-///
-/// The queue's own `next_avail` / `next_used` are stale while the batch
-/// runs: the caller holds the vring's lock from [`TxRing::open`] to
-/// [`TxRing::finish`] and uses nothing else on this queue in between.
-/// `Queue::add_used` is not called, so the queue's `num_added` does not
-/// move: decide on used-buffer notifications with
-/// [`super::rx::needs_notification`].
+/// do not depend on which path ran. The caller holds the vring's lock from
+/// [`TxRing::open`] to [`TxRing::finish`].
 pub struct TxRing<'a> {
-    mem: &'a GuestMemoryMmap,
-    desc_table: GuestAddress,
-    desc: VolatileSlice<'a, ()>,
-    avail: VolatileSlice<'a, ()>,
-    used: VolatileSlice<'a, ()>,
-    size: u16,
-    next_avail: Wrapping<u16>,
-    avail_idx: Wrapping<u16>,
-    next_used: Wrapping<u16>,
-    published: Wrapping<u16>,
-    region: Option<&'a GuestRegionMmap>,
+    r: RingView<'a>,
 }
 
 impl<'a> TxRing<'a> {
-    /// Resolves the rings of `q`; `None` when the queue is not ready, its
-    /// size is not a power of two, or a ring area is not one contiguous
-    /// piece of host memory (the caller then uses [`gather_tx`]).
+    /// Resolves the rings of `q`; `None` when [`RingView::open`] cannot
+    /// (the caller then uses [`gather_tx`]).
     pub fn open(q: &Queue, mem: &'a GuestMemoryMmap) -> Option<Self> {
-        let size = q.size();
-        if !q.ready() || size == 0 || !size.is_power_of_two() {
-            return None;
-        }
-        let n = usize::from(size);
-        let ev = if q.event_idx_enabled() { 2 } else { 0 };
-        let desc_table = GuestAddress(q.desc_table());
-        let desc = mem.get_slice(desc_table, 16 * n).ok()?;
-        let avail = mem
-            .get_slice(GuestAddress(q.avail_ring()), 4 + 2 * n + ev)
-            .ok()?;
-        let used = mem
-            .get_slice(GuestAddress(q.used_ring()), 4 + 8 * n + ev)
-            .ok()?;
-        let next_avail = Wrapping(q.next_avail());
-        let next_used = Wrapping(q.next_used());
-        Some(Self {
-            mem,
-            desc_table,
-            desc,
-            avail,
-            used,
-            size,
-            next_avail,
-            avail_idx: next_avail,
-            next_used,
-            published: next_used,
-            region: None,
-        })
+        RingView::open(q, mem).map(|r| Self { r })
     }
 
     /// Publishes the used index and hands the ring positions back to `q`.
-    pub fn finish(mut self, q: &mut Queue) {
-        self.publish();
-        q.set_next_avail(self.next_avail.0);
-        q.set_next_used(self.next_used.0);
-    }
-
-    fn publish(&mut self) {
-        if self.published != self.next_used {
-            // Release: the used elements are visible before the index.
-            let _ = self
-                .used
-                .store(u16::to_le(self.next_used.0), 2, Ordering::Release);
-            self.published = self.next_used;
-        }
+    pub fn finish(self, q: &mut Queue) {
+        self.r.finish(q);
     }
 
     /// The next chain, gathered into `buf` and completed (length 0), as
     /// [`gather_tx`] does it.
     pub fn next(&mut self, buf: &mut Vec<u8>) -> Result<Option<TxChain>, RingStop> {
-        if self.next_avail == self.avail_idx {
-            let idx = Wrapping(u16::from_le(
-                self.avail
-                    .load::<u16>(2, Ordering::Acquire)
-                    .map_err(|_| RingStop::AvailUnreadable)?,
-            ));
-            if (idx - self.next_avail).0 > self.size {
-                return Err(RingStop::AvailJump);
-            }
-            self.avail_idx = idx;
-            if idx == self.next_avail {
-                return Ok(None);
-            }
-        }
-        let slot = usize::from(self.next_avail.0 & (self.size - 1));
-        let head = u16::from_le(
-            self.avail
-                .load::<u16>(4 + 2 * slot, Ordering::Relaxed)
-                .map_err(|_| RingStop::AvailUnreadable)?,
-        );
-        self.next_avail += Wrapping(1);
+        let Some(head) = self.r.pop_head()? else {
+            return Ok(None);
+        };
         let walk = self.walk(head, buf);
-        if head < self.size {
+        if head < self.r.size {
             // (An out-of-range head is not completed, as on the other path.)
-            let slot = usize::from(self.next_used.0 & (self.size - 1));
-            let mut e = [0u8; 8];
-            e[..4].copy_from_slice(&u32::from(head).to_le_bytes());
-            let _ = self.used.write_slice(&e, 4 + 8 * slot);
-            self.next_used += Wrapping(1);
-            if (self.next_used - self.published).0 >= PUBLISH_EVERY {
-                self.publish();
-            }
+            self.r.push_used(head, 0);
         }
         Ok(Some(match walk {
             Ok(len) if len < NET_HDR_LEN => TxChain::Bad(BadTx::ShortHeader),
             Ok(len) => TxChain::Ok { len },
             Err(bad) => TxChain::Bad(
-                structure_fault(self.mem, self.desc_table, self.size, head)
+                structure_fault(self.r.mem, self.r.desc_table, self.r.size, head)
                     .or(bad)
                     // The links are sound and no buffer was at fault: the
                     // only case left is a chain over 4 GiB in total.
@@ -300,8 +214,8 @@ impl<'a> TxRing<'a> {
     /// stopped on the chain's links; [`structure_fault`] names those).
     #[inline]
     fn walk(&mut self, head: u16, buf: &mut Vec<u8>) -> Result<usize, Option<BadTx>> {
-        let mut table = self.desc;
-        let mut table_len = self.size;
+        let mut table = self.r.desc;
+        let mut table_len = self.r.size;
         let mut indirect = false;
         let mut idx = head;
         let mut ttl = table_len;
@@ -319,11 +233,12 @@ impl<'a> TxRing<'a> {
                     return Err(None);
                 }
                 let len = d.len() as usize;
-                table = if let Ok(t) = self.mem.get_slice(d.addr(), len) {
+                table = if let Ok(t) = self.r.mem.get_slice(d.addr(), len) {
                     t
                 } else {
                     copied.resize(len, 0);
-                    self.mem
+                    self.r
+                        .mem
                         .read_slice(&mut copied, d.addr())
                         .map_err(|_| None)?;
                     VolatileSlice::from(copied.as_mut_slice())
@@ -335,7 +250,7 @@ impl<'a> TxRing<'a> {
                 continue;
             }
             ndesc += 1;
-            if ndesc > usize::from(self.size) {
+            if ndesc > usize::from(self.r.size) {
                 return Err(None);
             }
             if d.is_write_only() {
@@ -348,13 +263,14 @@ impl<'a> TxRing<'a> {
             if buf.len() < off + len {
                 buf.resize(off + len, 0);
             }
-            match self.buffer(d.addr(), len) {
+            match self.r.buffer(d.addr(), len) {
                 Some(src) => {
                     src.copy_to(&mut buf[off..off + len]);
                 }
                 None => {
                     // Outside guest memory, or across regions.
-                    self.mem
+                    self.r
+                        .mem
                         .read_slice(&mut buf[off..off + len], d.addr())
                         .map_err(|_| Some(BadTx::OutOfRange))?;
                 }
@@ -369,21 +285,6 @@ impl<'a> TxRing<'a> {
             }
             idx = d.next();
         }
-    }
-
-    /// Host memory of `len` bytes at `addr` when they lie in one region.
-    #[inline]
-    fn buffer(&mut self, addr: GuestAddress, len: usize) -> Option<VolatileSlice<'a, ()>> {
-        let r = match self.region {
-            Some(r) if addr >= r.start_addr() && addr <= r.last_addr() => r,
-            _ => {
-                let r = self.mem.find_region(addr)?;
-                self.region = Some(r);
-                r
-            }
-        };
-        let off = addr.unchecked_offset_from(r.start_addr());
-        r.get_slice(MemoryRegionAddress(off), len).ok()
     }
 }
 
