@@ -62,6 +62,9 @@ USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--slices K] [--vnic PATH
   --only rx|tx     run one direction only
   --pairs N        only the cases with N pairs (1 or 2)
   --size B         only the cases with B-byte frames (64 or 1500)
+  --filters LIST   filter counts to run, comma-separated (default 0,65535;
+                   e.g. 0,1024,65535 for the cost curve); the first 64 of
+                   any count match the generator's flows
 
 Cases: RX and TX, 64 B and 1500 B frames, 1 and 2 pairs, 0 and 65535
 filters. The 64 filters that match the generator's flows steer each flow
@@ -447,6 +450,7 @@ fn main() {
     let mut only = None;
     let mut only_pairs = None;
     let mut only_size = None;
+    let mut filter_counts = vec![0, FILTERS_FULL];
     let mut repeat = 1usize;
     let mut slices = 6usize;
     let mut args = std::env::args().skip(1);
@@ -503,6 +507,20 @@ fn main() {
                     _ => fail("--pairs takes 1 or 2"),
                 }
             }
+            "--filters" => {
+                let list = args
+                    .next()
+                    .unwrap_or_else(|| fail("--filters needs a list, e.g. 0,1024,65535"));
+                filter_counts = list
+                    .split(',')
+                    .map(|v| match v.trim().parse::<u32>() {
+                        Ok(n) if n <= FILTERS_FULL => n,
+                        _ => fail(&format!(
+                            "--filters: {v:?} is not a filter count 0..={FILTERS_FULL}"
+                        )),
+                    })
+                    .collect();
+            }
             "--size" => {
                 only_size = match args.next().as_deref() {
                     Some("64") => Some(64usize),
@@ -535,7 +553,7 @@ fn main() {
                 if only_pairs.is_some_and(|p| p != pairs) {
                     continue;
                 }
-                for filters in [0, FILTERS_FULL] {
+                for &filters in &filter_counts {
                     let mut steers = vec![Steer::Rss];
                     if dir == Dir::Rx && pairs == 2 && filters > 0 {
                         steers.push(Steer::Cross);
