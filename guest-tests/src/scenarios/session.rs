@@ -270,9 +270,12 @@ impl Session {
     /// [`Session::boot`] with its artifacts in `dir`, and once more into
     /// `dir/retry` when QEMU itself aborted on an internal assertion (TCG
     /// under load sometimes does early in a boot: seen iotlb_to_section,
-    /// msix_table_mmio_read). That is not vnic's doing; `say` is told why
-    /// the boot is repeated. Any other failure, or a second abort, is
-    /// returned.
+    /// msix_table_mmio_read), or when the guest never answered the agent's
+    /// hello (a TCG guest once hung in SMP bring-up, its console stopping
+    /// after the MTRR lines, before virtio-net probed). Neither is vnic's
+    /// doing; `say` is told why the boot is repeated, with the first
+    /// error. Any other failure, or a second failure, is returned: a
+    /// guest that cannot boot at all fails twice.
     pub fn boot_in(
         kernel: Kernel,
         tools: &Tools,
@@ -283,11 +286,12 @@ impl Session {
     ) -> Result<Self> {
         let art = Artifacts::new(dir.to_path_buf())?;
         match Self::boot(kernel.clone(), tools, settings.clone(), art, kind) {
-            Err(e) => match qemu_aborted(dir) {
+            Err(e) => match qemu_aborted(dir)
+                .map(|why| format!("QEMU aborted during boot ({why})"))
+                .or_else(|| boot_hung(&e.0))
+            {
                 Some(why) => {
-                    say(&format!(
-                        "QEMU aborted during boot ({why}); booting once more ({e})"
-                    ));
+                    say(&format!("{why}; booting once more ({e})"));
                     let art = Artifacts::new(dir.join("retry"))?;
                     Self::boot(kernel, tools, settings, art, kind)
                 }
@@ -597,6 +601,14 @@ pub fn report_line(o: &Outcome) -> String {
 
 /// The assertion line of a QEMU that aborted in the boot whose artifacts
 /// are in `dir`, if it did.
+/// Why a boot failure looks like a guest that hung before its agent ran
+/// (no answer to hello), if it does.
+fn boot_hung(error: &str) -> Option<String> {
+    error
+        .contains("did not answer hello")
+        .then(|| "the guest did not answer the agent's hello: hung in boot".to_string())
+}
+
 fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
     let log = std::fs::read_to_string(dir.join("qemu.log")).ok()?;
     log.lines()
@@ -606,7 +618,20 @@ fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::qemu_aborted;
+    use super::{boot_hung, qemu_aborted};
+
+    #[test]
+    fn a_boot_hang_is_told_from_other_boot_failures() {
+        assert!(boot_hung(
+            "agent did not answer hello within 180s: timed out after 3s waiting for the agent's reply to hello"
+        )
+        .is_some());
+        assert_eq!(
+            boot_hung("kernel reported problems during boot:\nBUG: ..."),
+            None
+        );
+        assert_eq!(boot_hung("vnic reports a table capacity of 0"), None);
+    }
 
     #[test]
     fn qemu_abort_is_told_from_other_boot_failures() {
