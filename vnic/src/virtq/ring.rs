@@ -144,6 +144,12 @@ impl<'a> RingView<'a> {
         (self.avail_idx.0, self.next_avail.0)
     }
 
+    /// Whether the next [`RingView::push_used`] publishes the used index.
+    #[inline]
+    pub fn publishes_next(&self) -> bool {
+        (self.next_used - self.published).0 + 1 >= PUBLISH_EVERY
+    }
+
     /// Writes the used entry (`head`, `len`), publishing every
     /// [`PUBLISH_EVERY`].
     #[inline]
