@@ -46,6 +46,10 @@ USAGE: vnic-bench-dpdk --testpmd PATH --vnic PATH [--dpdk-libs DIR]
                         LD_LIBRARY_PATH, and the vhost, virtio and mempool-ring
                         drivers are loaded from DIR/dpdk/pmds-23.0 with -d
   --vnic PATH           the vnic binary
+  --baseline PATH       another (older) vnic binary, run as a third backend
+                        in every vnic case of the same rounds; a second table
+                        gives vnic/baseline per round (before/after of one run)
+  --only tx|rx          one direction only
   --frontend-cpus LIST  CPUs of the frontend (default: the upper half of the
                         CPUs this process may use)
   --backend-cpus LIST   CPUs of the backend (default: the lower half)
@@ -153,6 +157,8 @@ impl Filters {
 enum Backend {
     Dpdk,
     Vnic(Filters),
+    /// The `--baseline` vnic binary.
+    Base(Filters),
 }
 
 impl Backend {
@@ -160,6 +166,15 @@ impl Backend {
         match self {
             Backend::Dpdk => "dpdk",
             Backend::Vnic(_) => "vnic",
+            Backend::Base(_) => "base",
+        }
+    }
+
+    /// The filter case of a vnic backend (either binary).
+    fn vnic_filters(self) -> Option<Filters> {
+        match self {
+            Backend::Dpdk => None,
+            Backend::Vnic(f) | Backend::Base(f) => Some(f),
         }
     }
 }
@@ -177,6 +192,9 @@ struct Opts {
     testpmd: PathBuf,
     dpdk_libs: Option<PathBuf>,
     vnic: PathBuf,
+    /// Another vnic binary run as a third backend (before/after in one run).
+    baseline: Option<PathBuf>,
+    dirs: Vec<Dir>,
     front_cpus: Vec<usize>,
     back_cpus: Vec<usize>,
     out: PathBuf,
@@ -234,6 +252,8 @@ fn parse_args() -> Opts {
     let mut testpmd = None;
     let mut dpdk_libs = None;
     let mut vnic = None;
+    let mut baseline = None;
+    let mut dirs = vec![Dir::Tx, Dir::Rx];
     let mut front = None;
     let mut back = None;
     let mut out = PathBuf::from("target/bench-dpdk");
@@ -289,6 +309,14 @@ fn parse_args() -> Opts {
             "--testpmd" => testpmd = Some(PathBuf::from(val(&mut args, "--testpmd"))),
             "--dpdk-libs" => dpdk_libs = Some(PathBuf::from(val(&mut args, "--dpdk-libs"))),
             "--vnic" => vnic = Some(PathBuf::from(val(&mut args, "--vnic"))),
+            "--baseline" => baseline = Some(PathBuf::from(val(&mut args, "--baseline"))),
+            "--only" => {
+                dirs = match val(&mut args, "--only").to_ascii_lowercase().as_str() {
+                    "tx" => vec![Dir::Tx],
+                    "rx" => vec![Dir::Rx],
+                    x => fail(&format!("--only {x:?}: tx or rx")),
+                };
+            }
             "--frontend-cpus" => {
                 front = Some(
                     parse_cpus(&val(&mut args, "--frontend-cpus")).unwrap_or_else(|e| fail(&e)),
@@ -320,6 +348,11 @@ fn parse_args() -> Opts {
             vnic.display()
         ));
     }
+    if let Some(b) = &baseline {
+        if !b.exists() {
+            fail(&format!("--baseline {}: no such file", b.display()));
+        }
+    }
     let cpus = allowed_cpus();
     let half = cpus.len().div_ceil(2).min(cpus.len() - 1).max(1);
     let back_cpus = back.unwrap_or_else(|| cpus[..half.min(cpus.len())].to_vec());
@@ -338,6 +371,8 @@ fn parse_args() -> Opts {
         testpmd,
         dpdk_libs,
         vnic,
+        baseline,
+        dirs,
         front_cpus,
         back_cpus,
         out,
@@ -723,7 +758,7 @@ impl Run {
             "frontend_mode": self.dir.frontend_mode(),
             "pairs": self.pairs,
             "backend": self.backend.name(),
-            "filters": match self.backend { Backend::Vnic(f) => Value::from(f.key()), Backend::Dpdk => Value::Null },
+            "filters": self.backend.vnic_filters().map_or(Value::Null, |f| Value::from(f.key())),
             "packets": self.packets,
             "secs": self.secs,
             "mpps": self.mpps(),
@@ -806,6 +841,7 @@ impl Bench {
         let tag = match backend {
             Backend::Dpdk => format!("{:02}-{}-{}p-dpdk", self.n, dir.name(), pairs),
             Backend::Vnic(f) => format!("{:02}-{}-{}p-vnic-{}", self.n, dir.name(), pairs, f.key()),
+            Backend::Base(f) => format!("{:02}-{}-{}p-base-{}", self.n, dir.name(), pairs, f.key()),
         };
         let rdir = self.dir.join(&tag);
         std::fs::create_dir_all(&rdir).map_err(|e| format!("{}: {e}", rdir.display()))?;
@@ -816,6 +852,7 @@ impl Bench {
         let label = match backend {
             Backend::Dpdk => "DPDK vhost".to_string(),
             Backend::Vnic(f) => format!("vnic, filters {}", f.label()),
+            Backend::Base(f) => format!("vnic baseline, filters {}", f.label()),
         };
         log(&format!(
             "round {round}: {} {pairs} pair(s), {label} (logs {})",
@@ -825,8 +862,12 @@ impl Bench {
 
         // The backend.
         let mut back = match backend {
-            Backend::Vnic(f) => {
-                let mut c = Command::new(&self.o.vnic);
+            Backend::Vnic(f) | Backend::Base(f) => {
+                let bin = match (backend, &self.o.baseline) {
+                    (Backend::Base(_), Some(b)) => b,
+                    _ => &self.o.vnic,
+                };
+                let mut c = Command::new(bin);
                 c.arg("serve")
                     .arg("--socket")
                     .arg(&sock)
@@ -884,7 +925,7 @@ impl Bench {
             Duration::from_mins(1),
         )?;
         let mut ctl = match backend {
-            Backend::Vnic(_) => {
+            Backend::Vnic(_) | Backend::Base(_) => {
                 wait_path(
                     &ctl_path,
                     "vnic control socket",
@@ -911,7 +952,7 @@ impl Bench {
                 )?;
                 Some(Telemetry::connect(&p)?)
             }
-            Backend::Vnic(_) => None,
+            Backend::Vnic(_) | Backend::Base(_) => None,
         };
 
         // The frontend.
@@ -961,8 +1002,10 @@ impl Bench {
                 let s = c.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
                 let live = counter(&s, "table.live");
                 let want = match backend {
-                    Backend::Vnic(Filters::None) | Backend::Dpdk => 0,
-                    Backend::Vnic(_) => u64::from(FILTERS_FULL),
+                    Backend::Vnic(Filters::None) | Backend::Base(Filters::None) | Backend::Dpdk => {
+                        0
+                    }
+                    Backend::Vnic(_) | Backend::Base(_) => u64::from(FILTERS_FULL),
                 };
                 if s["enabled_pairs"] == json!(pairs) && live == want {
                     break;
@@ -1081,7 +1124,7 @@ impl Bench {
             dpdk_version,
         };
         // The filter cases measure what they claim to.
-        if let (Backend::Vnic(f), Some(hit), Some(rss)) = (backend, rx_filter, rx_rss) {
+        if let (Some(f), Some(hit), Some(rss)) = (backend.vnic_filters(), rx_filter, rx_rss) {
             let ok = match f {
                 Filters::None | Filters::Miss => hit == 0,
                 Filters::Match => rss == 0 && hit > 0,
@@ -1179,25 +1222,30 @@ struct Row {
     filters: Filters,
     dpdk: Vec<Run>,
     vnic: Vec<Run>,
+    base: Vec<Run>,
 }
 
 impl Row {
     /// Per round: vnic / DPDK of `f`.
     fn ratios(&self, f: impl Fn(&Run) -> f64) -> Vec<f64> {
-        self.vnic
-            .iter()
-            .filter_map(|v| {
-                let d = self.dpdk.iter().find(|d| d.round == v.round)?;
-                Some(f(v) / f(d))
-            })
-            .collect()
+        per_round(&self.vnic, &self.dpdk, f)
     }
+}
+
+/// Per round: `a` / `b` of `f`.
+fn per_round(a: &[Run], b: &[Run], f: impl Fn(&Run) -> f64) -> Vec<f64> {
+    a.iter()
+        .filter_map(|v| {
+            let d = b.iter().find(|d| d.round == v.round)?;
+            Some(f(v) / f(d))
+        })
+        .collect()
 }
 
 fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     let mut rows = Vec::new();
     for &pairs in &o.pairs {
-        for dir in [Dir::Tx, Dir::Rx] {
+        for &dir in &o.dirs {
             let dpdk: Vec<Run> = runs
                 .iter()
                 .filter(|r| r.dir == dir && r.pairs == pairs && r.backend == Backend::Dpdk)
@@ -1209,6 +1257,11 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
                     .filter(|r| r.dir == dir && r.pairs == pairs && r.backend == Backend::Vnic(f))
                     .cloned()
                     .collect();
+                let base: Vec<Run> = runs
+                    .iter()
+                    .filter(|r| r.dir == dir && r.pairs == pairs && r.backend == Backend::Base(f))
+                    .cloned()
+                    .collect();
                 if !vnic.is_empty() || !dpdk.is_empty() {
                     rows.push(Row {
                         dir,
@@ -1216,6 +1269,7 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
                         filters: f,
                         dpdk: dpdk.clone(),
                         vnic,
+                        base,
                     });
                 }
             }
@@ -1247,7 +1301,7 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
                 })
             })
             .collect();
-        let ratio = |v: &[f64]| {
+        let ratio = |v: &[f64]| -> String {
             format!(
                 "{}x ({})",
                 f2(median(v.to_vec())),
@@ -1295,6 +1349,9 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             "vnic_filter_hit_percent": hits,
         }));
     }
+    if o.baseline.is_some() {
+        md.push_str(&baseline_table(&rows, &mut js));
+    }
     let _ = writeln!(
         md,
         "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | backend's own count |"
@@ -1311,10 +1368,7 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             r.dir.name(),
             r.pairs,
             r.backend.name(),
-            match r.backend {
-                Backend::Vnic(f) => f.label(),
-                Backend::Dpdk => "",
-            },
+            r.backend.vnic_filters().map_or("", Filters::label),
             r.packets,
             r.secs,
             f3(r.mpps()),
@@ -1326,6 +1380,58 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
         );
     }
     (md, js)
+}
+
+/// vnic against the `--baseline` binary, measured in the same rounds: the
+/// before/after of one run (adds the figures to each row's JSON).
+fn baseline_table(rows: &[Row], js: &mut [Value]) -> String {
+    let mut md = String::from(
+        "\nvnic against the baseline binary (`--baseline`), same rounds (the three backends alternate inside each round):\n\n\
+         | dir | pairs | vnic filters | Mpps wall baseline -> vnic | vnic/baseline (per round) | Mpps per backend CPU-s baseline -> vnic | vnic/baseline (per round) | baseline/DPDK wall | vnic/DPDK wall |\n\
+         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for (r, j) in rows.iter().zip(js.iter_mut()) {
+        if r.base.is_empty() {
+            continue;
+        }
+        let med = |v: &[Run], f: fn(&Run) -> f64| median(v.iter().map(f).collect());
+        let wall = per_round(&r.vnic, &r.base, Run::mpps);
+        let cpu = per_round(&r.vnic, &r.base, Run::mpps_per_cpu);
+        let base_dpdk = per_round(&r.base, &r.dpdk, Run::mpps);
+        let ratio = |v: &[f64]| -> String {
+            format!(
+                "{}x ({})",
+                f2(median(v.to_vec())),
+                v.iter().map(|x| f2(*x)).collect::<Vec<_>>().join(" ")
+            )
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {}x | {}x |",
+            r.dir.name(),
+            r.pairs,
+            r.filters.label(),
+            f3(med(&r.base, Run::mpps)),
+            f3(med(&r.vnic, Run::mpps)),
+            ratio(&wall),
+            f3(med(&r.base, Run::mpps_per_cpu)),
+            f3(med(&r.vnic, Run::mpps_per_cpu)),
+            ratio(&cpu),
+            f2(median(base_dpdk.clone())),
+            f2(median(r.ratios(Run::mpps))),
+        );
+        if let Some(m) = j.as_object_mut() {
+            m.insert("mpps_base_median".into(), json!(med(&r.base, Run::mpps)));
+            m.insert(
+                "mpps_per_cpu_base_median".into(),
+                json!(med(&r.base, Run::mpps_per_cpu)),
+            );
+            m.insert("mpps_vnic_over_base_per_round".into(), json!(wall));
+            m.insert("mpps_per_cpu_vnic_over_base_per_round".into(), json!(cpu));
+            m.insert("mpps_base_over_dpdk_per_round".into(), json!(base_dpdk));
+        }
+    }
+    md
 }
 
 /// Pair counts with more forwarding lcores than CPUs on a side: DPDK's
@@ -1404,9 +1510,14 @@ fn main() {
     let mut err = None;
     'all: for round in 1..=b.o.rounds {
         for pairs in b.o.pairs.clone() {
-            for d in [Dir::Tx, Dir::Rx] {
+            for d in b.o.dirs.clone() {
                 let mut order: Vec<Backend> = vec![Backend::Dpdk];
-                order.extend(filter_cases(d).into_iter().map(Backend::Vnic));
+                for f in filter_cases(d) {
+                    order.push(Backend::Vnic(f));
+                    if b.o.baseline.is_some() {
+                        order.push(Backend::Base(f));
+                    }
+                }
                 if round % 2 == 0 {
                     order.reverse();
                 }
@@ -1444,6 +1555,8 @@ fn main() {
         "dpdk_version": runs.first().map(|r| r.dpdk_version.clone()),
         "vnic": o.vnic,
         "vnic_version": command_out(Command::new(&o.vnic).arg("--version")),
+        "baseline": o.baseline,
+        "directions": o.dirs.iter().map(|d| d.name()).collect::<Vec<_>>(),
         "frontend": "dpdk-testpmd --vdev net_virtio_user0,queues=N,queue_size=1024,in_order=0,mrg_rxbuf=1 --total-num-mbufs=8192 --forward-mode=txonly|rxonly",
         "tx_filters_note": "TX runs vnic with 0 filters only: the filter table is looked up on the device -> guest path alone",
         "interrupted_or_failed": err,
