@@ -767,6 +767,35 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_over_many_chains_keeps_their_order() {
+        // 15 chains: the first in place, 8 inline, the rest on the heap.
+        for (path, deliver) in PATHS {
+            eprintln!("{path}");
+            let m = mem();
+            let mq = MockSplitQueue::new(&m, 32);
+            post(&mq, 20, 100);
+            let mut q: Queue = mq.create_queue().unwrap();
+            let mut pkt: Vec<u8> = (0..NET_HDR_LEN + 1400).map(|i| i as u8).collect();
+            let mut bad = 0;
+            assert_eq!(
+                deliver(&mut q, &m, &mut pkt, true, &mut bad),
+                RxOutcome::Delivered { buffers: 15 }
+            );
+            for i in 0..14u16 {
+                assert_eq!(used(&m, &mq, i), (u32::from(i), 100));
+            }
+            assert_eq!(used(&m, &mq, 14), (14, 12));
+            assert_eq!(used_idx(&m, &mq), 15);
+            let mut hdr = [0u8; 12];
+            m.read_slice(&mut hdr, GuestAddress(BUF)).unwrap();
+            assert_eq!(u16::from_le_bytes([hdr[10], hdr[11]]), 15);
+            let mut b = [0u8; 12];
+            m.read_slice(&mut b, GuestAddress(BUF + 14 * 0x1000)).unwrap();
+            assert_eq!(&b[..], &pkt[1400..1412]);
+        }
+    }
+
+    #[test]
     fn no_buffers_puts_chains_back() {
         for (path, deliver) in PATHS {
             eprintln!("{path}");
