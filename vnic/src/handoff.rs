@@ -517,7 +517,11 @@ impl Router {
             return None;
         }
         if let L3::Flow(k) = &p.l3 {
-            if let Some((id, q)) = self.index.lookup(k) {
+            // (An empty table is not looked at: its slots are cold.)
+            if let Some((id, q)) = (!self.index.is_empty())
+                .then(|| self.index.lookup(k))
+                .flatten()
+            {
                 self.hits.count(self.id, id);
                 if self.misroute {
                     return Some((self.misroute(usize::from(q)), true));
