@@ -316,6 +316,7 @@ impl Worker {
             }
         }
         drop(tx);
+        self.peer.tx_batch_end();
         if mgmt_seen {
             // Apply this worker's share of what the frames changed and
             // drain its inbox, so their replies wait only for the other

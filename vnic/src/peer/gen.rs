@@ -45,6 +45,8 @@ pub struct GenPeer {
     stamped: bool,
     reply: Vec<u8>,
     pkt: Vec<u8>,
+    /// Frames and bytes sunk in this tx batch, not yet counted.
+    sunk: (u64, u64),
 }
 
 impl GenPeer {
@@ -72,6 +74,7 @@ impl GenPeer {
             stamped: false,
             reply: Vec::with_capacity(MAX_FRAME),
             pkt: Vec::with_capacity(NET_HDR_LEN + MAX_FRAME),
+            sunk: (0, 0),
         })
     }
 
@@ -200,7 +203,11 @@ impl Peer for GenPeer {
         src.copy_from_slice(&frame[6..12]);
         if src[0] & 1 == 0 {
             let m = mac_to_u64(src);
-            if self.ctl.guest_mac.swap(m, Ordering::Relaxed) != m {
+            // Read first: a swap per frame would take the shared line for
+            // writing on every frame, from every worker.
+            if self.ctl.guest_mac.load(Ordering::Relaxed) != m
+                && self.ctl.guest_mac.swap(m, Ordering::Relaxed) != m
+            {
                 self.ctl.bump();
                 r.lanes().wake_all();
             }
@@ -217,8 +224,10 @@ impl Peer for GenPeer {
         };
         match respond(frame, &me, &mut self.reply) {
             Response::Sink => {
-                add(&peer.sink_packets, 1);
-                add(&peer.sink_bytes, frame.len() as u64);
+                // Counted per batch (`tx_batch_end`): the counters are
+                // shared by every worker.
+                self.sunk.0 += 1;
+                self.sunk.1 += frame.len() as u64;
             }
             resp => {
                 add(
@@ -234,6 +243,14 @@ impl Peer for GenPeer {
                 self.pkt.extend_from_slice(&self.reply);
                 r.route(rx, &mut self.pkt);
             }
+        }
+    }
+
+    fn tx_batch_end(&mut self) {
+        let (n, bytes) = std::mem::take(&mut self.sunk);
+        if n > 0 {
+            add(&self.stats.peer.sink_packets, n);
+            add(&self.stats.peer.sink_bytes, bytes);
         }
     }
 

@@ -48,6 +48,13 @@ impl Peer for AnyPeer {
             Self::Tap(p) => p.frames_for_guest(r, rx, fd_event),
         }
     }
+
+    fn tx_batch_end(&mut self) {
+        match self {
+            Self::Gen(p) => p.tx_batch_end(),
+            Self::Tap(p) => p.tx_batch_end(),
+        }
+    }
 }
 
 /// One worker's end of the peer.
@@ -65,4 +72,9 @@ pub trait Peer: Send {
     /// Frames for the guest: called on every batch of rx work of the
     /// worker, `fd_event` when the peer's own descriptor fired.
     fn frames_for_guest(&mut self, r: &mut Router, rx: &mut RxBatch<'_>, fd_event: bool);
+
+    /// The end of a batch of [`Peer::guest_frame`] calls: counts kept per
+    /// batch are published here (the worker calls it after every tx
+    /// batch, so a counter lags by one batch at most).
+    fn tx_batch_end(&mut self) {}
 }
