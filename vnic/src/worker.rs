@@ -195,10 +195,6 @@ impl Worker {
     fn process_tx(&mut self, vrings: &[Vring]) {
         let id = self.router.id;
         let mem = self.mem.memory();
-        let event_idx = self
-            .conn
-            .event_idx
-            .load(std::sync::atomic::Ordering::Relaxed);
         let mut rx = vrings[0].get_mut();
         let mut tx = vrings[1].get_mut();
         if !(tx.is_enabled() && tx.get_queue().ready()) {
@@ -219,10 +215,12 @@ impl Worker {
         let start_used = tx.get_queue().next_used();
         let mut ring_used = false;
         'outer: loop {
-            if event_idx {
-                if let Err(e) = tx.disable_notification() {
-                    log::debug!("pair {id}: tx disable_notification: {e}");
-                }
+            // No kicks while the device is at work on the ring: with
+            // EVENT_IDX through avail_event, without it through the used
+            // ring's NO_NOTIFY flag (a driver that polls, like DPDK's
+            // virtio PMD, otherwise kicks after every burst it adds).
+            if let Err(e) = tx.disable_notification() {
+                log::debug!("pair {id}: tx disable_notification: {e}");
             }
             // The direct ring view, or virtio-queue per chain when the
             // rings do not resolve to host memory.
@@ -283,9 +281,6 @@ impl Worker {
             // on notifications.
             if let Some(r) = ring.take() {
                 r.finish(tx.get_queue_mut());
-            }
-            if !event_idx {
-                break;
             }
             match tx.enable_notification() {
                 Ok(true) => {}
