@@ -50,6 +50,20 @@ pub struct Config {
     pub group: Option<u32>,
     /// `--preload-filters` / `--preload-match` (benchmarks).
     pub preload: Preload,
+    /// `--poll-us`: how long a worker busy-polls its tx ring after the
+    /// last chain (zero: not at all).
+    pub poll: Duration,
+}
+
+/// `--poll-us`: 0..=1000 microseconds.
+pub fn parse_poll_us(s: &str) -> Result<u64, String> {
+    let v: u64 = s
+        .parse()
+        .map_err(|_| format!("{s:?}: a whole number of microseconds"))?;
+    if v > 1000 {
+        return Err(format!("{v}: at most 1000 (1 ms)"));
+    }
+    Ok(v)
 }
 
 /// Filters installed into the table each time the device comes up
@@ -445,6 +459,16 @@ pub enum KnobError {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn poll_us_is_bounded() {
+        assert_eq!(parse_poll_us("0"), Ok(0));
+        assert_eq!(parse_poll_us("1000"), Ok(1000));
+        assert!(parse_poll_us("1001").unwrap_err().contains("at most 1000"));
+        assert!(parse_poll_us("-1").is_err());
+        assert!(parse_poll_us("5us").is_err());
+    }
+
     use super::*;
 
     #[test]

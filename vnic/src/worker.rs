@@ -7,6 +7,7 @@
 //! delivered, and one notification decision is made at the end.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arfs::proto::ETHERTYPE_MGMT;
 use vhost_user_backend::VringT;
@@ -195,6 +196,7 @@ impl Worker {
     fn process_tx(&mut self, vrings: &[Vring]) {
         let id = self.router.id;
         let mem = self.mem.memory();
+        let poll = self.sh.cfg.poll;
         let mut rx = vrings[0].get_mut();
         let mut tx = vrings[1].get_mut();
         if !(tx.is_enabled() && tx.get_queue().ready()) {
@@ -282,6 +284,10 @@ impl Worker {
             if let Some(r) = ring.take() {
                 r.finish(tx.get_queue_mut());
             }
+            // --poll-us: wait for more chains with kicks still off.
+            if !poll.is_zero() && poll_tx(tx.get_queue(), &*mem, poll) {
+                continue;
+            }
             match tx.enable_notification() {
                 Ok(true) => {}
                 Ok(false) => break,
@@ -320,5 +326,54 @@ impl Worker {
             self.router.drain_inbox(&mut b, &mut self.own);
         }
         self.finish(b);
+    }
+}
+
+/// Spins for up to `poll` until the driver makes a chain available on `q`
+/// (`--poll-us`); true when it did.
+fn poll_tx<M: vm_memory::GuestMemory>(q: &virtio_queue::Queue, mem: &M, poll: Duration) -> bool {
+    let start = Instant::now();
+    let next = std::num::Wrapping(q.next_avail());
+    loop {
+        match q.avail_idx(mem, std::sync::atomic::Ordering::Acquire) {
+            Ok(i) if i != next => return true,
+            Ok(_) => {}
+            Err(_) => return false,
+        }
+        if start.elapsed() >= poll {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    #[test]
+    fn poll_tx_waits_for_a_chain_and_no_longer_than_asked() {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
+        let mq = MockSplitQueue::new(&m, 16);
+        let q: virtio_queue::Queue = mq.create_queue().unwrap();
+        // Nothing available: it gives up after the time asked.
+        let t = Instant::now();
+        assert!(!poll_tx(&q, &m, Duration::from_micros(300)));
+        assert!(t.elapsed() >= Duration::from_micros(300));
+        // A chain available: found at once.
+        mq.build_desc_chain(&[RawDescriptor::from(SplitDescriptor::new(
+            0x8000,
+            64,
+            VRING_DESC_F_WRITE as u16,
+            0,
+        ))])
+        .unwrap();
+        let t = Instant::now();
+        assert!(poll_tx(&q, &m, Duration::from_secs(5)));
+        assert!(t.elapsed() < Duration::from_secs(1));
     }
 }
