@@ -1232,6 +1232,20 @@ impl Row {
     }
 }
 
+/// The median of `f` over `v`.
+fn med(v: &[Run], f: fn(&Run) -> f64) -> f64 {
+    median(v.iter().map(f).collect())
+}
+
+/// `median x (each round's)`.
+fn ratio(v: &[f64]) -> String {
+    format!(
+        "{}x ({})",
+        f2(median(v.to_vec())),
+        v.iter().map(|x| f2(*x)).collect::<Vec<_>>().join(" ")
+    )
+}
+
 /// Per round: `a` / `b` of `f`.
 fn per_round(a: &[Run], b: &[Run], f: impl Fn(&Run) -> f64) -> Vec<f64> {
     a.iter()
@@ -1286,7 +1300,6 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     );
     let mut js = Vec::new();
     for r in &rows {
-        let med = |v: &[Run], f: fn(&Run) -> f64| median(v.iter().map(f).collect());
         let wall = r.ratios(Run::mpps);
         let cpu = r.ratios(Run::mpps_per_cpu);
         let hits: Vec<f64> = r
@@ -1301,13 +1314,6 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
                 })
             })
             .collect();
-        let ratio = |v: &[f64]| -> String {
-            format!(
-                "{}x ({})",
-                f2(median(v.to_vec())),
-                v.iter().map(|x| f2(*x)).collect::<Vec<_>>().join(" ")
-            )
-        };
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {} / {} | {} / {} | {} |",
@@ -1394,17 +1400,9 @@ fn baseline_table(rows: &[Row], js: &mut [Value]) -> String {
         if r.base.is_empty() {
             continue;
         }
-        let med = |v: &[Run], f: fn(&Run) -> f64| median(v.iter().map(f).collect());
         let wall = per_round(&r.vnic, &r.base, Run::mpps);
         let cpu = per_round(&r.vnic, &r.base, Run::mpps_per_cpu);
         let base_dpdk = per_round(&r.base, &r.dpdk, Run::mpps);
-        let ratio = |v: &[f64]| -> String {
-            format!(
-                "{}x ({})",
-                f2(median(v.to_vec())),
-                v.iter().map(|x| f2(*x)).collect::<Vec<_>>().join(" ")
-            )
-        };
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {}x | {}x |",
