@@ -76,6 +76,7 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("ntuple_flushes", c.ntuple_flushes);
 	P("queue_flushes", c.queue_flushes);
 	P("stalls", c.stalls);
+	P("add_unacked", c.add_unacked);
 	P("layout_flushes", c.layout_flushes);
 	P("max_chain", c.max_chain);
 	P("steer_walked", c.steer_walked);

@@ -228,6 +228,9 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 		s->used = false;
 		if (s->acked)
 			continue;
+		/* The device may have applied these: we will never know. */
+		if (s->type == VNIC_T_ADD)
+			ctx->c.add_unacked += s->nops;
 		if (s->type == VNIC_T_FLUSH) {
 			if (!table_lost) {
 				ctx->flush_pending = true;

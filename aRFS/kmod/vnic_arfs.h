@@ -175,6 +175,7 @@ struct vnic_counters {
 	u64 naks, rx_malformed, rx_stale, rx_wrong_gen, xmit_errors;
 	u64 gen_changes, replays, replayed, rmap_rebuilds, ntuple_flushes, queue_flushes;
 	u64 stalls;
+	u64 add_unacked;		/* ADD ops of unACKed frames at a window reset */
 	u64 layout_flushes;		/* filters deleted by a queue/CPU layout change */
 	u64 max_chain;			/* longest flow-table chain walked by a lookup */
 	u64 steer_walked;		/* flow-table entries compared by steer lookups */
