@@ -189,6 +189,59 @@ impl Drop for TcpClient {
 
 const TCP_PORT: u16 = 5201;
 
+/// What each flow still without its filter looks like from every side, for
+/// the failure message (CI keeps only the printed report): the device's
+/// entry, the module's, the flow's trace events, the receiver's reads by
+/// CPU and the segments the client sent.
+fn unsteered_report(s: &mut Session, flows: &[(usize, Flow)], client: &TcpClient) -> String {
+    let dev = s.device_filters().unwrap_or_default();
+    let module = s.module_filters().unwrap_or_default();
+    let trace = s.trace_since_mark().unwrap_or_default();
+    let agent: TcpStats = s.guest.agent.req(Request::TcpStats).unwrap_or_default();
+    let segs = client.segs_out();
+    let mut out = Vec::new();
+    for (ci, f) in flows {
+        if !f.needs_filter() || dev.get(&f.key).map(|v| v.1) == Some(f.rx_q) {
+            continue;
+        }
+        let d = dev.get(&f.key).map_or("none".to_string(), |(id, q, h)| {
+            format!("id {id} q{q} hits {h}")
+        });
+        let m = module
+            .iter()
+            .find(|(_, m)| m.flow == f.key)
+            .map_or("none".to_string(), |(id, m)| {
+                format!("id {id} q{} slot {} {}", m.rxq, m.flow_id, m.state)
+            });
+        let events: Vec<String> = trace
+            .iter()
+            .filter(|r| r.flow == Some(f.key))
+            .map(|r| {
+                let q = r.rxq.map_or(String::new(), |q| format!(" q{q}"));
+                let why = r
+                    .reason
+                    .as_deref()
+                    .map_or(String::new(), |w| format!(" ({w})"));
+                format!("{:?}{q}{why}", r.event)
+            })
+            .collect();
+        let conn = agent
+            .conns
+            .iter()
+            .find(|c| c.peer.ends_with(&format!(":{}", f.local_port)));
+        let (reads, by_cpu) = conn.map_or((0, Vec::new()), |c| (c.reads, c.by_cpu.clone()));
+        out.push(format!(
+            "[:{} rss q{} receiver cpu{} -> q{}: device {d}; module {m}; trace {events:?}; reads {reads} by cpu {by_cpu:?}; client segs_out {}]",
+            f.local_port,
+            f.rss_q,
+            f.cpu,
+            f.rx_q,
+            segs.get(*ci).copied().unwrap_or(0)
+        ));
+    }
+    out.join(" ")
+}
+
 pub(in crate::scenarios) fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<String> {
     let Some(ns) = s.tapnet.as_ref().map(|t| t.ns.clone()) else {
         bail!("tcp-tap needs the tap boot (the suite runs it in one)");
@@ -283,7 +336,11 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         Ok((missing == 0).then_some(()))
     });
     if let Err(e) = r {
-        bail!("{e}: {missing} of {} TCP flows not steered", want.len());
+        let why = unsteered_report(s, &flows, &client);
+        bail!(
+            "{e}: {missing} of {} TCP flows not steered; {why}",
+            want.len()
+        );
     }
     let warm = t0.elapsed();
     std::thread::sleep(Duration::from_secs(1));
