@@ -239,7 +239,34 @@ fn unsteered_report(s: &mut Session, flows: &[(usize, Flow)], client: &TcpClient
             segs.get(*ci).copied().unwrap_or(0)
         ));
     }
-    out.join(" ")
+    // A steer call that fails once can leave a flow where it is: the kernel
+    // records the receiver's CPU in the arrival queue's slot anyway, and
+    // calls again only when the CPU changes. The module's error counters say
+    // whether that happened.
+    let module_counters = s.module_counters().map_or_else(
+        |e| format!("unreadable: {e}"),
+        |m| {
+            let extra: Vec<String> = [
+                "busy_rejected",
+                "replaced_rejected",
+                "bad_rxq",
+                "nomem",
+                "unsupported",
+                "stalls",
+            ]
+            .iter()
+            .filter(|n| m.has(n))
+            .map(|n| format!("{n}={}", m.get(n)))
+            .collect();
+            format!(
+                "{},{}; state {:?}",
+                m.summary(),
+                extra.join(","),
+                m.state(IFNAME)
+            )
+        },
+    );
+    format!("{}; module {module_counters}", out.join(" "))
 }
 
 pub(in crate::scenarios) fn tcp_tap(s: &mut Session, c: &mut Checks) -> Result<String> {
