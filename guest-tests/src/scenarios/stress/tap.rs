@@ -14,7 +14,7 @@ use crate::scenarios::{
 };
 use arfs::{EventKind, FlowKey, L4Proto};
 use serde_json::Value;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, SocketAddrV6, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,10 +102,20 @@ impl TcpClient {
             if rc != 0 {
                 bail!("setns {ns_path}: {}", std::io::Error::last_os_error());
             }
-            let mut v = Vec::with_capacity(servers.len());
+            let mut v: Vec<TcpStream> = Vec::with_capacity(servers.len());
             for (i, server) in servers.iter().enumerate() {
-                let s = TcpStream::connect_timeout(server, Duration::from_secs(20))
-                    .ctx(format!("connection {i} to {server}"))?;
+                // Connection 1 (IPv6) takes connection 0's (IPv4) port, so
+                // that two flows differing only in family always run (the
+                // kernel's port choice makes it happen in ~1 run of 20).
+                let same_port = match (i, server, v.first().map(TcpStream::local_addr)) {
+                    (1, SocketAddr::V6(s6), Some(Ok(SocketAddr::V4(a4)))) => Some((*s6, a4.port())),
+                    _ => None,
+                };
+                let s = match same_port {
+                    Some((s6, port)) => connect_v6_from_port(s6, port),
+                    None => TcpStream::connect_timeout(server, Duration::from_secs(20)),
+                }
+                .ctx(format!("connection {i} to {server}"))?;
                 s.set_nodelay(true)?;
                 s.set_nonblocking(true)?;
                 v.push(s);
@@ -175,6 +185,59 @@ impl TcpClient {
     fn local_addrs(&self) -> Vec<Option<SocketAddr>> {
         self.conns.iter().map(|s| s.local_addr().ok()).collect()
     }
+}
+
+/// A TCP connection to `server` from `[GEN_IP6]:port` (bound before the
+/// connect, which std's `TcpStream` cannot do).
+fn connect_v6_from_port(server: SocketAddrV6, port: u16) -> std::io::Result<TcpStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let sa = |a: &SocketAddrV6| libc::sockaddr_in6 {
+        sin6_family: libc::AF_INET6 as libc::sa_family_t,
+        sin6_port: a.port().to_be(),
+        sin6_flowinfo: 0,
+        sin6_addr: libc::in6_addr {
+            s6_addr: a.ip().octets(),
+        },
+        sin6_scope_id: 0,
+    };
+    let len = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+    let last = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket just created and owned by nothing else; the
+    // OwnedFd closes it on every return path.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let timeout = libc::timeval {
+        tv_sec: 20,
+        tv_usec: 0,
+    };
+    // SAFETY: SO_SNDTIMEO (which bounds connect) reads a timeval of the
+    // size passed, from a live local.
+    last(unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&raw const timeout).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    })?;
+    let local = sa(&SocketAddrV6::new(GEN_IP6, port, 0, 0));
+    // SAFETY: bind(2) reads `len` bytes of a live sockaddr_in6.
+    last(unsafe { libc::bind(fd, (&raw const local).cast(), len) })?;
+    let remote = sa(&server);
+    // SAFETY: connect(2) reads `len` bytes of a live sockaddr_in6.
+    last(unsafe { libc::connect(fd, (&raw const remote).cast(), len) })?;
+    Ok(TcpStream::from(sock))
 }
 
 /// A peer address as the agent printed it, IPv4-mapped IPv6 (the server
@@ -391,6 +454,14 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             },
         ));
     }
+    // Every connection is its own flow, the two sharing a port included.
+    let distinct: std::collections::BTreeSet<FlowKey> = flows.iter().map(|(_, f)| f.key).collect();
+    c.check(distinct.len() == n && shared_ports >= 1, || {
+        format!(
+            "{} distinct flows for {n} connections ({shared_ports} ports shared by a v4 and a v6 connection)",
+            distinct.len()
+        )
+    });
     // Warm-up: every flow whose RSS queue is not its receiver's has a filter there.
     let want: Vec<(FlowKey, usize)> = flows
         .iter()
