@@ -52,7 +52,8 @@ enum vnic_del_reason {
 	VNIC_R_REPLACED	= 3,
 	VNIC_R_FLUSH	= 4,
 	VNIC_R_UNLOAD	= 5,
-	VNIC_R_MAX	= 5,
+	VNIC_R_AGED	= 6,	/* a fixed lifetime ended (expiry=ice, UDP) */
+	VNIC_R_MAX	= 6,
 };
 
 /* Per-op ACK status codes. */

@@ -155,16 +155,20 @@ pub enum DelReason {
     Flush = 4,
     /// 5: driver unload.
     Unload = 5,
+    /// 6: a fixed lifetime ended (ice's 5 s UDP timer, the module's
+    /// `expiry=ice`).
+    Aged = 6,
 }
 
 impl DelReason {
     /// Every reason, in code order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Expired,
         Self::Idle,
         Self::Replaced,
         Self::Flush,
         Self::Unload,
+        Self::Aged,
     ];
 
     /// Wire code.
@@ -172,7 +176,7 @@ impl DelReason {
         self as u8
     }
 
-    /// Decodes a wire code (1..=5).
+    /// Decodes a wire code (1..=6).
     pub const fn from_code(c: u8) -> Option<Self> {
         Some(match c {
             1 => Self::Expired,
@@ -180,6 +184,7 @@ impl DelReason {
             3 => Self::Replaced,
             4 => Self::Flush,
             5 => Self::Unload,
+            6 => Self::Aged,
             _ => return None,
         })
     }
@@ -192,6 +197,7 @@ impl DelReason {
             Self::Replaced => "replaced",
             Self::Flush => "flush",
             Self::Unload => "unload",
+            Self::Aged => "aged",
         }
     }
 }
@@ -290,7 +296,7 @@ pub enum FrameError {
     BadLength = 6,
     /// 7: `count` > `max_ops`.
     TooManyOps = 7,
-    /// 8: DEL/FLUSH reason outside 1..=5.
+    /// 8: DEL/FLUSH reason outside 1..=6.
     BadReason = 8,
     /// 9: a reserved field is not zero.
     ReservedNonzero = 9,

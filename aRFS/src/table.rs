@@ -334,6 +334,8 @@ pub struct ReasonCounts {
     pub flush: u64,
     /// `unload`.
     pub unload: u64,
+    /// `aged`.
+    pub aged: u64,
 }
 
 impl ReasonCounts {
@@ -344,6 +346,7 @@ impl ReasonCounts {
             DelReason::Replaced => self.replaced += n,
             DelReason::Flush => self.flush += n,
             DelReason::Unload => self.unload += n,
+            DelReason::Aged => self.aged += n,
         }
     }
 
@@ -355,12 +358,13 @@ impl ReasonCounts {
             DelReason::Replaced => self.replaced,
             DelReason::Flush => self.flush,
             DelReason::Unload => self.unload,
+            DelReason::Aged => self.aged,
         }
     }
 
     /// Sum over reasons.
     pub const fn total(&self) -> u64 {
-        self.expired + self.idle + self.replaced + self.flush + self.unload
+        self.expired + self.idle + self.replaced + self.flush + self.unload + self.aged
     }
 }
 

@@ -317,7 +317,7 @@ fn codes_match_protocol_tables() {
         );
         assert_eq!(
             DelReason::from_code(c).map(DelReason::code),
-            (1..=5).contains(&c).then_some(c)
+            (1..=6).contains(&c).then_some(c)
         );
         assert_eq!(
             MsgType::from_code(c).map(MsgType::code),

@@ -274,7 +274,7 @@ fn summary_counts_a_scripted_run_exactly() {
     );
     assert_eq!(
         s["del"],
-        json!({"total": 6, "by_reason": {"expired": 4, "idle": 0, "replaced": 1, "flush": 1, "unload": 0}})
+        json!({"total": 6, "by_reason": {"expired": 4, "idle": 0, "replaced": 1, "flush": 1, "unload": 0, "aged": 0}})
     );
     assert_eq!(
         s["reject"],

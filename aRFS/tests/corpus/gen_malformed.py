@@ -76,7 +76,7 @@ case("device", "bad_length", "body_len", None, "body_len 65535", frame(5, 0, b"\
 case("driver", "bad_length", "body_len", None, "ack 2 statuses body_len 5", frame(6, 2, b"\x03\0\0\0\0\0", body_len=5))
 case("driver", "bad_length", "body_len", None, "caps body_len 20", frame(2, 0, CAPS[:20]))
 case("device", "bad_reason", "ops[].reason", 0, "del reason 0", frame(4, 1, del_op(reason=0)))
-case("device", "bad_reason", "ops[].reason", 2, "del reason 6 in op 2", frame(4, 3, del_op() + del_op(id=2) + del_op(id=3, reason=6)))
+case("device", "bad_reason", "ops[].reason", 2, "del reason 7 in op 2", frame(4, 3, del_op() + del_op(id=2) + del_op(id=3, reason=7)))
 case("device", "bad_reason", "reason", None, "flush reason 0", frame(5, 0, b"\0\0\0\0"))
 case("device", "bad_reason", "reason", None, "flush reason 255", frame(5, 0, b"\xff\0\0\0"))
 case("device", "reserved_nonzero", "flags", None, "hello flags", frame(1, 0, struct.pack(">II", 1, 1) + SRC + b"\0\0"))

@@ -178,9 +178,9 @@ fn malformed(seq: u32, gen: u32) -> Vec<Bad> {
         raw_frame(5, seq, gen, 0, 4, &[0, 0, 0, 0]),
     );
     push(
-        "DEL reason 6",
+        "DEL reason 7",
         E::BadReason,
-        raw_frame(4, seq, gen, 1, 4, &[0, 1, 6, 0]),
+        raw_frame(4, seq, gen, 1, 4, &[0, 1, 7, 0]),
     );
     push(
         "HELLO flags",
