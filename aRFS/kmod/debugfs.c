@@ -44,6 +44,7 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("del_ops", c.del_ops);
 	P("deletes_expired", c.del[VNIC_R_EXPIRED]);
 	P("deletes_idle", c.del[VNIC_R_IDLE]);
+	P("deletes_aged", c.del[VNIC_R_AGED]);
 	P("deletes_flush", c.del[VNIC_R_FLUSH]);
 	P("deletes_unload", c.del[VNIC_R_UNLOAD]);
 	P("deletes_unknown_id", c.del_unknown);
@@ -56,6 +57,7 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("flush_acks", c.flush_acks);
 	P("acks", c.acks);
 	P("naks", c.naks);
+	P("expiry_pressure", c.expiry_pressure);
 	P("reject_table_full", c.rej[VNIC_S_TABLE_FULL]);
 	P("reject_bucket_full", c.rej[VNIC_S_BUCKET_FULL]);
 	P("reject_bad_queue", c.rej[VNIC_S_BAD_QUEUE]);

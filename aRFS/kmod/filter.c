@@ -376,6 +376,12 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 		ctx->table_full = false;
 	if (ctx->table_full || ctx->nr_ids >= min_t(u32, ctx->caps.capacity, VNIC_MAX_ID + 1)) {
 		ctx->c.busy++;
+		/* table pressure: look for expired filters sooner (sfc does) */
+		if (!ctx->expire_extra) {
+			ctx->expire_extra = VNIC_EXPIRY_PRESSURE;
+			ctx->c.expiry_pressure++;
+			vnic_work_kick_locked(ctx);
+		}
 		ret = -EBUSY;
 		goto out;
 	}
@@ -450,8 +456,10 @@ void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, i
 	if (st == VNIC_S_OK) {
 		f->on_dev = true;
 		f->dev_rxq = rxq;
-		if (f->state == VF_LIVE && f->add_seq == seq)
+		if (f->state == VF_LIVE && f->add_seq == seq) {
 			f->add_inflight = false;
+			f->activated = jiffies;
+		}
 		return;
 	}
 	if (st == VNIC_S_TABLE_FULL) {
@@ -500,32 +508,77 @@ void vnic_flt_del_acked_locked(struct vnic_ctx *ctx, u16 id, u32 seq, int st)
 	vnic_flt_free_locked(ctx, f);
 }
 
+/*
+ * The reason to delete @f for on this pass, or 0 to keep it. Every
+ * personality deletes what rps_may_expire_flow() lets go (the only rule of
+ * mlx5, sfc and bnxt); see the expiry= parameter for the others.
+ */
+static u8 vnic_flt_expiry_reason(struct vnic_ctx *ctx, struct vnic_filter *f,
+				 unsigned int expiry, unsigned long now)
+{
+	unsigned int ms = expiry >> 2;
+
+	if (rps_may_expire_flow(ctx->dev, f->slot_rxq, f->flow_id, f->id))
+		return VNIC_R_EXPIRED;
+	switch (expiry & 3) {
+	case VNIC_EXPIRY_ICE:
+		if (f->key.proto == IPPROTO_UDP &&
+		    time_after(now, f->activated + msecs_to_jiffies(VNIC_ICE_UDP_MS)))
+			return VNIC_R_AGED;
+		break;
+	case VNIC_EXPIRY_IDLE:
+		if (time_after(now, f->last_seen + msecs_to_jiffies(ms)))
+			return VNIC_R_IDLE;
+		break;
+	}
+	return 0;
+}
+
+/**
+ * vnic_flt_expiry_quota - filters to examine on this expiry pass
+ * @ctx: the context
+ *
+ * At least expire_quota, and enough that every live filter is examined
+ * once per VNIC_EXPIRY_SWEEP_MS at the work item's period (65,535 filters at
+ * 100 ms: 656 a pass), plus the extra quota a full table asked for.
+ *
+ * Return: the number of filters, at most the live count.
+ */
+static unsigned int vnic_flt_expiry_quota(struct vnic_ctx *ctx)
+{
+	u64 per_sweep = (u64)ctx->nr_live * max(READ_ONCE(vnic_interval_ms), 1U);
+	unsigned int n = max_t(unsigned int, READ_ONCE(vnic_expire_quota),
+			       DIV_ROUND_UP_ULL(per_sweep, VNIC_EXPIRY_SWEEP_MS));
+
+	n += ctx->expire_extra;
+	ctx->expire_extra = 0;
+	return min(n, ctx->nr_live);
+}
+
 /**
  * vnic_flt_expire_locked - one expiry pass
  * @ctx: the context
  * @now: jiffies
  *
- * Round-robin over the live filters, at most expire_quota of them: a filter
- * whose ADD is acknowledged is deleted (reason expired) when
- * rps_may_expire_flow() allows it, else (reason idle) after idle_timeout_ms
- * without a steer call.
+ * Round-robin over the live filters whose ADD is acknowledged, as many as
+ * vnic_flt_expiry_quota() says: each is deleted for the reason
+ * vnic_flt_expiry_reason() gives under the expiry= personality.
  */
 void vnic_flt_expire_locked(struct vnic_ctx *ctx, unsigned long now)
 {
-	unsigned int n = min(READ_ONCE(vnic_expire_quota), ctx->nr_live);
-	unsigned int idle_ms = READ_ONCE(vnic_idle_timeout_ms);
-	unsigned long idle = msecs_to_jiffies(idle_ms);
+	unsigned int n = vnic_flt_expiry_quota(ctx);
+	unsigned int expiry = READ_ONCE(vnic_expiry);
 	struct vnic_filter *f;
+	u8 reason;
 
 	while (n-- && !list_empty(&ctx->live_list)) {
 		f = list_first_entry(&ctx->live_list, struct vnic_filter, node);
 		list_move_tail(&f->node, &ctx->live_list);
 		if (!f->on_dev || f->add_inflight || f->pending)
 			continue;
-		if (rps_may_expire_flow(ctx->dev, f->slot_rxq, f->flow_id, f->id))
-			vnic_flt_del_locked(ctx, f, VNIC_R_EXPIRED);
-		else if (idle_ms && time_after(now, f->last_seen + idle))
-			vnic_flt_del_locked(ctx, f, VNIC_R_IDLE);
+		reason = vnic_flt_expiry_reason(ctx, f, expiry, now);
+		if (reason)
+			vnic_flt_del_locked(ctx, f, reason);
 	}
 }
 

@@ -49,12 +49,62 @@ MODULE_PARM_DESC(interval_ms,
 
 unsigned int vnic_expire_quota = 64;
 module_param_named(expire_quota, vnic_expire_quota, uint, 0644);
-MODULE_PARM_DESC(expire_quota, "filters examined per expiry pass, round-robin (default 64)");
+MODULE_PARM_DESC(expire_quota,
+		 "filters examined per expiry pass at least, round-robin; raised so that every live filter is examined once per 10 s (default 64)");
 
-unsigned int vnic_idle_timeout_ms = 5000;
-module_param_named(idle_timeout_ms, vnic_idle_timeout_ms, uint, 0644);
-MODULE_PARM_DESC(idle_timeout_ms,
-		 "delete a filter whose flow had no steer call for this long (ms, 0 = off, default 5000)");
+/*
+ * expiry=: which filters the expiry pass deletes. Written as one word so a
+ * reader never sees a mode with another mode's timeout: the mode and its
+ * milliseconds are packed into vnic_expiry (mode in the low 2 bits).
+ */
+unsigned int vnic_expiry = VNIC_EXPIRY_RPS;
+
+static int vnic_expiry_set(const char *val, const struct kernel_param *kp)
+{
+	char buf[24], *s;
+	unsigned int ms;
+
+	if (strscpy(buf, val, sizeof(buf)) < 0)
+		return -EINVAL;
+	s = strim(buf);
+	if (!strcmp(s, "rps")) {
+		WRITE_ONCE(vnic_expiry, VNIC_EXPIRY_RPS);
+		return 0;
+	}
+	if (!strcmp(s, "ice")) {
+		WRITE_ONCE(vnic_expiry, VNIC_EXPIRY_ICE);
+		return 0;
+	}
+	if (!strncmp(s, "idle:", 5) && !kstrtouint(s + 5, 10, &ms) &&
+	    ms && ms <= VNIC_EXPIRY_IDLE_MAX_MS) {
+		WRITE_ONCE(vnic_expiry, VNIC_EXPIRY_IDLE | ms << 2);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static int vnic_expiry_get(char *buf, const struct kernel_param *kp)
+{
+	unsigned int e = READ_ONCE(vnic_expiry);
+
+	switch (e & 3) {
+	case VNIC_EXPIRY_ICE:
+		return scnprintf(buf, PAGE_SIZE, "ice\n");
+	case VNIC_EXPIRY_IDLE:
+		return scnprintf(buf, PAGE_SIZE, "idle:%u\n", e >> 2);
+	default:
+		return scnprintf(buf, PAGE_SIZE, "rps\n");
+	}
+}
+
+static const struct kernel_param_ops vnic_expiry_ops = {
+	.set = vnic_expiry_set,
+	.get = vnic_expiry_get,
+};
+
+module_param_cb(expiry, &vnic_expiry_ops, NULL, 0644);
+MODULE_PARM_DESC(expiry,
+		 "rps (default: delete only when rps_may_expire_flow() allows, as mlx5/sfc/bnxt), ice (also UDP filters 5 s after activation, as ice), idle:MS (also filters without a steer call for MS ms: vnic's own backstop, deletes filters of live flows)");
 
 unsigned int vnic_retransmit_ms = 200;
 module_param_named(retransmit_ms, vnic_retransmit_ms, uint, 0644);
@@ -191,10 +241,21 @@ static int vnic_dev_install(struct vnic_ctx *ctx)
 	ctx->orig_ops = dev->netdev_ops;
 	ctx->ops = ops;
 	WRITE_ONCE(dev->netdev_ops, ops);
+	/*
+	 * set_rps_cpu() tests rx_cpu_rmap and NTUPLE and then calls
+	 * dev->netdev_ops->ndo_rx_flow_steer without a NULL check, all
+	 * unlocked. Every receive path that could still hold the old ops
+	 * (without the ndo) ends before the rmap is published, and any that
+	 * starts later sees our ops (an RCU grace period orders the store
+	 * before every later read-side section): no CPU, however weakly
+	 * ordered, can pair our rmap with the old ops.
+	 */
+	synchronize_net();
 	ctx->rmap = rmap;
 	WRITE_ONCE(ctx->rmap_nq, nq);
 	ctx->rmap_ncpu = ncpu;
-	WRITE_ONCE(dev->rx_cpu_rmap, rmap);
+	/* the map's contents before the pointer that leads to them */
+	smp_store_release(&dev->rx_cpu_rmap, rmap);
 	dev->hw_features |= NETIF_F_NTUPLE;
 	dev->wanted_features |= NETIF_F_NTUPLE;
 	vnic_lock_ops(dev);

@@ -129,7 +129,11 @@ void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx)
 		if (!t)
 			continue;
 		flows = t->flows;
-		n = t->mask + 1;
+#ifdef VNIC_HAVE_RFS_TABLE_LOG
+		n = 1U << t->log;	/* 6.15 to 6.x: slot = hash_32(hash, log) */
+#else
+		n = t->mask + 1;	/* up to 6.14: slot = hash & mask */
+#endif
 #endif
 		for (j = 0; j < n; j++) {
 			u16 fid = READ_ONCE(flows[j].filter);
@@ -205,7 +209,8 @@ void vnic_rmap_check(struct vnic_ctx *ctx)
 	ctx->rmap = rmap;
 	WRITE_ONCE(ctx->rmap_nq, nq);
 	ctx->rmap_ncpu = ncpu;
-	WRITE_ONCE(dev->rx_cpu_rmap, rmap);
+	/* the map's contents before the pointer (set_rps_cpu() reads it unlocked) */
+	smp_store_release(&dev->rx_cpu_rmap, rmap);
 	/* no steer call is still using the old map (or chose a queue from it) */
 	synchronize_net();
 	cpu_rmap_put(old);

@@ -71,10 +71,31 @@ static inline void vnic_unlock_ops(struct net_device *dev) { }
 /* ------------------------------------------------------------------------ */
 /* Module parameters (netdev.c); names as seen in /sys/module/vnic_arfs.     */
 
+/*
+ * Expiry personalities (the expiry= parameter). Every one deletes a filter
+ * when rps_may_expire_flow() allows it; ice also deletes UDP filters
+ * VNIC_ICE_UDP_MS after their activation (ice_arfs.c,
+ * ICE_ARFS_TIME_DELTA_EXPIRATION); idle also deletes filters without a
+ * steer call for its milliseconds (ours: a working filter gets no steer
+ * calls, so it deletes filters of live flows).
+ */
+enum {
+	VNIC_EXPIRY_RPS		= 0,
+	VNIC_EXPIRY_ICE		= 1,
+	VNIC_EXPIRY_IDLE	= 2,
+};
+
+#define VNIC_EXPIRY_IDLE_MAX_MS	(24 * 3600 * 1000U)
+#define VNIC_ICE_UDP_MS		5000
+/* Every live filter is examined at least once per this period. */
+#define VNIC_EXPIRY_SWEEP_MS	10000
+/* Extra filters examined after the table was found full (sfc: 100). */
+#define VNIC_EXPIRY_PRESSURE	100
+
 extern char *vnic_ifnames;
 extern unsigned int vnic_interval_ms;
 extern unsigned int vnic_expire_quota;
-extern unsigned int vnic_idle_timeout_ms;
+extern unsigned int vnic_expiry;	/* VNIC_EXPIRY_* | milliseconds << 2 */
 extern unsigned int vnic_retransmit_ms;
 extern unsigned int vnic_hello_timeout_ms;
 extern unsigned int vnic_keepalive_ms;
@@ -116,6 +137,7 @@ struct vnic_filter {
 	u32 add_seq;			/* frame of the last ADD sent */
 	u32 del_seq;			/* frame of the DEL */
 	unsigned long last_seen;	/* jiffies of the last steer call */
+	unsigned long activated;	/* jiffies of the last ADD ACKed ok */
 	unsigned long since;		/* created, or rejected */
 	u16 id;
 	u16 rxq;			/* queue the next ADD carries */
@@ -177,6 +199,7 @@ struct vnic_counters {
 	u64 stalls;
 	u64 add_unacked;		/* ADD ops of unACKed frames at a window reset */
 	u64 layout_flushes;		/* filters deleted by a queue/CPU layout change */
+	u64 expiry_pressure;		/* extra expiry passes after a full table */
 	u64 max_chain;			/* longest flow-table chain walked by a lookup */
 	u64 steer_walked;		/* flow-table entries compared by steer lookups */
 	/* ADD/DEL requests ACKed ok: first transmission to ACK, in us */
@@ -235,6 +258,7 @@ struct vnic_ctx {
 	unsigned long probe_start;
 	unsigned long last_rx;
 	unsigned long table_full_since;
+	unsigned int expire_extra;	/* extra filters for the next expiry pass */
 	struct vnic_caps caps;
 	struct completion unload_done;
 
