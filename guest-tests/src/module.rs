@@ -10,6 +10,21 @@ pub const DEBUGFS_DIR: &str = "/sys/kernel/debug/vnic_arfs";
 /// Run-time writable parameters live here.
 pub const PARAMS_DIR: &str = "/sys/module/vnic_arfs/parameters";
 
+/// The run-time `expiry` parameter: `rps`, `ice` or `idle:MS`.
+pub fn expiry_param() -> String {
+    format!("{PARAMS_DIR}/expiry")
+}
+
+/// `expiry` with the idle backstop on after `ms`, or the default (`rps`)
+/// for 0.
+pub fn idle_expiry(ms: u32) -> String {
+    if ms == 0 {
+        "rps".to_string()
+    } else {
+        format!("idle:{ms}")
+    }
+}
+
 /// Module parameters the scenarios use.
 #[derive(Debug, Clone)]
 pub struct ModuleParams {
@@ -17,9 +32,11 @@ pub struct ModuleParams {
     pub interval_ms: u32,
     /// Filters examined per expiry pass.
     pub expire_quota: u32,
-    /// Idle backstop used by the expiry scenario. While flows run it is
-    /// off (0): the module only sees steer calls, and a working filter stops
-    /// them, so a live flow would lose its filter after this long.
+    /// Idle backstop (`expiry=idle:MS`) used by the expiry scenarios once
+    /// the flows stopped. While flows run the module keeps its default
+    /// (`expiry=rps`, what users meet): the module only sees steer calls,
+    /// and a working filter stops them, so a live flow would lose its
+    /// filter after this long.
     pub idle_timeout_ms: u32,
     /// Anything else, verbatim (`name=value ...`).
     pub extra: String,
@@ -37,10 +54,10 @@ impl Default for ModuleParams {
 }
 
 impl ModuleParams {
-    /// Load-time parameters: idle backstop off.
+    /// Load-time parameters: the module's default expiry (`rps`).
     pub fn to_params(&self, ifname: &str) -> String {
         format!(
-            "ifnames={ifname} interval_ms={} expire_quota={} idle_timeout_ms=0 {}",
+            "ifnames={ifname} interval_ms={} expire_quota={} {}",
             self.interval_ms, self.expire_quota, self.extra
         )
         .trim()

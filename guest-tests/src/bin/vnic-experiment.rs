@@ -704,7 +704,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                       "rps_sock_flow_entries": settings.sock_flow_entries,
                       "module": {"interval_ms": settings.module.interval_ms,
                                  "expire_quota": settings.module.expire_quota,
-                                 "idle_timeout_ms": 0}},
+                                 "expiry": "rps"}},
             "workload": {"flows_per_iteration": args.flows, "rate_pps": rate,
                          "duration_s": duration.as_secs(), "variants": args.variants,
                          "latency": args.latency, "program_latency_ms": args.program_latency_ms,

@@ -63,7 +63,8 @@ OPTIONS:
     --measure SECS        measurement window after warm-up (default 5)
     --flow-cnt N          rps_flow_cnt per rx queue (default 262144, demo 1048576: low slot-collision odds)
     --sock-flow-entries N net.core.rps_sock_flow_entries (default 1048576; demo 4194304)
-    --idle-ms MS          the module's idle timeout (default 2000)
+    --idle-ms MS          the idle backstop (expiry=idle:MS) the expiry scenarios
+                          turn on once the flows stopped (default 2000)
     --artifacts DIR       where logs, traces and snapshots go
                           (default target/guest-tests/<UTC time>)
     --list                the scenarios and the boot each needs

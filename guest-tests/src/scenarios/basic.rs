@@ -395,8 +395,8 @@ pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.gen_running = false;
     s.wait_rx_quiet()?;
     s.guest.agent.write_file(
-        &format!("{}/idle_timeout_ms", module::PARAMS_DIR),
-        &s.settings.module.idle_timeout_ms.to_string(),
+        &module::expiry_param(),
+        &module::idle_expiry(s.settings.module.idle_timeout_ms),
     )?;
     let t0 = Instant::now();
     let ctl = &mut s.guest.ctl;

@@ -353,7 +353,7 @@ impl Session {
                 // idle backstop deletes what is left.
                 self.guest
                     .agent
-                    .write_file(&format!("{}/idle_timeout_ms", module::PARAMS_DIR), "1")?;
+                    .write_file(&module::expiry_param(), &module::idle_expiry(1))?;
                 used_idle = true;
             }
             if t0.elapsed() > timeout * 2 {
@@ -368,7 +368,7 @@ impl Session {
         if used_idle {
             self.guest
                 .agent
-                .write_file(&format!("{}/idle_timeout_ms", module::PARAMS_DIR), "0")?;
+                .write_file(&module::expiry_param(), &module::idle_expiry(0))?;
         }
         Ok(used_idle)
     }

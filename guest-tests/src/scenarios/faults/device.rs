@@ -227,13 +227,13 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     // flow has a filter for the whole window, and the guest must see each
     // flow's packets arrive on its RSS queue.
     s.guest.ctl.set("add_fail_rate", &json!(1.0))?;
-    let idle = format!("{}/idle_timeout_ms", module::PARAMS_DIR);
-    s.guest.agent.write_file(&idle, "300")?;
+    let idle = module::expiry_param();
+    s.guest.agent.write_file(&idle, &module::idle_expiry(300))?;
     let ctl = &mut s.guest.ctl;
     let emptied = wait_for(Duration::from_secs(20), "every filter to go idle", || {
         Ok((counter(&ctl.table()?, "/live") == 0).then_some(()))
     });
-    s.guest.agent.write_file(&idle, "0")?;
+    s.guest.agent.write_file(&idle, &module::idle_expiry(0))?;
     emptied?;
     std::thread::sleep(Duration::from_secs(1));
     let window = s.measure();
@@ -315,8 +315,8 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     };
     // Expiry: the idle backstop deletes every filter of the stopped flows.
     s.guest.agent.write_file(
-        &format!("{}/idle_timeout_ms", module::PARAMS_DIR),
-        &s.settings.module.idle_timeout_ms.to_string(),
+        &module::expiry_param(),
+        &module::idle_expiry(s.settings.module.idle_timeout_ms),
     )?;
     let bound = s.settings.module.expiry_bound(steered_n.max(1)) + REJECT_HOLDOFF;
     let t0 = Instant::now();

@@ -10,7 +10,8 @@
 //!
 //! This file has that framing ([`isolated`]) and the group's helpers; the
 //! scenarios are in `table.rs` (table-full, bucket-collisions), `device.rs`
-//! (lossy-mgmt, slow-hw, add-failures) and `reconfig.rs`.
+//! (lossy-mgmt, slow-hw, add-failures), `expiry.rs` (live-flows) and
+//! `reconfig.rs`.
 
 use super::{Checks, Flow, Run, Session};
 use crate::harness::ctl::counter;
@@ -24,6 +25,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 pub(super) mod device;
+pub(super) mod expiry;
 pub(super) mod reconfig;
 pub(super) mod table;
 

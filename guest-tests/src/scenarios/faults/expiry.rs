@@ -1,0 +1,223 @@
+//! `live-flows`: what the module's expiry personalities (`expiry=`, see
+//! aRFS/kmod/README.md) do to flows that never stop.
+//!
+//! Under `rps` (the default, as mlx5/sfc/bnxt) a live flow keeps its filter
+//! for as long as it runs: the guest sees its packets on the filter's queue
+//! at the end, the device and the module delete nothing, every filter keeps
+//! its id. Under `ice` every UDP filter is deleted (reason `aged`) 5 s after
+//! its activation, never sooner, and every steer call the kernel makes
+//! afterwards is granted. Whether the kernel asks again after such a
+//! driver-side delete is the kernel's business (6.12 does; 7.x, with the
+//! 2025 slot-collision change, does not while the receiver stays put): the
+//! scenario reports it, per kernel.
+
+use super::super::{Checks, Session};
+use super::delta;
+use crate::harness::Result;
+use crate::module;
+use arfs::{EventKind, FlowKey, TraceRecord};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+/// ice's UDP filter lifetime (ICE_ARFS_TIME_DELTA_EXPIRATION), the
+/// module's `expiry=ice`.
+const ICE_UDP: Duration = Duration::from_secs(5);
+/// Each phase runs 3x the longest timeout in play.
+const PHASE: Duration = Duration::from_secs(15);
+
+/// Module counters of deletes by the expiry pass.
+const EXPIRY_DELETES: [&str; 3] = ["deletes_expired", "deletes_idle", "deletes_aged"];
+
+pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    let mode = s.guest.agent.read_file(&module::expiry_param())?;
+    c.check(mode.trim() == "rps", || {
+        format!(
+            "the module loaded with expiry={:?}, not its default rps",
+            mode.trim()
+        )
+    });
+
+    // ---- rps: live flows keep their filters ---------------------------
+    s.setup_steering()?;
+    let steered: Vec<FlowKey> = s
+        .flows
+        .iter()
+        .filter(|f| f.needs_filter())
+        .map(|f| f.key)
+        .collect();
+    let before = s.device_filters()?;
+    let m0 = s.module_counters()?;
+    s.trace_since_mark()?;
+    std::thread::sleep(PHASE);
+    let w = s.measure()?;
+    let fig = s.check_window(&w, c);
+    let after = s.device_filters()?;
+    let m1 = s.module_counters()?;
+    let trace = s.trace_since_mark()?;
+    let dels = trace.iter().filter(|r| r.event == EventKind::Del).count();
+    let mod_dels: u64 = EXPIRY_DELETES.iter().map(|n| delta(&m1, &m0, n)).sum();
+    c.check(dels == 0 && mod_dels == 0, || {
+        format!(
+            "expiry=rps deleted filters of live flows over {}s: {dels} DELs in the trace, module expiry deletes {mod_dels}",
+            PHASE.as_secs()
+        )
+    });
+    let changed: Vec<String> = steered
+        .iter()
+        .filter(|k| before.get(k).map(|e| e.0) != after.get(k).map(|e| e.0))
+        .map(|k| {
+            format!(
+                ":{} id {:?} -> {:?}",
+                k.dst_port(),
+                before.get(k).map(|e| e.0),
+                after.get(k).map(|e| e.0)
+            )
+        })
+        .collect();
+    c.check(changed.is_empty(), || {
+        format!(
+            "under expiry=rps {} live flows lost or changed their filter: {}",
+            changed.len(),
+            changed.join(", ")
+        )
+    });
+
+    // ---- ice: UDP filters age out 5 s after activation ---------------
+    s.guest.agent.write_file(&module::expiry_param(), "ice")?;
+    let m2 = s.module_counters()?;
+    std::thread::sleep(PHASE);
+    let m3 = s.module_counters()?;
+    let trace = s.trace_since_mark()?;
+    s.guest
+        .agent
+        .write_file(&module::expiry_param(), &module::idle_expiry(0))?;
+    let ice = IcePhase::read(&trace, &steered);
+    let aged = delta(&m3, &m2, "deletes_aged");
+    let busy = delta(&m3, &m2, "busy");
+    c.check(ice.aged_flows.len() == steered.len(), || {
+        format!(
+            "expiry=ice: {} of {} steered UDP flows had a filter deleted (aged) within {}s",
+            ice.aged_flows.len(),
+            steered.len(),
+            PHASE.as_secs()
+        )
+    });
+    c.check(ice.other_dels == 0, || {
+        format!(
+            "expiry=ice: {} DELs with another reason than aged (live flows: rps_may_expire_flow must keep them)",
+            ice.other_dels
+        )
+    });
+    c.check(aged == ice.aged, || {
+        format!(
+            "expiry=ice: module deletes_aged {aged}, trace aged DELs {}",
+            ice.aged
+        )
+    });
+    // Never before 5 s: the module counts from the ACK of the ADD, which
+    // comes after the device applied it (the trace's add time).
+    c.check(ice.early.is_empty(), || {
+        format!(
+            "expiry=ice: filters deleted less than {}s after their ADD: {}",
+            ICE_UDP.as_secs(),
+            ice.early.join(", ")
+        )
+    });
+    c.check(ice.rejects == 0 && busy == 0, || {
+        format!(
+            "expiry=ice: re-steers refused: {} rejects in the trace, module busy {busy}",
+            ice.rejects
+        )
+    });
+    let reasked = ice.reasked.len();
+    let verdict = if reasked == 0 {
+        "the kernel never asked again after a driver-side delete"
+    } else if reasked == ice.aged_flows.len() {
+        "the kernel asked again for every flow"
+    } else {
+        "the kernel asked again for some flows"
+    };
+    Ok(format!(
+        "flows={} steered={} rps: {}s dels=0 ids_kept={}/{} guest_q_min={:.1}% | ice: {}s aged_dels={} flows_aged={} readded={reasked}/{} ({verdict}) age_after_add={} rejects={} busy={busy}",
+        s.flows.len(),
+        steered.len(),
+        PHASE.as_secs(),
+        steered.len() - changed.len(),
+        steered.len(),
+        fig.min_guest_q,
+        PHASE.as_secs(),
+        ice.aged,
+        ice.aged_flows.len(),
+        ice.aged_flows.len(),
+        ice.age_range(),
+        ice.rejects,
+    ))
+}
+
+/// What the `ice` phase's trace shows.
+#[derive(Default)]
+struct IcePhase {
+    aged: u64,
+    other_dels: u64,
+    rejects: u64,
+    aged_flows: BTreeSet<FlowKey>,
+    /// Flows with an ADD after one of their aged DELs.
+    reasked: BTreeSet<FlowKey>,
+    /// Aged DELs less than [`ICE_UDP`] after the flow's ADD.
+    early: Vec<String>,
+    /// ADD -> aged DEL, for the DELs whose ADD is in the phase.
+    ages: Vec<Duration>,
+}
+
+impl IcePhase {
+    fn read(trace: &[TraceRecord], steered: &[FlowKey]) -> Self {
+        let want: BTreeSet<&FlowKey> = steered.iter().collect();
+        let mut p = IcePhase::default();
+        let mut added: BTreeMap<FlowKey, u64> = BTreeMap::new();
+        for r in trace {
+            let Some(flow) = r.flow else {
+                if r.event == EventKind::Reject {
+                    p.rejects += 1;
+                }
+                continue;
+            };
+            match r.event {
+                EventKind::Add | EventKind::Replace => {
+                    if p.aged_flows.contains(&flow) {
+                        p.reasked.insert(flow);
+                    }
+                    added.insert(flow, r.ts_ns);
+                }
+                EventKind::Reject => p.rejects += 1,
+                EventKind::Del if r.reason.as_deref() == Some("aged") => {
+                    p.aged += 1;
+                    if want.contains(&flow) {
+                        p.aged_flows.insert(flow);
+                    }
+                    if let Some(t) = added.remove(&flow) {
+                        let age = Duration::from_nanos(r.ts_ns.saturating_sub(t));
+                        if age < ICE_UDP {
+                            p.early.push(format!(
+                                ":{} after {:.2}s",
+                                flow.dst_port(),
+                                age.as_secs_f64()
+                            ));
+                        }
+                        p.ages.push(age);
+                    }
+                }
+                EventKind::Del => p.other_dels += 1,
+                _ => {}
+            }
+        }
+        p
+    }
+
+    fn age_range(&self) -> String {
+        match (self.ages.iter().min(), self.ages.iter().max()) {
+            (Some(a), Some(b)) => format!("{:.2}..{:.2}s", a.as_secs_f64(), b.as_secs_f64()),
+            _ => "n/a".to_string(),
+        }
+    }
+}
