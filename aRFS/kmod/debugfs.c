@@ -56,6 +56,8 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("flushes", c.flushes);
 	P("flush_acks", c.flush_acks);
 	P("acks", c.acks);
+	P("rx_bad_nonce", c.rx_bad_nonce);
+	P("rx_foreign", c.rx_foreign);
 	P("naks", c.naks);
 	P("expiry_pressure", c.expiry_pressure);
 	P("reject_table_full", c.rej[VNIC_S_TABLE_FULL]);

@@ -15,6 +15,7 @@
 #include <linux/jiffies.h>
 #include <linux/math64.h>
 #include <linux/pkt_sched.h>
+#include <linux/random.h>
 #include <linux/skbuff.h>
 #include <linux/timekeeping.h>
 
@@ -55,7 +56,13 @@ static unsigned int vnic_mgmt_put_hdr(struct vnic_ctx *ctx, u8 *buf, u8 type, u3
 {
 	u8 *h = buf + ETH_HLEN;
 
-	eth_broadcast_addr(buf);
+	static const u8 group[ETH_ALEN] = VNIC_HELLO_GROUP;
+
+	/* HELLO, or no session yet: the link-local group; else the device */
+	if (type == VNIC_T_HELLO || !ctx->have_dev_mac)
+		ether_addr_copy(buf, group);
+	else
+		ether_addr_copy(buf, ctx->dev_mac);
 	memcpy(buf + ETH_ALEN, ctx->dev->dev_addr, ETH_ALEN);
 	put_unaligned_be16(VNIC_ETH_P, buf + 2 * ETH_ALEN);
 	put_unaligned_be16(VNIC_MAGIC, h + VNIC_OFF_MAGIC);
@@ -72,9 +79,15 @@ static unsigned int vnic_mgmt_build_hello_locked(struct vnic_ctx *ctx, u32 seq)
 {
 	u8 *b = ctx->hello_buf + ETH_HLEN + VNIC_HDR_LEN;
 
+	/* a new HELLO (not a retransmission) starts a session: a new nonce */
+	if (!ctx->hello_nonce || seq != ctx->hello_nonce_seq) {
+		ctx->hello_nonce = get_random_u32() | 1;
+		ctx->hello_nonce_seq = seq;
+	}
 	memset(b, 0, VNIC_HELLO_BODY);
 	put_unaligned_be32(VNIC_DRIVER_VERSION, b);
-	memcpy(b + 8, ctx->dev->dev_addr, ETH_ALEN);
+	put_unaligned_be32(ctx->hello_nonce, b + VNIC_HELLO_OFF_NONCE);
+	memcpy(b + VNIC_HELLO_OFF_MAC, ctx->dev->dev_addr, ETH_ALEN);
 	ctx->c.hellos++;
 	return vnic_mgmt_put_hdr(ctx, ctx->hello_buf, VNIC_T_HELLO, seq, 0, VNIC_HELLO_BODY);
 }
@@ -271,7 +284,7 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 }
 
 static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff *skb,
-				     u32 seq, u32 gen)
+				     const u8 *src, u32 seq, u32 gen)
 {
 	u8 raw[VNIC_CAPS_BODY];
 	struct vnic_caps caps;
@@ -279,7 +292,7 @@ static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff 
 	bool lost;
 
 	b = skb_header_pointer(skb, VNIC_HDR_LEN, VNIC_CAPS_BODY, raw);
-	if (!b || get_unaligned_be32(b + 20)) {
+	if (!b) {
 		ctx->c.rx_malformed++;
 		return;
 	}
@@ -288,6 +301,24 @@ static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff 
 		ctx->c.rx_stale++;
 		return;
 	}
+	/*
+	 * The answer to our HELLO: it echoes the session's nonce, which only
+	 * someone on the link saw, and comes from a unicast address, the
+	 * device's, which every later device frame must come from too.
+	 */
+	if (get_unaligned_be32(b + VNIC_CAPS_OFF_NONCE) != ctx->hello_nonce) {
+		ctx->c.rx_bad_nonce++;
+		return;
+	}
+	if (!is_valid_ether_addr(src)) {
+		ctx->c.rx_foreign++;
+		return;
+	}
+	if (ctx->have_dev_mac && !ether_addr_equal(src, ctx->dev_mac))
+		vnic_warn(ctx, "the device answered from %pM, the session was with %pM\n",
+			  src, ctx->dev_mac);
+	ether_addr_copy(ctx->dev_mac, src);
+	ctx->have_dev_mac = true;
 	caps.max_queue_pairs = get_unaligned_be16(b);
 	caps.enabled_queue_pairs = get_unaligned_be16(b + 2);
 	caps.capacity = get_unaligned_be32(b + 4);
@@ -464,7 +495,7 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 	struct vnic_ctx *ctx = container_of(pt, struct vnic_ctx, pt);
 	u8 raw[VNIC_HDR_LEN];
 	u16 count, body_len;
-	const u8 *h;
+	const u8 *h, *src;
 	u32 seq, gen;
 	u8 type;
 
@@ -490,15 +521,21 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 		goto unlock;
 	}
 
+	src = eth_hdr(skb)->h_source;
 	switch (type) {
 	case VNIC_T_CAPS:
 		if (count || body_len != VNIC_CAPS_BODY) {
 			ctx->c.rx_malformed++;
 			break;
 		}
-		vnic_mgmt_rx_caps_locked(ctx, skb, seq, gen);
+		vnic_mgmt_rx_caps_locked(ctx, skb, src, seq, gen);
 		break;
 	case VNIC_T_ACK:
+		if (!ctx->have_dev_mac || !ether_addr_equal(src, ctx->dev_mac)) {
+			/* not from the device of this session */
+			ctx->c.rx_foreign++;
+			break;
+		}
 		if (ctx->have_gen && gen != ctx->gen && !ctx->unload_wait) {
 			/* the device restarted: HELLO again, then replay */
 			ctx->c.rx_wrong_gen++;

@@ -156,10 +156,18 @@ bool vnic_dev_link_ok(const struct net_device *dev)
 	return netif_running(dev) && netif_carrier_ok(dev);
 }
 
+/*
+ * A virtio_net netdev of our own. Not a failover master (net_failover,
+ * VIRTIO_NET_F_STANDBY: it shares the virtio device as parent, and its
+ * frames leave through the VF) nor its standby slave (the virtio_net netdev
+ * under such a master): their traffic is not the device's to steer.
+ */
 static bool vnic_dev_is_virtio_net(const struct net_device *dev)
 {
 	const struct device *parent = dev->dev.parent;
 
+	if (netif_is_failover(dev) || netif_is_failover_slave(dev))
+		return false;
 	return parent && parent->driver && parent->driver->name &&
 	       !strcmp(parent->driver->name, "virtio_net");
 }
@@ -224,6 +232,9 @@ static int vnic_dev_install(struct vnic_ctx *ctx)
 	struct cpu_rmap *rmap;
 
 	ASSERT_RTNL();
+	/* net_failover may have enslaved it since attach (its notifier ran after ours) */
+	if (!vnic_dev_is_virtio_net(dev))
+		return -EOPNOTSUPP;
 	if (dev->rx_cpu_rmap)
 		return -EEXIST;
 	if (dev->hw_features & NETIF_F_NTUPLE)
@@ -403,6 +414,7 @@ static void vnic_dev_work_install(struct vnic_ctx *ctx)
 	if (err) {
 		vnic_dev_give_up(ctx, err == -EEXIST ? "the netdev already has an rx_cpu_rmap" :
 				 err == -EBUSY ? "the netdev already has ntuple filters" :
+				 err == -EOPNOTSUPP ? "the netdev is part of a failover pair" :
 				 "out of memory");
 		rtnl_unlock();
 		return;

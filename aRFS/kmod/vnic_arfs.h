@@ -195,6 +195,8 @@ struct vnic_counters {
 	u64 rej_other;
 	u64 frames_sent, retransmits, hellos, flushes, flush_acks, acks;
 	u64 naks, rx_malformed, rx_stale, rx_wrong_gen, xmit_errors;
+	u64 rx_bad_nonce;		/* CAPS with another nonce than our HELLO's */
+	u64 rx_foreign;			/* device frames from another address */
 	u64 gen_changes, replays, replayed, rmap_rebuilds, ntuple_flushes, queue_flushes;
 	u64 stalls;
 	u64 add_unacked;		/* ADD ops of unACKed frames at a window reset */
@@ -259,6 +261,10 @@ struct vnic_ctx {
 	unsigned long last_rx;
 	unsigned long table_full_since;
 	unsigned int expire_extra;	/* extra filters for the next expiry pass */
+	u32 hello_nonce;		/* of the HELLO with seq hello_nonce_seq */
+	u32 hello_nonce_seq;
+	u8 dev_mac[ETH_ALEN];		/* where the session's CAPS came from */
+	bool have_dev_mac;
 	struct vnic_caps caps;
 	struct completion unload_done;
 

@@ -27,6 +27,19 @@
 #define VNIC_ADD_FIT		((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_ADD_OP)
 #define VNIC_DEL_FIT		((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_DEL_OP)
 
+/*
+ * HELLO goes to this link-local group address (IEEE 802.1Q's "nearest
+ * bridge" group, 01-80-C2-00-00-0E): no 802.1D/Q bridge forwards it, so a
+ * HELLO never leaves the link. Everything after CAPS is unicast to the
+ * address the CAPS came from.
+ */
+#define VNIC_HELLO_GROUP	{ 0x01, 0x80, 0xc2, 0x00, 0x00, 0x0e }
+
+/* Body offsets of the session fields (from the start of the body). */
+#define VNIC_HELLO_OFF_NONCE	4	/* per-session nonce the device echoes */
+#define VNIC_HELLO_OFF_MAC	8
+#define VNIC_CAPS_OFF_NONCE	20	/* the nonce of the HELLO answered */
+
 /* Header field offsets (from the start of the management header). */
 #define VNIC_OFF_MAGIC		0
 #define VNIC_OFF_VERSION	2

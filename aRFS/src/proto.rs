@@ -54,8 +54,13 @@ pub const DEFAULT_MAX_OPS: u16 = MAX_ADD_OPS;
 pub const MAX_ACK_STATUSES: u16 = MAX_DEL_OPS;
 /// Source MAC of every device frame.
 pub const DEVICE_MAC: [u8; 6] = [0x02, 0x76, 0x6e, 0x69, 0x63, 0x00];
-/// Broadcast MAC (destination of driver frames).
+/// Broadcast MAC (the device accepts driver frames whatever their
+/// destination; the guest module never sends to it).
 pub const BROADCAST_MAC: [u8; 6] = [0xff; 6];
+/// Destination of HELLO: the link-local "nearest bridge" group address
+/// (01-80-C2-00-00-0E), which no 802.1D/Q bridge forwards. Every later
+/// driver frame is unicast to the address the CAPS came from.
+pub const HELLO_GROUP_MAC: [u8; 6] = [0x01, 0x80, 0xc2, 0x00, 0x00, 0x0e];
 
 /// Most ops of `t` that fit one frame at MTU 1500 (0 for types without ops;
 /// the status count for ACK).
@@ -388,6 +393,9 @@ impl Header {
 pub struct Hello {
     /// Driver version (informational).
     pub driver_version: u32,
+    /// Per-session nonce the device echoes in CAPS (the driver accepts
+    /// only a CAPS that carries it).
+    pub nonce: u32,
     /// The guest NIC's MAC; replies go to it.
     pub mac: [u8; 6],
 }
@@ -409,6 +417,8 @@ pub struct Caps {
     pub max_ops: u16,
     /// Modelled programming latency in microseconds.
     pub latency_us: u32,
+    /// The nonce of the HELLO this CAPS answers.
+    pub nonce: u32,
 }
 
 /// One ADD op, raw as on the wire: family, proto and address padding are
@@ -718,9 +728,6 @@ pub fn decode(
     let b = &frame[BODY_OFFSET..BODY_OFFSET + want];
     let msg = match t {
         MsgType::Hello => {
-            if be32(b, 4) != 0 {
-                return Err(DecodeError::new(E::ReservedNonzero, Some(h), "flags"));
-            }
             if be16(b, 14) != 0 {
                 return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
             }
@@ -728,23 +735,20 @@ pub fn decode(
             mac.copy_from_slice(&b[8..14]);
             Message::Hello(Hello {
                 driver_version: be32(b, 0),
+                nonce: be32(b, 4),
                 mac,
             })
         }
-        MsgType::Caps => {
-            if be32(b, 20) != 0 {
-                return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
-            }
-            Message::Caps(Caps {
-                max_queue_pairs: be16(b, 0),
-                enabled_queue_pairs: be16(b, 2),
-                capacity: be32(b, 4),
-                buckets: be32(b, 8),
-                ways: be16(b, 12),
-                max_ops: be16(b, 14),
-                latency_us: be32(b, 16),
-            })
-        }
+        MsgType::Caps => Message::Caps(Caps {
+            max_queue_pairs: be16(b, 0),
+            enabled_queue_pairs: be16(b, 2),
+            capacity: be32(b, 4),
+            buckets: be32(b, 8),
+            ways: be16(b, 12),
+            max_ops: be16(b, 14),
+            latency_us: be32(b, 16),
+            nonce: be32(b, 20),
+        }),
         MsgType::Add => {
             let mut ops = Vec::with_capacity(count);
             for (i, o) in b.chunks_exact(ADD_OP_LEN).enumerate() {
@@ -885,6 +889,7 @@ pub fn encode_into(buf: &mut [u8], meta: &FrameMeta, msg: &Message) -> Result<us
     match msg {
         Message::Hello(m) => {
             b[0..4].copy_from_slice(&m.driver_version.to_be_bytes());
+            b[4..8].copy_from_slice(&m.nonce.to_be_bytes());
             b[8..14].copy_from_slice(&m.mac);
         }
         Message::Caps(c) => {
@@ -895,6 +900,7 @@ pub fn encode_into(buf: &mut [u8], meta: &FrameMeta, msg: &Message) -> Result<us
             b[12..14].copy_from_slice(&c.ways.to_be_bytes());
             b[14..16].copy_from_slice(&c.max_ops.to_be_bytes());
             b[16..20].copy_from_slice(&c.latency_us.to_be_bytes());
+            b[20..24].copy_from_slice(&c.nonce.to_be_bytes());
         }
         Message::Add(ops) => {
             for (o, op) in b.chunks_exact_mut(ADD_OP_LEN).zip(ops) {
@@ -1045,6 +1051,7 @@ mod tests {
     fn hello_round_trip() {
         let msg = Message::Hello(Hello {
             driver_version: 1,
+            nonce: 0xdead_beef,
             mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56],
         });
         let mut v = Vec::new();

@@ -1022,6 +1022,7 @@ impl FilterTable {
             ways,
             max_ops: crate::proto::DEFAULT_MAX_OPS,
             latency_us: self.cfg.latency_ns.div_ceil(1000) as u32,
+            nonce: 0,
         }
     }
 

@@ -112,6 +112,7 @@ fn golden_layouts() {
         &meta(0x1122_3344),
         &Message::Hello(Hello {
             driver_version: 1,
+            nonce: 0xa1b2_c3d4,
             mac: GUEST,
         }),
     )
@@ -128,9 +129,9 @@ fn golden_layouts() {
         "0000",
         "0010", // magic ver type seq gen count body_len
         "00000001",
-        "00000000",
+        "a1b2c3d4",
         "525400123456",
-        "0000" // driver_version flags mac reserved
+        "0000" // driver_version nonce mac reserved
     );
     assert_eq!(hex(&out), want);
 
@@ -143,6 +144,7 @@ fn golden_layouts() {
         ways: 4,
         max_ops: 33,
         latency_us: 50,
+        nonce: 0xa1b2_c3d4,
     };
     encode_caps(&mut out, GUEST, 0x1122_3344, 5, &caps).unwrap();
     let want = concat!(
@@ -163,7 +165,7 @@ fn golden_layouts() {
         "0004",
         "0021",
         "00000032",
-        "00000000"
+        "a1b2c3d4"
     );
     assert_eq!(hex(&out), want);
 
@@ -402,6 +404,7 @@ fn padding_is_ignored_and_limits_apply() {
             &meta(5),
             &Message::Hello(Hello {
                 driver_version: 1,
+                nonce: 1,
                 mac: GUEST
             })
         ),
@@ -463,21 +466,27 @@ fn reason() -> impl Strategy<Value = DelReason> {
 
 fn message_strategy() -> impl Strategy<Value = Message> {
     prop_oneof![
-        (any::<u32>(), any::<[u8; 6]>()).prop_map(|(v, mac)| Message::Hello(Hello {
-            driver_version: v,
-            mac
-        })),
-        (any::<(u16, u16, u32, u32, u16, u16, u32)>()).prop_map(|(a, b, c, d, e, f, g)| {
-            Message::Caps(Caps {
-                max_queue_pairs: a,
-                enabled_queue_pairs: b,
-                capacity: c,
-                buckets: d,
-                ways: e,
-                max_ops: f,
-                latency_us: g,
+        (any::<u32>(), any::<u32>(), any::<[u8; 6]>()).prop_map(|(v, nonce, mac)| {
+            Message::Hello(Hello {
+                driver_version: v,
+                nonce,
+                mac,
             })
         }),
+        (any::<(u16, u16, u32, u32, u16, u16, u32, u32)>()).prop_map(
+            |(a, b, c, d, e, f, g, nonce)| {
+                Message::Caps(Caps {
+                    max_queue_pairs: a,
+                    enabled_queue_pairs: b,
+                    capacity: c,
+                    buckets: d,
+                    ways: e,
+                    max_ops: f,
+                    latency_us: g,
+                    nonce,
+                })
+            }
+        ),
         proptest::collection::vec(
             (any::<u16>(), any::<u16>(), flow_strategy())
                 .prop_map(|(id, q, k)| AddOp::new(id, q, &k)),

@@ -27,6 +27,8 @@ pub struct Received {
 #[derive(Clone, Debug)]
 pub struct Reply {
     pub rxq: u16,
+    /// The Ethernet source (the device's MAC, or another station's).
+    pub src: [u8; 6],
     pub header: Header,
     pub message: Message,
 }
@@ -132,8 +134,11 @@ impl Guest {
                             match proto::decode_frame_driver(&f.data) {
                                 Ok((header, message)) => {
                                     self.generation = header.generation;
+                                    let mut src = [0u8; 6];
+                                    src.copy_from_slice(&f.data[6..12]);
                                     self.replies.push(Reply {
                                         rxq: q as u16,
+                                        src,
                                         header,
                                         message,
                                     });
@@ -217,8 +222,14 @@ impl Guest {
 
     /// Encode `msg` as a driver->device frame with sequence number `seq`.
     pub fn encode_mgmt(&self, seq: u32, msg: &Message) -> Vec<u8> {
+        // As the guest module addresses them (PROTOCOL.md).
+        let dst = if matches!(msg, Message::Hello(_)) {
+            proto::HELLO_GROUP_MAC
+        } else {
+            proto::DEVICE_MAC
+        };
         let meta = FrameMeta {
-            dst: proto::BROADCAST_MAC,
+            dst,
             src: GUEST_MAC,
             seq,
             generation: self.generation,
@@ -262,6 +273,7 @@ impl Guest {
         let r = self.request(
             &Message::Hello(Hello {
                 driver_version: 1,
+                nonce: 0x5eed_0001,
                 mac: GUEST_MAC,
             }),
             timeout,

@@ -424,12 +424,13 @@ pub enum Knob {
     TableCapacity(u32),
     Buckets(Option<(u32, u16)>),
     Misroute(bool),
+    RogueResponder(bool),
 }
 
 impl Knob {
     /// The knob names, as `set` takes them.
     pub const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets or misroute";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute or rogue_responder";
 
     pub fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -443,6 +444,7 @@ impl Knob {
             "table_capacity" => Self::TableCapacity(parse_capacity(value).map_err(bad)?),
             "buckets" => Self::Buckets(parse_buckets(value).map_err(bad)?),
             "misroute" => Self::Misroute(parse_bool(value).map_err(bad)?),
+            "rogue_responder" => Self::RogueResponder(parse_bool(value).map_err(bad)?),
             _ => return Err(KnobError::Unknown(key.to_string())),
         })
     }

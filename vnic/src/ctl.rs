@@ -262,6 +262,7 @@ fn knobs_json(sh: &Shared, s: &Snapshot) -> Value {
     let c = &s.table;
     json!({
         "misroute": sh.faults.misroute.load(Ordering::Relaxed),
+        "rogue_responder": s.rogue,
         "add_fail_rate": c.add_fail_rate,
         "mgmt_loss_rate": c.mgmt_loss_rate,
         "program_latency_us": c.latency_ns as f64 / 1000.0,
@@ -289,6 +290,13 @@ fn mgmt_json(sh: &Shared, s: &Snapshot) -> Value {
         "frames_bad": bad,
         "acks_sent": c.acks_sent,
         "caps_sent": c.caps_sent,
+        "rogue_sent": c.rogue_sent,
+        "dst": {
+            "hello_to_group": c.dst.hello_to_group,
+            "to_device": c.dst.to_device,
+            "to_broadcast": c.dst.to_broadcast,
+            "to_other": c.dst.to_other,
+        },
         "naks_sent": c.naks_sent,
         "dropped_by_loss": c.dropped_by_loss,
         "replies_dropped_by_loss": c.replies_dropped_by_loss,

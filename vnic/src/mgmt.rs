@@ -41,6 +41,10 @@ pub struct MgmtCounters {
     pub bad: [u64; 11],
     pub acks_sent: u64,
     pub caps_sent: u64,
+    /// Frames sent as the `rogue_responder` knob's second responder.
+    pub rogue_sent: u64,
+    /// Destinations of the driver's frames.
+    pub dst: DstCounters,
     pub naks_sent: u64,
     pub dropped_by_loss: u64,
     pub replies_dropped_by_loss: u64,
@@ -48,6 +52,19 @@ pub struct MgmtCounters {
     pub duplicates: u64,
     pub duplicate_reacks: u64,
     pub generation_changes: u64,
+}
+
+/// Destination MACs of the frames the driver sent.
+#[derive(Default, Clone)]
+pub struct DstCounters {
+    /// HELLO to [`proto::HELLO_GROUP_MAC`].
+    pub hello_to_group: u64,
+    /// Any other type to [`DEVICE_MAC`].
+    pub to_device: u64,
+    /// To ff:ff:ff:ff:ff:ff.
+    pub to_broadcast: u64,
+    /// Anything else (a HELLO to the device, a request to the group...).
+    pub to_other: u64,
 }
 
 /// Where a reply goes.
@@ -86,7 +103,15 @@ pub struct Mgmt {
     preload: Option<(Preload, Ipv4Addr, Ipv4Addr)>,
     /// The table was emptied since the last preload.
     preload_due: bool,
+    /// `rogue_responder`: every CAPS and ACK is preceded by a copy from
+    /// [`ROGUE_MAC`], a CAPS with a wrong nonce.
+    rogue: bool,
 }
+
+/// Source of the `rogue_responder` knob's frames: a second station on the
+/// link answering the driver's HELLO (locally administered, not
+/// [`proto::DEVICE_MAC`]).
+pub const ROGUE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x0b, 0xad, 0x01];
 
 impl Mgmt {
     pub fn new(
@@ -117,6 +142,7 @@ impl Mgmt {
             replica_capacity: cfg_capacity,
             preload: None,
             preload_due: false,
+            rogue: false,
         })
     }
 
@@ -249,10 +275,26 @@ impl Mgmt {
     /// Replies for other pairs go to their inboxes; the replies for
     /// `worker` itself are appended to `own`, for it to deliver.
     pub fn handle_frame(&mut self, worker: usize, frame: &[u8], own: &mut Vec<Reply>) {
+        self.count_destination(frame);
         self.caller = Some(worker);
         self.frame(worker, frame);
         self.caller = None;
         own.append(&mut self.own);
+    }
+
+    /// Where the driver addressed the frame: HELLO to the link-local group,
+    /// everything else to the device (PROTOCOL.md, "Ethernet header"); any
+    /// other destination is counted apart, it is not refused.
+    fn count_destination(&mut self, frame: &[u8]) {
+        let Some(dst) = frame.get(..6) else { return };
+        let hello = proto::peek_header(frame).and_then(|h| h.kind()) == Some(proto::MsgType::Hello);
+        let d = &mut self.c.dst;
+        match (dst == proto::HELLO_GROUP_MAC, dst == DEVICE_MAC, hello) {
+            (true, _, true) => d.hello_to_group += 1,
+            (_, true, false) => d.to_device += 1,
+            _ if dst == proto::BROADCAST_MAC => d.to_broadcast += 1,
+            _ => d.to_other += 1,
+        }
     }
 
     fn frame(&mut self, worker: usize, frame: &[u8]) {
@@ -304,7 +346,10 @@ impl Mgmt {
                         // HELLO (re)starts the session whatever its seq.
                         self.expected = Some(h.seq.wrapping_add(1));
                         self.cache.clear();
-                        let caps = self.caps();
+                        let caps = Caps {
+                            nonce: hello.nonce,
+                            ..self.caps()
+                        };
                         let dst = if hello.mac == [0; 6] || hello.mac[0] & 1 != 0 {
                             dst
                         } else {
@@ -476,6 +521,16 @@ impl Mgmt {
             ));
             return;
         }
+        if self.rogue {
+            if let Some(fake) = rogue_copy(&pkt) {
+                self.c.rogue_sent += 1;
+                if let Some(c) = &self.conn {
+                    if let Some(r) = c.lanes.reply(route.worker, fake, self.caller) {
+                        self.own.push(r);
+                    }
+                }
+            }
+        }
         if let Some(c) = &self.conn {
             if let Some(r) = c.lanes.reply(route.worker, pkt, self.caller) {
                 self.own.push(r);
@@ -541,6 +596,7 @@ impl Mgmt {
             // A packet-path fault, not the table's: the control socket
             // sets it (`config::PathFaults`).
             Knob::Misroute(_) => {}
+            Knob::RogueResponder(on) => self.rogue = on,
         }
         Ok(())
     }
@@ -557,6 +613,7 @@ impl Mgmt {
             pending: self.table.pending(),
             expected_seq: self.expected,
             max_ops: self.max_ops,
+            rogue: self.rogue,
             filters: if filters {
                 self.table
                     .entries()
@@ -594,6 +651,7 @@ pub struct Snapshot {
     pub pending: usize,
     pub expected_seq: Option<u32>,
     pub max_ops: u16,
+    pub rogue: bool,
     /// Live filters and their hits (when asked for).
     pub filters: Vec<(arfs::table::Entry, u64)>,
 }
@@ -640,6 +698,24 @@ fn encode_reply(dst: [u8; 6], seq: u32, generation: u32, msg: &Message) -> Optio
     Some(pkt)
 }
 
+/// What a second responder on the link would send for the reply `pkt`
+/// (virtio-net header + frame): the same frame from [`ROGUE_MAC`], and for a
+/// CAPS one that did not see the HELLO (its nonce is wrong). `None` for a
+/// reply too short to be a management frame.
+fn rogue_copy(pkt: &[u8]) -> Option<Vec<u8>> {
+    const NONCE: usize = NET_HDR_LEN + proto::BODY_OFFSET + 20;
+    let h = proto::peek_header(pkt.get(NET_HDR_LEN..)?)?;
+    let mut f = pkt.to_vec();
+    f.get_mut(NET_HDR_LEN + 6..NET_HDR_LEN + 12)?
+        .copy_from_slice(&ROGUE_MAC);
+    if h.kind() == Some(proto::MsgType::Caps) {
+        for b in f.get_mut(NONCE..NONCE + 4)? {
+            *b ^= 0xa5;
+        }
+    }
+    Some(f)
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -650,6 +726,46 @@ mod tests {
 
     use super::*;
     use std::sync::Mutex;
+
+    #[test]
+    fn rogue_copy_is_another_station_with_a_wrong_nonce() {
+        let caps = Caps {
+            max_queue_pairs: 4,
+            enabled_queue_pairs: 4,
+            capacity: 1024,
+            buckets: 0,
+            ways: 0,
+            max_ops: 33,
+            latency_us: 0,
+            nonce: 0x1234_5678,
+        };
+        let real = encode_reply(GUEST, 9, 2, &Message::Caps(caps)).unwrap();
+        let fake = rogue_copy(&real).unwrap();
+        assert_eq!(&fake[NET_HDR_LEN + 6..NET_HDR_LEN + 12], &ROGUE_MAC);
+        let (h, m) = decode_frame_driver(&fake[NET_HDR_LEN..]).unwrap();
+        assert_eq!(h.seq, 9);
+        let Message::Caps(c) = m else {
+            panic!("not a CAPS: {m:?}")
+        };
+        assert_ne!(c.nonce, caps.nonce);
+        assert_eq!(
+            Caps {
+                nonce: caps.nonce,
+                ..c
+            },
+            caps
+        );
+        // An ACK keeps its body: only the source differs.
+        let ack = Ack {
+            acked_type: 3,
+            frame_status: 0,
+            statuses: vec![0],
+        };
+        let ack = encode_reply(GUEST, 10, 2, &Message::Ack(ack)).unwrap();
+        let fake = rogue_copy(&ack).unwrap();
+        assert_eq!(&fake[NET_HDR_LEN + 12..], &ack[NET_HDR_LEN + 12..]);
+        assert!(rogue_copy(&ack[..NET_HDR_LEN + 10]).is_none());
+    }
 
     const GUEST: [u8; 6] = [2, 0, 0, 0, 0, 0x15];
 
@@ -752,11 +868,12 @@ mod tests {
         let gen = sh.generation();
         let hello = Message::Hello(Hello {
             driver_version: 1,
+            nonce: 0x1234_5678,
             mac: GUEST,
         });
         let r = decode(handle(&sh, 1, &frame(10, &hello)));
         assert!(
-            matches!(r.as_slice(), [(10, Message::Caps(caps))] if caps.max_queue_pairs == 2 && caps.enabled_queue_pairs == 2)
+            matches!(r.as_slice(), [(10, Message::Caps(caps))] if caps.max_queue_pairs == 2 && caps.enabled_queue_pairs == 2 && caps.nonce == 0x1234_5678)
         );
         // In order: applied and acknowledged, the replica update is queued.
         let own = handle(&sh, 1, &frame(11, &add(7, 1)));

@@ -301,3 +301,62 @@ fn misroute_delivers_filter_hits_to_another_queue() {
     let e = c.set("misroute", &json!("maybe")).unwrap_err().to_string();
     assert!(e.contains("misroute") && e.contains("0/1"), "{e}");
 }
+
+/// `rogue_responder`: a second station answers too. Every CAPS and ACK
+/// arrives twice, first from another MAC (the CAPS with a wrong nonce, as
+/// one that did not see the HELLO would send), then from the device; the
+/// device counts the driver's frames by destination (HELLO to the
+/// link-local group, the rest to the device).
+#[test]
+fn rogue_responder_answers_before_the_device_from_another_station() {
+    let d = daemon(&["--queues", "2"]);
+    let mut c = ctl(&d);
+    let mut g = guest(&d, 2, 2);
+    c.set("rogue_responder", &json!(1)).unwrap();
+    let seq = g.send_mgmt(&Message::Hello(arfs::proto::Hello {
+        driver_version: 1,
+        nonce: 0x0123_4567,
+        mac: vnic_frontend::guest::GUEST_MAC,
+    }));
+    g.wait_until(T, "two CAPS", |g| {
+        g.replies.iter().filter(|r| r.header.seq == seq).count() == 2
+    })
+    .unwrap();
+    let caps: Vec<_> = g.replies.drain(..).collect();
+    assert_ne!(
+        caps[0].src,
+        arfs::proto::DEVICE_MAC,
+        "the rogue copy comes first"
+    );
+    assert_eq!(caps[1].src, arfs::proto::DEVICE_MAC);
+    let nonce = |r: &vnic_frontend::guest::Reply| match &r.message {
+        Message::Caps(c) => c.nonce,
+        m => panic!("not a CAPS: {m:?}"),
+    };
+    assert_ne!(nonce(&caps[0]), 0x0123_4567);
+    assert_eq!(nonce(&caps[1]), 0x0123_4567);
+    g.generation = caps[1].header.generation;
+    let k = gen_flow(10_000, 20_000);
+    let seq = g.send_mgmt(&Message::Add(vec![AddOp::new(1, 1, &k)]));
+    g.wait_until(T, "two ACKs", |g| {
+        g.replies.iter().filter(|r| r.header.seq == seq).count() == 2
+    })
+    .unwrap();
+    let acks: Vec<_> = g.replies.drain(..).collect();
+    assert_ne!(acks[0].src, arfs::proto::DEVICE_MAC);
+    assert_eq!(acks[1].src, arfs::proto::DEVICE_MAC);
+    assert_eq!(acks[0].message, acks[1].message);
+    let s = c.stats().unwrap();
+    assert_eq!(counter(&s, "mgmt.rogue_sent"), 2);
+    assert_eq!(counter(&s, "mgmt.caps_sent"), 1);
+    assert_eq!(counter(&s, "mgmt.dst.hello_to_group"), 1);
+    assert_eq!(counter(&s, "mgmt.dst.to_device"), 1);
+    assert_eq!(counter(&s, "mgmt.dst.to_broadcast"), 0);
+    // Off again: one answer per request.
+    c.set("rogue_responder", &json!(0)).unwrap();
+    g.add(vec![AddOp::new(2, 1, &gen_flow(10_000, 20_001))], T)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    g.poll();
+    assert!(g.replies.is_empty(), "{:?}", g.replies);
+}
