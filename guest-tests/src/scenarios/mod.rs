@@ -63,6 +63,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "slow-hw",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::device::slow_hw },
     Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::device::add_failures },
     Scenario { name: "live-flows",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::expiry::live_flows },
+    Scenario { name: "handshake",         boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::handshake::handshake },
     Scenario { name: "rps",               boot: BootKind::Default, setup: Setup::Fresh,  pairs: ONE, matrix: true , v6: false, run: rps::rps },
     Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: faults::device::misroute },
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },

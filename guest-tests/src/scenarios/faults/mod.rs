@@ -10,8 +10,8 @@
 //!
 //! This file has that framing ([`isolated`]) and the group's helpers; the
 //! scenarios are in `table.rs` (table-full, bucket-collisions), `device.rs`
-//! (lossy-mgmt, slow-hw, add-failures), `expiry.rs` (live-flows) and
-//! `reconfig.rs`.
+//! (lossy-mgmt, slow-hw, add-failures), `expiry.rs` (live-flows),
+//! `handshake.rs` (handshake) and `reconfig.rs`.
 
 use super::{Checks, Flow, Run, Session};
 use crate::harness::ctl::counter;
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 pub(super) mod device;
 pub(super) mod expiry;
+pub(super) mod handshake;
 pub(super) mod reconfig;
 pub(super) mod table;
 
@@ -184,6 +185,7 @@ impl Session {
             ("mgmt_loss_rate", json!(0)),
             ("program_latency", json!(0)),
             ("misroute", json!(0)),
+            ("rogue_responder", json!(0)),
         ] {
             if let Err(e) = self.guest.ctl.set(k, &v) {
                 errs.push(e.0);

@@ -43,12 +43,12 @@ fn raw_frame(ty: u8, seq: u32, gen: u32, count: u16, body_len: u16, body: &[u8])
     f
 }
 
-fn hello_body(flags: u32) -> Vec<u8> {
+fn hello_body(reserved: u16) -> Vec<u8> {
     let mut b = Vec::with_capacity(16);
     b.extend_from_slice(&1u32.to_be_bytes());
-    b.extend_from_slice(&flags.to_be_bytes());
+    b.extend_from_slice(&0x0bad_5eedu32.to_be_bytes()); // nonce
     b.extend_from_slice(&guest_mac());
-    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(&reserved.to_be_bytes());
     b
 }
 
@@ -183,7 +183,7 @@ fn malformed(seq: u32, gen: u32) -> Vec<Bad> {
         raw_frame(4, seq, gen, 1, 4, &[0, 1, 7, 0]),
     );
     push(
-        "HELLO flags",
+        "HELLO reserved",
         E::ReservedNonzero,
         raw_frame(1, seq, gen, 0, 16, &hello_body(0x8000)),
     );
