@@ -104,7 +104,9 @@ fail:
  *
  * The tables are read and written by the receive path without a lock
  * (READ_ONCE/WRITE_ONCE) and freed through RCU when rps_flow_cnt is
- * rewritten: RCU read side here; ctx->lock only to look a filter up.
+ * rewritten: RCU read side here; ctx->lock only to look up a filter whose
+ * id is allocated (the id xarray is read under RCU first), not once per
+ * slot.
  */
 void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx)
 {
@@ -138,8 +140,17 @@ void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx)
 		for (j = 0; j < n; j++) {
 			u16 fid = READ_ONCE(flows[j].filter);
 
+			/*
+			 * Only an id that is allocated now can be ours: the
+			 * id xarray answers that under RCU, without ctx->lock
+			 * (6.12 leaves `filter` uninitialised in a fresh
+			 * table, so most slots hold some value). ctx->lock is
+			 * taken only for allocated ids, to see whether the
+			 * filter owns this very slot.
+			 */
 			if (fid != RPS_NO_FILTER) {
-				if (vnic_flt_owns_slot(ctx, fid, i, j))
+				if (xa_load(&ctx->ids, fid) &&
+				    vnic_flt_owns_slot(ctx, fid, i, j))
 					continue;
 				WRITE_ONCE(flows[j].filter, RPS_NO_FILTER);
 			}
