@@ -40,6 +40,8 @@ pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Resul
 
     // ---- rps: live flows keep their filters ---------------------------
     s.setup_steering()?;
+    // The ADDs of the workload: when each filter was activated.
+    let setup = s.trace_since_mark()?;
     let steered: Vec<FlowKey> = s
         .flows
         .iter()
@@ -48,7 +50,6 @@ pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Resul
         .collect();
     let before = s.device_filters()?;
     let m0 = s.module_counters()?;
-    s.trace_since_mark()?;
     std::thread::sleep(PHASE);
     let w = s.measure()?;
     let fig = s.check_window(&w, c);
@@ -56,6 +57,7 @@ pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Resul
     let m1 = s.module_counters()?;
     let trace = s.trace_since_mark()?;
     let dels = trace.iter().filter(|r| r.event == EventKind::Del).count();
+    let history = [setup, trace].concat();
     let mod_dels: u64 = EXPIRY_DELETES.iter().map(|n| delta(&m1, &m0, n)).sum();
     c.check(dels == 0 && mod_dels == 0, || {
         format!(
@@ -92,7 +94,7 @@ pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Resul
     s.guest
         .agent
         .write_file(&module::expiry_param(), &module::idle_expiry(0))?;
-    let ice = IcePhase::read(&trace, &steered);
+    let ice = IcePhase::read(&history, &trace, &steered);
     let aged = delta(&m3, &m2, "deletes_aged");
     let busy = delta(&m3, &m2, "busy");
     c.check(ice.aged_flows.len() == steered.len(), || {
@@ -171,10 +173,16 @@ struct IcePhase {
 }
 
 impl IcePhase {
-    fn read(trace: &[TraceRecord], steered: &[FlowKey]) -> Self {
+    /// `before`: the trace up to the phase (each flow's last ADD there is
+    /// its filter's activation); `trace`: the phase's.
+    fn read(before: &[TraceRecord], trace: &[TraceRecord], steered: &[FlowKey]) -> Self {
         let want: BTreeSet<&FlowKey> = steered.iter().collect();
         let mut p = IcePhase::default();
-        let mut added: BTreeMap<FlowKey, u64> = BTreeMap::new();
+        let mut added: BTreeMap<FlowKey, u64> = before
+            .iter()
+            .filter(|r| matches!(r.event, EventKind::Add | EventKind::Replace))
+            .filter_map(|r| Some((r.flow?, r.ts_ns)))
+            .collect();
         for r in trace {
             let Some(flow) = r.flow else {
                 if r.event == EventKind::Reject {

@@ -48,7 +48,7 @@ pub(in crate::scenarios) fn handshake(s: &mut Session, c: &mut Checks) -> Result
             "the module took {mod_acks} ACKs, the device sent {dev_acks}: it accepted rogue copies"
         )
     });
-    for name in ["stalls", "gen_changes"] {
+    for name in ["stalls", "generation_changes"] {
         let count = m.get(name);
         c.check(count == 0, || {
             format!("{name} {count}: the rogue responder disturbed the session")
