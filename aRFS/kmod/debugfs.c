@@ -60,6 +60,8 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("rx_foreign", c.rx_foreign);
 	P("naks", c.naks);
 	P("expiry_pressure", c.expiry_pressure);
+	P("layout_flush_frames", c.layout_flush_frames);
+	P("rfs_resets", c.rfs_resets);
 	P("reject_table_full", c.rej[VNIC_S_TABLE_FULL]);
 	P("reject_bucket_full", c.rej[VNIC_S_BUCKET_FULL]);
 	P("reject_bad_queue", c.rej[VNIC_S_BAD_QUEUE]);
@@ -176,6 +178,8 @@ static int vnic_dbg_filters_show(struct seq_file *m, void *v)
 	}
 	if (f->state == VF_DELETING)
 		st = "deleting";
+	else if (f->state == VF_FLUSHING)
+		st = "flushing";
 	else if (f->on_dev)
 		st = f->add_inflight || f->pending ? "active-updating" : "active";
 	else

@@ -64,6 +64,8 @@ int vnic_flt_init(struct vnic_ctx *ctx)
 	INIT_LIST_HEAD(&ctx->rej_list);
 	INIT_LIST_HEAD(&ctx->add_list);
 	INIT_LIST_HEAD(&ctx->del_list);
+	INIT_LIST_HEAD(&ctx->flush_list);
+	INIT_LIST_HEAD(&ctx->flush_wait_list);
 	return rhashtable_init(&ctx->flows, &vnic_flt_params);
 }
 
@@ -89,6 +91,9 @@ void vnic_flt_destroy(struct vnic_ctx *ctx)
 	INIT_LIST_HEAD(&ctx->rej_list);
 	INIT_LIST_HEAD(&ctx->add_list);
 	INIT_LIST_HEAD(&ctx->del_list);
+	INIT_LIST_HEAD(&ctx->flush_list);
+	INIT_LIST_HEAD(&ctx->flush_wait_list);
+	ctx->nr_flushing = 0;
 	ctx->nr_ids = 0;
 	ctx->nr_live = 0;
 	ctx->nr_rejected = 0;
@@ -250,11 +255,17 @@ void vnic_flt_del_all_locked(struct vnic_ctx *ctx, u8 reason)
  * @ctx: the context
  * @nq: the new number of rx queues
  *
- * Every live filter is deleted (reason flush): its queue was chosen for the
- * old layout and may not be local to the receiving CPU any more. Refused
- * flows are forgotten too (a refusal such as bad_queue may not hold now).
- * The caller then resets the kernel's RFS tables, so that the next packet
- * of every flow asks for a filter again, under the new layout.
+ * Every live filter goes (reason flush): its queue was chosen for the old
+ * layout and may not be local to the receiving CPU any more. With one FLUSH
+ * frame, not a DEL each (65,535 DELs would hold their ids, counted against
+ * the capacity, while every flow asks again). The filters leave the flow
+ * table now, so a steer call creates a new filter, whose ADD the device
+ * gets after the FLUSH (frames are applied in order); they keep their ids
+ * until the FLUSH is acknowledged. Refused flows are forgotten too (a
+ * refusal such as bad_queue may not hold now). The kernel's RFS records are
+ * reset once the FLUSH is acknowledged (rfs_reset_due), so that the next
+ * packet of every flow asks for a filter again, under the new layout, with
+ * the ids free.
  */
 void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq)
 {
@@ -264,11 +275,90 @@ void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq)
 		if (f->rxq >= nq || f->dev_rxq >= nq)
 			ctx->c.queue_flushes++;
 		ctx->c.layout_flushes++;
-		vnic_flt_del_locked(ctx, f, VNIC_R_FLUSH);
+		vnic_flt_unhash_locked(ctx, f);
+		list_del(&f->node);
+		ctx->nr_live--;
+		if (f->pending) {
+			list_del(&f->pend);
+			f->pending = false;
+		}
+		if (!f->sent) {
+			ctx->c.del_cancelled++;
+			vnic_flt_free_locked(ctx, f);
+			continue;
+		}
+		f->state = VF_FLUSHING;
+		f->del_reason = VNIC_R_FLUSH;
+		f->add_inflight = false;
+		list_add_tail(&f->node, &ctx->flush_list);
+		ctx->nr_flushing++;
 	}
 	list_for_each_entry_safe(f, tmp, &ctx->rej_list, node)
 		vnic_flt_rejected_free_locked(ctx, f);
 	ctx->table_full = false;
+	ctx->rfs_reset_due = true;
+	if (ctx->nr_flushing) {
+		ctx->flush_pending = true;
+		ctx->flush_reason = VNIC_R_FLUSH;
+		ctx->c.layout_flush_frames++;
+	}
+}
+
+/**
+ * vnic_flt_flush_sent_locked - a FLUSH frame goes out
+ * @ctx: the context
+ * @seq: its sequence number
+ *
+ * It covers every FLUSHING filter: those waiting for it and those of an
+ * earlier FLUSH not acknowledged yet.
+ */
+void vnic_flt_flush_sent_locked(struct vnic_ctx *ctx, u32 seq)
+{
+	list_splice_tail_init(&ctx->flush_list, &ctx->flush_wait_list);
+	ctx->flush_wait_seq = seq;
+}
+
+static void vnic_flt_flush_free_locked(struct vnic_ctx *ctx, struct list_head *l,
+				       u64 *counter)
+{
+	struct vnic_filter *f, *tmp;
+
+	list_for_each_entry_safe(f, tmp, l, node) {
+		list_del(&f->node);
+		ctx->nr_flushing--;
+		(*counter)++;
+		vnic_flt_free_locked(ctx, f);
+	}
+}
+
+/**
+ * vnic_flt_flush_acked_locked - the device answered a FLUSH
+ * @ctx: the context
+ * @seq: the FLUSH's sequence number
+ *
+ * When it is the FLUSH that covers the waiting filters, they are gone from
+ * the device (ACKed ok or NAKed: a FLUSH is never refused op by op): free
+ * their ids and let the work item reset the kernel's RFS records.
+ */
+void vnic_flt_flush_acked_locked(struct vnic_ctx *ctx, u32 seq)
+{
+	if (list_empty(&ctx->flush_wait_list) || seq != ctx->flush_wait_seq)
+		return;
+	vnic_flt_flush_free_locked(ctx, &ctx->flush_wait_list, &ctx->c.del[VNIC_R_FLUSH]);
+	if (!ctx->nr_flushing && ctx->rfs_reset_due)
+		vnic_work_kick_locked(ctx);
+}
+
+/**
+ * vnic_flt_flush_lost_locked - the device lost its table (new generation)
+ * @ctx: the context
+ *
+ * Every FLUSHING filter is gone from the device already: free them.
+ */
+void vnic_flt_flush_lost_locked(struct vnic_ctx *ctx)
+{
+	vnic_flt_flush_free_locked(ctx, &ctx->flush_list, &ctx->c.del_lost);
+	vnic_flt_flush_free_locked(ctx, &ctx->flush_wait_list, &ctx->c.del_lost);
 }
 
 /**
@@ -374,7 +464,9 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 
 	if (ctx->table_full && !vnic_flt_held_off(now, ctx->table_full_since))
 		ctx->table_full = false;
-	if (ctx->table_full || ctx->nr_ids >= min_t(u32, ctx->caps.capacity, VNIC_MAX_ID + 1)) {
+	/* FLUSHING ids leave the device before any new ADD (frames are in order) */
+	if (ctx->table_full ||
+	    ctx->nr_ids - ctx->nr_flushing >= min_t(u32, ctx->caps.capacity, VNIC_MAX_ID + 1)) {
 		ctx->c.busy++;
 		/* table pressure: look for expired filters sooner (sfc does) */
 		if (!ctx->expire_extra) {
@@ -541,14 +633,22 @@ static u8 vnic_flt_expiry_reason(struct vnic_ctx *ctx, struct vnic_filter *f,
  * At least expire_quota, and enough that every live filter is examined
  * once per VNIC_EXPIRY_SWEEP_MS at the work item's period (65,535 filters at
  * 100 ms: 656 a pass), plus the extra quota a full table asked for.
+ * expire_quota 0 turns expiry off (test helpers that install filters no
+ * RFS slot names).
  *
  * Return: the number of filters, at most the live count.
  */
 static unsigned int vnic_flt_expiry_quota(struct vnic_ctx *ctx)
 {
 	u64 per_sweep = (u64)ctx->nr_live * max(READ_ONCE(vnic_interval_ms), 1U);
-	unsigned int n = max_t(unsigned int, READ_ONCE(vnic_expire_quota),
-			       DIV_ROUND_UP_ULL(per_sweep, VNIC_EXPIRY_SWEEP_MS));
+	unsigned int quota = READ_ONCE(vnic_expire_quota);
+	unsigned int n;
+
+	if (!quota) {
+		ctx->expire_extra = 0;
+		return 0;
+	}
+	n = max_t(unsigned int, quota, DIV_ROUND_UP_ULL(per_sweep, VNIC_EXPIRY_SWEEP_MS));
 
 	n += ctx->expire_extra;
 	ctx->expire_extra = 0;

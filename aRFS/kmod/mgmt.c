@@ -121,6 +121,7 @@ static bool vnic_mgmt_build_request_locked(struct vnic_ctx *ctx, unsigned long n
 		s->len = vnic_mgmt_build_flush(ctx, s->buf, seq, ctx->flush_reason);
 		ctx->flush_pending = false;
 		ctx->c.flushes++;
+		vnic_flt_flush_sent_locked(ctx, seq);
 	} else if (!list_empty(&ctx->del_list)) {
 		type = VNIC_T_DEL;
 		max = vnic_mgmt_max_ops(ctx, VNIC_DEL_FIT);
@@ -279,7 +280,10 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 			ctx->c.del_lost++;
 			vnic_flt_free_locked(ctx, f);
 		}
+		vnic_flt_flush_lost_locked(ctx);
 		ctx->flush_pending = false;
+		if (ctx->rfs_reset_due)
+			vnic_work_kick_locked(ctx);
 	}
 }
 
@@ -442,6 +446,7 @@ static void vnic_mgmt_rx_ack_locked(struct vnic_ctx *ctx, const struct sk_buff *
 		ctx->c.flush_acks++;
 		if (!fstatus)
 			ctx->table_full = false;
+		vnic_flt_flush_acked_locked(ctx, seq);
 	} else {
 		oplen = s->type == VNIC_T_ADD ? VNIC_ADD_OP : VNIC_DEL_OP;
 		op = s->buf + ETH_HLEN + VNIC_HDR_LEN;

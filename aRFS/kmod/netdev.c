@@ -50,7 +50,7 @@ MODULE_PARM_DESC(interval_ms,
 unsigned int vnic_expire_quota = 64;
 module_param_named(expire_quota, vnic_expire_quota, uint, 0644);
 MODULE_PARM_DESC(expire_quota,
-		 "filters examined per expiry pass at least, round-robin; raised so that every live filter is examined once per 10 s (default 64)");
+		 "filters examined per expiry pass at least, round-robin; raised so that every live filter is examined once per 10 s; 0 = no expiry (default 64)");
 
 /*
  * expiry=: which filters the expiry pass deletes. Written as one word so a
@@ -483,6 +483,7 @@ static void vnic_dev_work(struct work_struct *work)
 	case VS_ACTIVE:
 		/* the session goes on while RTNL is busy; the layout is retried soon */
 		retry = !vnic_dev_work_layout(ctx);
+		vnic_rmap_reset_if_due(ctx);
 		delay = vnic_mgmt_pass(ctx);
 		if (retry)
 			delay = min(delay, msecs_to_jiffies(10));

@@ -199,9 +199,11 @@ static void vnic_rmap_warn_no_table(struct vnic_ctx *ctx, unsigned int nq)
  * Under RTNL (the work item holds it through rtnl_trylock()). When
  * `ethtool -L` or CPU hotplug changed the layout: publish a new rmap
  * (non-NULL to non-NULL, see the top of this file), wait for the receive
- * path to be done with the old one, delete every filter (they were placed
- * for the old layout) and reset the kernel's RFS tables so that each flow is
- * steered again, to the queue of its receiver's CPU under the new layout.
+ * path to be done with the old one, delete every filter with one FLUSH (they
+ * were placed for the old layout) and, once the device acknowledged it,
+ * reset the kernel's RFS tables (vnic_rmap_reset_if_due()) so that each
+ * flow is steered again, to the queue of its receiver's CPU under the new
+ * layout.
  */
 void vnic_rmap_check(struct vnic_ctx *ctx)
 {
@@ -231,6 +233,27 @@ void vnic_rmap_check(struct vnic_ctx *ctx)
 	vnic_flt_layout_changed_locked(ctx, nq);
 	vnic_work_kick_locked(ctx);
 	spin_unlock_bh(&ctx->lock);
-	vnic_rmap_reset_kernel_rfs(ctx);
 	vnic_rmap_warn_no_table(ctx, nq);
+}
+
+/**
+ * vnic_rmap_reset_if_due - reset the kernel's RFS records after a layout change
+ * @ctx: an active context (the work item)
+ *
+ * Once the layout change's FLUSH is acknowledged (no filter is FLUSHING, so
+ * their ids are free), or at once when there was nothing to flush.
+ */
+void vnic_rmap_reset_if_due(struct vnic_ctx *ctx)
+{
+	bool due;
+
+	spin_lock_bh(&ctx->lock);
+	due = ctx->rfs_reset_due && !ctx->nr_flushing;
+	if (due) {
+		ctx->rfs_reset_due = false;
+		ctx->c.rfs_resets++;
+	}
+	spin_unlock_bh(&ctx->lock);
+	if (due)
+		vnic_rmap_reset_kernel_rfs(ctx);
 }

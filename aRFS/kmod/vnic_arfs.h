@@ -126,6 +126,7 @@ enum vnic_fstate {
 	VF_LIVE,		/* in the flow table and live_list, owns an id */
 	VF_DELETING,		/* DEL queued or in flight; owns its id until ACKed */
 	VF_REJECTED,		/* device refused it: no id, in the flow table for the hold-off */
+	VF_FLUSHING,		/* a layout change FLUSH removes it; owns its id until ACKed */
 };
 
 struct vnic_filter {
@@ -201,6 +202,8 @@ struct vnic_counters {
 	u64 stalls;
 	u64 add_unacked;		/* ADD ops of unACKed frames at a window reset */
 	u64 layout_flushes;		/* filters deleted by a queue/CPU layout change */
+	u64 layout_flush_frames;	/* FLUSH frames a layout change sent */
+	u64 rfs_resets;			/* resets of the kernel's RFS records */
 	u64 expiry_pressure;		/* extra expiry passes after a full table */
 	u64 max_chain;			/* longest flow-table chain walked by a lookup */
 	u64 steer_walked;		/* flow-table entries compared by steer lookups */
@@ -278,6 +281,19 @@ struct vnic_ctx {
 	struct list_head rej_list;
 	struct list_head add_list;
 	struct list_head del_list;
+	/*
+	 * A layout change deletes every live filter with one FLUSH, not a DEL
+	 * each: FLUSHING filters wait on flush_list for the FLUSH to be sent,
+	 * then on flush_wait_list for the ACK of the FLUSH sent as
+	 * flush_wait_seq (a later FLUSH covers the earlier ones); their ids
+	 * are freed at that ACK, and only then are the kernel's RFS records
+	 * reset (rfs_reset_due), so that flows ask again when ids are free.
+	 */
+	struct list_head flush_list;
+	struct list_head flush_wait_list;
+	u32 flush_wait_seq;
+	unsigned int nr_flushing;
+	bool rfs_reset_due;
 	struct vnic_counters c;
 
 	u8 hello_buf[ETH_HLEN + VNIC_HDR_LEN + VNIC_HELLO_BODY];
@@ -372,6 +388,9 @@ void vnic_flt_queue_add_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
 void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
 void vnic_flt_del_all_locked(struct vnic_ctx *ctx, u8 reason);
 void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq);
+void vnic_flt_flush_sent_locked(struct vnic_ctx *ctx, u32 seq);
+void vnic_flt_flush_acked_locked(struct vnic_ctx *ctx, u32 seq);
+void vnic_flt_flush_lost_locked(struct vnic_ctx *ctx);
 void vnic_flt_replay_locked(struct vnic_ctx *ctx);
 void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, int st);
 void vnic_flt_del_acked_locked(struct vnic_ctx *ctx, u16 id, u32 seq, int st);
@@ -384,6 +403,7 @@ struct cpu_rmap *vnic_rmap_build(struct vnic_ctx *ctx, unsigned int nq,
 				 unsigned int *ncpu_out);
 void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx);
 void vnic_rmap_check(struct vnic_ctx *ctx);
+void vnic_rmap_reset_if_due(struct vnic_ctx *ctx);
 
 /* debugfs.c */
 void vnic_dbg_init(void);

@@ -68,6 +68,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: faults::device::misroute },
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },
     Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout },
+    Scenario { name: "relayout-4k",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout_4k },
     // issue 5, stress (stress/)
     Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::hostile::hostile_mgmt },
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::device_restart },

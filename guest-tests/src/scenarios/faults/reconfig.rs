@@ -243,6 +243,163 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
 
 // ---- relayout: filters follow a new CPU -> queue layout -------------------
 
+/// `ethtool -L combined n` with the generator stopped around it (`back`:
+/// up again from `low`, whose new queues get their rps_flow_cnt), then
+/// traffic again: every flow must follow the new layout within `bound`
+/// (its filter, if it needs one, on the queue of its receiver's CPU by the
+/// guest's own IRQ affinity). Returns the figure `FULL->n:SECONDSs`.
+fn change_layout(
+    s: &mut Session,
+    c: &mut Checks,
+    low: u16,
+    n: u16,
+    back: bool,
+    bound: Duration,
+) -> Result<String> {
+    let full_q = s.settings.queues;
+    s.fault_stop_gen()?;
+    std::thread::sleep(Duration::from_millis(500));
+    let got: u32 = s.guest.agent.req(Request::SetChannels {
+        ifname: IFNAME.into(),
+        combined: u32::from(n),
+    })?;
+    ensure!(got == u32::from(n), "ethtool -L {n}: device has {got}");
+    s.set_pairs(n);
+    s.wait_rmap(n)?;
+    // Queues that `ethtool -L` adds start without an RFS table
+    // (rps_flow_cnt 0: the kernel never steers to them): give the
+    // new ones theirs, as an admin would. Only the new ones:
+    // writing rps_flow_cnt replaces a queue's table, which would
+    // wipe the old CPU records the module must deal with itself.
+    if back {
+        for q in low..n {
+            s.guest.agent.write_file(
+                &format!("/sys/class/net/{IFNAME}/queues/rx-{q}/rps_flow_cnt"),
+                &s.settings.flow_cnt.to_string(),
+            )?;
+        }
+    }
+    let map = irq_cpu_queue_map(s, n)?;
+    s.fault_start_gen()?;
+    let t0 = Instant::now();
+    let (settled, last) = loop {
+        let t = table_of(&s.guest.ctl.table()?)?;
+        let last = misplaced(s, &t, &map);
+        if last.0.is_empty() && last.1 == 0 {
+            break (Some(t0.elapsed()), last);
+        }
+        if t0.elapsed() > bound.max(Duration::from_secs(10)) {
+            break (None, last);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let what = if back { "back to" } else { "down to" };
+    Ok(if let Some(d) = settled {
+        c.check(d <= bound, || {
+            format!("{what} {n} queues: flows followed the new layout only after {d:.1?}")
+        });
+        format!("{full_q}->{n}:{:.1}s", d.as_secs_f64())
+    } else {
+        c.check(false, || {
+            format!(
+                "{what} {n} queues: after {:.0?} of traffic {} filter(s) not local to their CPU ({}), {} flow(s) never steered; map {map:?}",
+                bound.max(Duration::from_secs(10)),
+                last.0.len(),
+                last.0.iter().take(6).cloned().collect::<Vec<_>>().join(" "),
+                last.1
+            )
+        });
+        format!("{full_q}->{n}:unsettled")
+    })
+}
+
+/// Synthetic filters of `vnic_flowgen.ko` in `relayout-4k`.
+const SYNTHETIC: u32 = 4096;
+
+/// `relayout` with 4,096 more filters in the table (synthetic ones from the
+/// test helper `vnic_flowgen.ko`, as in debugfs-65k, the module's expiry
+/// off so that they stay): each layout change deletes them all with one
+/// FLUSH (no DEL; the module's ids stay held until its ACK, and only then
+/// are the kernel's RFS records reset), after which every real flow is on
+/// its CPU's queue within 5 s, with no `-EBUSY` on the way.
+pub(in crate::scenarios) fn relayout_4k(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    s.guest
+        .agent
+        .write_file(&format!("{}/expire_quota", crate::module::PARAMS_DIR), "0")?;
+    let full_q = s.settings.queues;
+    let low = 3u16.min(full_q - 1);
+    let flows = s.make_flows(s.settings.flows);
+    s.fault_start(flows)?;
+    s.wait_steered(&BTreeSet::new())?;
+    let flowgen = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
+    s.guest.agent.call_value(
+        &Request::ModuleLoad {
+            path: flowgen,
+            params: format!("ifname={IFNAME} count={SYNTHETIC}"),
+        },
+        Duration::from_mins(2),
+    )?;
+    let real = s.flows.iter().filter(|f| f.needs_filter()).count() as u64;
+    let want = u64::from(SYNTHETIC) + real;
+    let ctl = &mut s.guest.ctl;
+    wait_for(
+        Duration::from_mins(2),
+        &format!("the device to hold {want} filters"),
+        || Ok((counter(&ctl.stats()?, "/table/live") >= want).then_some(())),
+    )?;
+    let s0 = s.guest.ctl.stats()?;
+    let m0 = s.module_counters()?;
+    s.trace_since_mark()?;
+    let mut figures = Vec::new();
+    let mut flushed = Vec::new();
+    for (n, back) in [(low, false), (full_q, true)] {
+        let d0 = s.guest.ctl.stats()?;
+        figures.push(change_layout(s, c, low, n, back, Duration::from_secs(5))?);
+        let d1 = s.guest.ctl.stats()?;
+        flushed.push(dev_delta(&d1, &d0, "/table/deletes/flush"));
+    }
+    let trace = s.trace_since_mark()?;
+    let m1 = s.module_counters()?;
+    let s1 = s.guest.ctl.stats()?;
+    let _ = s.guest.agent.call_value(
+        &Request::ModuleUnload {
+            name: "vnic_flowgen".into(),
+        },
+        Duration::from_secs(30),
+    );
+    // The device traces every entry a FLUSH removes as a `del` (reason
+    // flush): what the module sent is in its own counters.
+    let del_ops = super::delta(&m1, &m0, "del_ops");
+    let flushes: Vec<u32> = trace
+        .iter()
+        .filter(|r| r.event == EventKind::Flush)
+        .map(|r| r.count.unwrap_or(0))
+        .collect();
+    let busy = super::delta(&m1, &m0, "busy");
+    let frames = super::delta(&m1, &m0, "layout_flush_frames");
+    c.check(del_ops == 0, || {
+        format!("the module sent {del_ops} DEL ops: the layout changes should delete with one FLUSH each")
+    });
+    c.check(
+        flushes.len() == 2 && flushes[0] as u64 >= want && frames == 2,
+        || {
+            format!(
+                "FLUSHes in the trace {flushes:?} (first must remove >= {want} filters), module layout FLUSH frames {frames}"
+            )
+        },
+    );
+    c.check(busy == 0, || {
+        format!("{busy} steer calls answered -EBUSY across the layout changes")
+    });
+    let flush_dev = dev_delta(&s1, &s0, "/table/flushes");
+    Ok(format!(
+        "filters={want} (synthetic {SYNTHETIC}) flush_frames={frames} device_flushes={flush_dev} flushed={flushes:?} del_ops={del_ops} busy={busy} settled {} rfs_resets={}",
+        figures.join(" "),
+        super::delta(&m1, &m0, "rfs_resets")
+    ))
+}
+
 /// Flows whose device filter is not on the queue of their receiver's CPU
 /// under `map` (a flow that RSS already delivers there needs none), and
 /// flows that need a filter and have none.
@@ -292,59 +449,7 @@ pub(in crate::scenarios) fn relayout(s: &mut Session, c: &mut Checks) -> Result<
             continue;
         }
         for (n, back) in [(low, false), (full_q, true)] {
-            s.fault_stop_gen()?;
-            std::thread::sleep(Duration::from_millis(500));
-            let got: u32 = s.guest.agent.req(Request::SetChannels {
-                ifname: IFNAME.into(),
-                combined: u32::from(n),
-            })?;
-            ensure!(got == u32::from(n), "ethtool -L {n}: device has {got}");
-            s.set_pairs(n);
-            s.wait_rmap(n)?;
-            // Queues that `ethtool -L` adds start without an RFS table
-            // (rps_flow_cnt 0: the kernel never steers to them): give the
-            // new ones theirs, as an admin would. Only the new ones:
-            // writing rps_flow_cnt replaces a queue's table, which would
-            // wipe the old CPU records the module must deal with itself.
-            if back {
-                for q in low..n {
-                    s.guest.agent.write_file(
-                        &format!("/sys/class/net/{IFNAME}/queues/rx-{q}/rps_flow_cnt"),
-                        &s.settings.flow_cnt.to_string(),
-                    )?;
-                }
-            }
-            let map = irq_cpu_queue_map(s, n)?;
-            s.fault_start_gen()?;
-            let t0 = Instant::now();
-            let (settled, last) = loop {
-                let t = table_of(&s.guest.ctl.table()?)?;
-                let last = misplaced(s, &t, &map);
-                if last.0.is_empty() && last.1 == 0 {
-                    break (Some(t0.elapsed()), last);
-                }
-                if t0.elapsed() > Duration::from_secs(10) {
-                    break (None, last);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            };
-            let what = if back { "back to" } else { "down to" };
-            if let Some(d) = settled {
-                c.check(d <= Duration::from_secs(2), || {
-                    format!("{what} {n} queues: flows followed the new layout only after {d:.1?}")
-                });
-                figures.push(format!("{full_q}->{n}:{:.1}s", d.as_secs_f64()));
-            } else {
-                c.check(false, || {
-                    format!(
-                        "{what} {n} queues: after 10 s of traffic {} filter(s) not local to their CPU ({}), {} flow(s) never steered; map {map:?}",
-                        last.0.len(),
-                        last.0.iter().take(6).cloned().collect::<Vec<_>>().join(" "),
-                        last.1
-                    )
-                });
-                figures.push(format!("{full_q}->{n}:unsettled"));
-            }
+            figures.push(change_layout(s, c, low, n, back, Duration::from_secs(2))?);
         }
     }
     let m = s.module_counters()?;
