@@ -1,12 +1,19 @@
 //! Running a real `vnic serve` process for tests and the benchmark: a private
 //! temporary directory for its sockets, the child process (killed on drop,
 //! its stderr kept in a log file to show on failure), and polling helpers.
+//!
+//! Every process a test starts is held by a [`ChildGuard`] (or a [`Daemon`],
+//! which holds one): it is killed and reaped when the guard drops, also
+//! while a test panics, so a failed test leaves no daemon behind that holds
+//! the test harness's output pipe open (with that pipe open `cargo test`
+//! never returns).
 
 use std::ffi::OsString;
 use std::fs;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -17,13 +24,30 @@ pub struct TempDir {
 }
 
 impl TempDir {
+    /// A new directory under `$TMPDIR` (or `/tmp`).
     pub fn new(tag: &str) -> io::Result<Self> {
+        Self::new_in(&std::env::temp_dir(), tag)
+    }
+
+    /// A new directory under `base`.
+    pub fn new_in(base: &Path, tag: &str) -> io::Result<Self> {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("vnic-{tag}-{}-{n}", std::process::id()));
+        let path = base.join(format!("vnic-{tag}-{}-{n}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path)?;
         Ok(TempDir { path })
+    }
+
+    /// A new directory of mode 0755 under `/tmp` itself (not `$TMPDIR`,
+    /// which may sit in a home directory of mode 0700), for files that
+    /// another uid must reach. Fails, saying why, if another uid could not
+    /// reach it (an ancestor without search permission for others).
+    pub fn public(tag: &str) -> io::Result<Self> {
+        let d = Self::new_in(Path::new("/tmp"), tag)?;
+        fs::set_permissions(d.path(), fs::Permissions::from_mode(0o755))?;
+        others_can_reach(d.path())?;
+        Ok(d)
     }
 
     pub fn path(&self) -> &Path {
@@ -34,6 +58,152 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Whether a process of another uid (neither owner nor group) can search
+/// every directory down to `path`: an error naming the first that it
+/// cannot.
+pub fn others_can_reach(path: &Path) -> io::Result<()> {
+    let path = fs::canonicalize(path)?;
+    for dir in path.ancestors() {
+        let meta = fs::metadata(dir)?;
+        let mode = meta.permissions().mode();
+        if meta.is_dir() && mode & 0o001 == 0 {
+            return Err(io::Error::other(format!(
+                "{} (mode {:o}) cannot be searched by other users, so {} is out of their reach",
+                dir.display(),
+                mode & 0o7777,
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A copy of an executable that any uid can run: in a 0755 directory
+/// under `/tmp`, mode 0755, removed on drop. A test that runs a binary of
+/// the build as another uid (`nobody`) needs one: the build's own
+/// `target/` may sit in a home directory of mode 0700 (root's is), where
+/// that uid cannot reach it.
+#[derive(Debug)]
+pub struct SharedBinary {
+    path: PathBuf,
+    _dir: TempDir,
+}
+
+impl SharedBinary {
+    pub fn new(bin: &Path) -> io::Result<Self> {
+        let dir = TempDir::public("bin")?;
+        let name = bin
+            .file_name()
+            .ok_or_else(|| io::Error::other(format!("{}: no file name", bin.display())))?;
+        let path = dir.path().join(name);
+        // A hard link shares the file's mode (0755 as cargo writes it) and
+        // costs nothing; across file systems, a copy.
+        if fs::hard_link(bin, &path).is_err() {
+            fs::copy(bin, &path)?;
+        }
+        let mode = fs::metadata(&path)?.permissions().mode();
+        if mode & 0o005 != 0o005 {
+            // Never chmod a hard link: that would change the build's file.
+            fs::remove_file(&path)?;
+            fs::copy(bin, &path)?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+        }
+        others_can_reach(&path)?;
+        Ok(SharedBinary { path, _dir: dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// A child process that is killed (SIGKILL) and reaped when the guard
+/// drops, also when the test holding it panics. Spawn every process of a
+/// test through one (or through [`Daemon`]).
+#[derive(Debug)]
+pub struct ChildGuard {
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Spawn `cmd`. Its stdin is /dev/null; give it a stdout and stderr of
+    /// its own (a file, a pipe, /dev/null): one inherited from a test is
+    /// the test harness's output pipe, and a process that outlives the
+    /// test holding it keeps `cargo test` from returning. A child that
+    /// shares this process's stdout or stderr pipe is killed at once and
+    /// refused with an error saying so.
+    pub fn spawn(cmd: &mut Command) -> io::Result<Self> {
+        let child = cmd.stdin(Stdio::null()).spawn()?;
+        let mut g = ChildGuard { child: Some(child) };
+        for fd in [1, 2] {
+            let ours = fs::read_link(format!("/proc/self/fd/{fd}"));
+            let theirs = fs::read_link(format!("/proc/{}/fd/{fd}", g.id().unwrap_or(0)));
+            if let (Ok(ours), Ok(theirs)) = (ours, theirs) {
+                // The same pipe or socket (a file, /dev/null or a terminal
+                // opened twice reads the same too, but holds nobody up).
+                let shared = ours.to_string_lossy();
+                if ours == theirs && (shared.starts_with("pipe:") || shared.starts_with("socket:"))
+                {
+                    g.kill();
+                    return Err(io::Error::other(format!(
+                        "{cmd:?} would share this process's fd {fd} ({}): give it a stdout and stderr of its own",
+                        ours.display()
+                    )));
+                }
+            }
+        }
+        Ok(g)
+    }
+
+    /// The process id (`None` once reaped by [`ChildGuard::kill`] or
+    /// [`ChildGuard::wait_with_output`]).
+    pub fn id(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait(),
+            None => Err(io::Error::other("already reaped")),
+        }
+    }
+
+    /// Wait for the exit and collect piped output (blocks until it exits:
+    /// call it once `try_wait` saw the exit, or on a process that ends by
+    /// itself).
+    pub fn wait_with_output(mut self) -> io::Result<Output> {
+        match self.child.take() {
+            Some(c) => c.wait_with_output(),
+            None => Err(io::Error::other("already reaped")),
+        }
+    }
+
+    /// The process, to take its pipes or wait for it (still killed when
+    /// the guard drops).
+    pub fn child_mut(&mut self) -> Option<&mut Child> {
+        self.child.as_mut()
+    }
+
+    /// The process itself (not killed on drop any more).
+    pub fn into_inner(mut self) -> Option<Child> {
+        self.child.take()
+    }
+
+    /// Kill and reap now.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 

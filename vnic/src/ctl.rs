@@ -42,11 +42,98 @@ fn err(msg: impl Into<String>) -> Value {
     json!({"ok": false, "error": msg.into()})
 }
 
+/// The request object of a line.
+fn parse(line: &str) -> Result<Req, String> {
+    serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))
+}
+
+/// `set`'s key, its value as text and the knob they name.
+fn set_args(key: Option<String>, value: Option<Value>) -> Result<(String, String, Knob), String> {
+    let Some(key) = key else {
+        return Err("set needs \"key\"".into());
+    };
+    let value = match value {
+        Some(Value::String(s)) => s,
+        Some(Value::Number(n)) => n.to_string(),
+        _ => return Err("set needs \"value\" (string or number)".into()),
+    };
+    let knob = Knob::parse(&key, &value).map_err(|e| e.to_string())?;
+    Ok((key, value, knob))
+}
+
+/// A `gen` request's op.
+#[derive(Clone, Copy)]
+enum GenOp {
+    List,
+    Start,
+    Set,
+    Stop,
+}
+
+fn gen_op(op: Option<&str>) -> Result<GenOp, String> {
+    match op {
+        Some("list") => Ok(GenOp::List),
+        Some("start") => Ok(GenOp::Start),
+        Some("set") => Ok(GenOp::Set),
+        Some("stop") => Ok(GenOp::Stop),
+        Some(o) => Err(format!(
+            "unknown gen op {o:?}: expected start, set, stop or list"
+        )),
+        None => Err("gen needs \"op\"".into()),
+    }
+}
+
+/// Checks one request line as far as that needs no daemon: the JSON
+/// object, the command, `set`'s key and value, `gen`'s op, id and flow
+/// spec (validated against the default addresses and 4 workers). The
+/// parsing code is the daemon's own ([`handle_line`] calls the same
+/// functions); this is the fuzz target's entry (crate `arfs-fuzz`).
+/// Returns the command name.
+pub fn check_request(line: &str) -> Result<String, String> {
+    let req = parse(line)?;
+    match req.cmd.as_str() {
+        "stats" | "trace_flush" | "table" | "knobs" => {}
+        "set" => {
+            set_args(req.key, req.value)?;
+        }
+        "gen" => {
+            let op = gen_op(req.op.as_deref())?;
+            if matches!(op, GenOp::Set) && req.id.is_none() {
+                return Err("gen set needs \"id\"".into());
+            }
+            if matches!(op, GenOp::Start | GenOp::Set) {
+                // `vnic serve`'s default --gen-ip and --guest-ip.
+                FlowSet::new(
+                    req.id.unwrap_or(1),
+                    req.flow.unwrap_or_default(),
+                    std::net::Ipv4Addr::new(10, 0, 2, 1),
+                    std::net::Ipv4Addr::new(10, 0, 2, 15),
+                    4,
+                )
+                .map_err(|e| {
+                    let op = if matches!(op, GenOp::Set) {
+                        "set"
+                    } else {
+                        "start"
+                    };
+                    format!("gen {op}: {e}")
+                })?;
+            }
+        }
+        other => {
+            return Err(format!(
+                "unknown command {other:?}: expected stats, table, knobs, set or gen"
+            ))
+        }
+    }
+    Ok(req.cmd)
+}
+
 /// Answers one request line.
 pub fn handle_line(sh: &Shared, line: &str) -> Value {
-    let req: Req = match serde_json::from_str(line) {
+    let req = match parse(line) {
         Ok(r) => r,
-        Err(e) => return err(format!("bad request: {e}")),
+        Err(e) => return err(e),
     };
     match req.cmd.as_str() {
         "stats" => json!({"ok": true, "stats": stats_json(sh)}),
@@ -65,17 +152,9 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
         }
         "knobs" => json!({"ok": true, "knobs": knobs_json(sh, &sh.lock_mgmt().snapshot(false))}),
         "set" => {
-            let Some(key) = req.key else {
-                return err("set needs \"key\"");
-            };
-            let value = match req.value {
-                Some(Value::String(s)) => s,
-                Some(Value::Number(n)) => n.to_string(),
-                _ => return err("set needs \"value\" (string or number)"),
-            };
-            let knob = match Knob::parse(&key, &value) {
-                Ok(k) => k,
-                Err(e) => return err(e.to_string()),
+            let (key, value, knob) = match set_args(req.key, req.value) {
+                Ok(a) => a,
+                Err(e) => return err(e),
             };
             let r = if let Knob::Misroute(on) = knob {
                 sh.faults.misroute.store(on, Ordering::Relaxed);
@@ -103,6 +182,10 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
     if sh.cfg.peer != PeerKind::Gen {
         return err("gen commands need --peer gen");
     }
+    let op = match gen_op(op) {
+        Ok(op) => op,
+        Err(e) => return err(e),
+    };
     let g = &sh.gen;
     let reply = {
         let mut sets = g
@@ -110,10 +193,10 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match op {
-            Some("list") => {
+            GenOp::List => {
                 return json!({"ok": true, "flows": sets.1.iter().map(|s| s.to_json()).collect::<Vec<_>>()})
             }
-            Some("start") => {
+            GenOp::Start => {
                 let spec = flow.unwrap_or_default();
                 if sets.1.len() >= MAX_SETS {
                     return err(format!(
@@ -138,7 +221,7 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                     Err(e) => return err(format!("gen start: {e}")),
                 }
             }
-            Some("set") => {
+            GenOp::Set => {
                 let Some(id) = id else {
                     return err("gen set needs \"id\"");
                 };
@@ -171,7 +254,7 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                     Err(e) => return err(format!("gen set: {e}")),
                 }
             }
-            Some("stop") => {
+            GenOp::Stop => {
                 let stopped: Vec<u32> = match id {
                     Some(id) => {
                         let Some(pos) = sets.1.iter().position(|s| s.id == id) else {
@@ -192,12 +275,6 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                 };
                 json!({"ok": true, "stopped": stopped})
             }
-            Some(o) => {
-                return err(format!(
-                    "unknown gen op {o:?}: expected start, set, stop or list"
-                ))
-            }
-            None => return err("gen needs \"op\""),
         }
     };
     g.bump();
@@ -383,4 +460,46 @@ pub enum CtlError {
     BadReply(#[from] serde_json::Error),
     #[error("{0}")]
     Refused(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_request;
+
+    #[test]
+    fn check_request_takes_what_the_daemon_takes_and_says_why_not() {
+        for ok in [
+            r#"{"cmd":"stats"}"#,
+            r#"{"cmd":"set","key":"add_fail_rate","value":0.5}"#,
+            r#"{"cmd":"gen","op":"start","flow":{"flows":10,"sport":"10000-10009"}}"#,
+            r#"{"cmd":"gen","op":"stop"}"#,
+        ] {
+            assert!(check_request(ok).is_ok(), "{ok}: {:?}", check_request(ok));
+        }
+        for (bad, why) in [
+            ("{", "bad request"),
+            (r#"{"cmd":"stats","extra":1}"#, "unknown field"),
+            (r#"{"cmd":"nope"}"#, "unknown command \"nope\""),
+            (
+                r#"{"cmd":"set","key":"add_fail_rate"}"#,
+                "set needs \"value\"",
+            ),
+            (
+                r#"{"cmd":"set","key":"no_such_knob","value":1}"#,
+                "no_such_knob",
+            ),
+            (r#"{"cmd":"gen"}"#, "gen needs \"op\""),
+            (
+                r#"{"cmd":"gen","op":"set","flow":{}}"#,
+                "gen set needs \"id\"",
+            ),
+            (
+                r#"{"cmd":"gen","op":"start","flow":{"flows":0}}"#,
+                "gen start: flows must be",
+            ),
+        ] {
+            let e = check_request(bad).expect_err(bad);
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
 }

@@ -23,3 +23,10 @@ mod stats;
 mod trace;
 mod virtq;
 mod worker;
+
+/// Pure entry points for the fuzz targets (crate `arfs-fuzz`): the
+/// daemon's own parsing code, with no daemon around it.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::ctl::check_request as ctl_check_request;
+}

@@ -151,33 +151,31 @@ fn non_matching_preload_is_never_hit_and_waits_for_all_pairs() {
 
 /// `vnic serve` that must fail at start; returns its stderr.
 fn serve_fails(args: &[&str]) -> String {
-    let dir = std::env::temp_dir().join(format!("vnic-preload-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("vnic.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vnic"))
-        .arg("serve")
-        .arg("--socket")
-        .arg(&sock)
-        .args(args)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn vnic serve");
+    let tmp = vnic_frontend::harness::TempDir::new("preload").unwrap();
+    let sock = tmp.path().join("vnic.sock");
+    // Killed when this function panics (the guard drops).
+    let mut child = vnic_frontend::harness::ChildGuard::spawn(
+        Command::new(env!("CARGO_BIN_EXE_vnic"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(&sock)
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null()),
+    )
+    .expect("spawn vnic serve");
     let deadline = Instant::now() + Duration::from_secs(10);
     let st = loop {
         if let Some(st) = child.try_wait().unwrap() {
             break st;
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = std::fs::remove_dir_all(&dir);
-            panic!("vnic serve {args:?} started where it must refuse");
-        }
+        assert!(
+            Instant::now() < deadline,
+            "vnic serve {args:?} started where it must refuse"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let out = child.wait_with_output().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(!st.success(), "vnic serve {args:?} exited 0");
     assert!(!sock.exists());
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -1,5 +1,11 @@
 //! Start-up refuses what would break another daemon or a user's file, and
 //! the sockets it creates are private whatever the umask.
+//!
+//! Every process started here is held by a `ChildGuard` (killed on drop,
+//! also on panic) and has stdout/stderr of its own, never the test
+//! harness's pipe. The checks that run `vnic` as uid 65534 run a copy of it
+//! in a 0755 directory under /tmp (`SharedBinary`): the build may sit in a
+//! home directory of mode 0700, which that uid cannot enter.
 
 mod common;
 
@@ -7,20 +13,24 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::*;
+use vnic_frontend::harness::{ChildGuard, SharedBinary, TempDir};
+
+const VNIC: &str = env!("CARGO_BIN_EXE_vnic");
 
 /// `vnic serve` that must fail at start (killed after 5 s if it does not).
 fn serve_fails(args: &[&str]) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vnic"))
-        .arg("serve")
-        .args(args)
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn vnic serve");
+    let mut child = ChildGuard::spawn(
+        Command::new(VNIC)
+            .arg("serve")
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null()),
+    )
+    .expect("spawn vnic serve");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -28,13 +38,39 @@ fn serve_fails(args: &[&str]) -> String {
             let out = child.wait_with_output().unwrap();
             return String::from_utf8_lossy(&out.stderr).into_owned();
         }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("vnic serve {args:?} started where it must refuse");
-        }
+        // The guard kills the daemon when this panic unwinds.
+        assert!(
+            std::time::Instant::now() < deadline,
+            "vnic serve {args:?} started where it must refuse"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// These checks run `vnic` as uid 65534: only root can. Without root the
+/// test fails saying so (it is never reported as passing what it did not
+/// check); leave it out with `--skip NAME` where root is not to be had.
+fn require_root(test: &str) {
+    // SAFETY: geteuid(2) has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "{test}: needs root to run `vnic ctl` as uid 65534 (euid is {euid}); \
+         not checked. Run as root, or leave it out with --skip {test}"
+    );
+}
+
+/// A copy of the daemon binary that uid 65534 can run.
+fn shared_vnic() -> SharedBinary {
+    SharedBinary::new(Path::new(VNIC))
+        .unwrap_or_else(|e| panic!("a copy of {VNIC} that uid 65534 can run: {e}"))
+}
+
+/// Run `cmd` to its end, guarded; its stdout and stderr piped.
+fn output(cmd: &mut Command) -> Output {
+    ChildGuard::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()))
+        .and_then(ChildGuard::wait_with_output)
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
 fn p(path: &Path) -> &str {
@@ -57,8 +93,8 @@ fn a_live_daemon_a_file_a_directory_and_ctl_equal_socket_are_refused() {
         .file_type()
         .is_socket());
     // The same for its control socket.
-    let dir = std::env::temp_dir().join(format!("vnic-startup-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = TempDir::new("startup").unwrap();
+    let dir = tmp.path();
     let e = serve_fails(&["--socket", p(&dir.join("s")), "--ctl", p(&d.ctl)]);
     assert!(e.contains("live process"), "{e}");
 
@@ -69,53 +105,56 @@ fn a_live_daemon_a_file_a_directory_and_ctl_equal_socket_are_refused() {
     assert!(e.contains("not a socket"), "{e}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
     // A directory says so (not "address already in use").
-    let e = serve_fails(&["--socket", p(&dir)]);
+    let e = serve_fails(&["--socket", p(dir)]);
     assert!(e.contains("directory"), "{e}");
     // --ctl equal to --socket.
     let s = dir.join("same.sock");
     let e = serve_fails(&["--socket", p(&s), "--ctl", p(&s)]);
     assert!(e.contains("is the --socket path"), "{e}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_stale_socket_is_replaced_and_sockets_are_private_whatever_the_umask() {
-    let dir = std::env::temp_dir().join(format!("vnic-stale-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("vnic.sock");
+    require_root("a_stale_socket_is_replaced_and_sockets_are_private_whatever_the_umask");
+    // Under /tmp itself, 0755: uid 65534 must reach the control socket.
+    let tmp = TempDir::public("stale").unwrap();
+    let dir = tmp.path();
+    let (sock, ctlp) = (dir.join("vnic.sock"), dir.join("ctl"));
+    let other_vnic = shared_vnic();
     // A socket file nobody listens on (its daemon died).
     drop(UnixListener::bind(&sock).unwrap());
-    // SAFETY: umask(2) has no preconditions; this test process starts the
-    // daemon as a child, which inherits the permissive mask.
-    let old = unsafe { libc::umask(0) };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vnic"))
-        .args(["serve", "--socket", p(&sock), "--ctl", p(&dir.join("ctl"))])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
+    let mut cmd = Command::new(VNIC);
+    cmd.args(["serve", "--socket", p(&sock), "--ctl", p(&ctlp)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec; umask(2) is
+    // async-signal-safe, allocates nothing and cannot fail. Only the
+    // daemon gets the permissive mask, not this (multi-threaded) test
+    // process.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        });
+    }
+    let _daemon = ChildGuard::spawn(&mut cmd).expect("spawn vnic serve");
     let ok = wait_until(Duration::from_secs(10), || {
-        std::os::unix::net::UnixStream::connect(dir.join("ctl")).is_ok()
+        std::os::unix::net::UnixStream::connect(&ctlp).is_ok()
     });
-    let modes: Vec<u32> = [sock.clone(), dir.join("ctl")]
+    assert!(ok, "vnic serve did not replace the stale socket");
+    let modes: Vec<u32> = [&sock, &ctlp]
         .iter()
         .map(|f| std::fs::metadata(f).map_or(0, |m| m.permissions().mode() & 0o777))
         .collect();
-    // Another user (nobody) gets no answer even on a socket opened up for it.
-    std::fs::set_permissions(dir.join("ctl"), std::fs::Permissions::from_mode(0o666)).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let other: Output = Command::new(env!("CARGO_BIN_EXE_vnic"))
-        .args(["ctl", "--ctl", p(&dir.join("ctl")), "stats"])
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(ok, "vnic serve did not replace the stale socket");
     assert_eq!(modes, [0o600, 0o600], "socket modes under umask 000");
+    // Another user (nobody) gets no answer even on a socket opened up for it.
+    std::fs::set_permissions(&ctlp, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let other = output(
+        Command::new(other_vnic.path())
+            .args(["ctl", "--ctl", p(&ctlp), "stats"])
+            .uid(65534)
+            .gid(65534),
+    );
     assert!(!other.status.success(), "a foreign uid was served");
     let err = String::from_utf8_lossy(&other.stderr);
     assert!(err.contains("daemon's user or root"), "{err}");
@@ -124,24 +163,27 @@ fn a_stale_socket_is_replaced_and_sockets_are_private_whatever_the_umask() {
 #[test]
 fn group_sockets_are_0660_theirs_and_serve_the_group() {
     use std::os::unix::fs::MetadataExt;
-    // Under /tmp itself: nobody must be able to reach it.
-    let dir = std::path::PathBuf::from(format!("/tmp/vnic-group-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    require_root("group_sockets_are_0660_theirs_and_serve_the_group");
+    // Under /tmp itself, 0755: nobody must be able to reach it.
+    let tmp = TempDir::public("group").unwrap();
+    let dir = tmp.path();
     let (sock, ctl) = (dir.join("vnic.sock"), dir.join("ctl"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vnic"))
-        .args([
-            "serve",
-            "--socket",
-            p(&sock),
-            "--ctl",
-            p(&ctl),
-            "--group",
-            "65534",
-        ])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let other_vnic = shared_vnic();
+    let _daemon = ChildGuard::spawn(
+        Command::new(VNIC)
+            .args([
+                "serve",
+                "--socket",
+                p(&sock),
+                "--ctl",
+                p(&ctl),
+                "--group",
+                "65534",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("spawn vnic serve --group");
     let ok = wait_until(Duration::from_secs(10), || {
         std::os::unix::net::UnixStream::connect(&ctl).is_ok()
     });
@@ -156,12 +198,12 @@ fn group_sockets_are_0660_theirs_and_serve_the_group() {
         } else {
             format!("--groups={groups}")
         };
-        Command::new("setpriv")
-            .args(["--reuid=65534", &format!("--regid={gid}"), &groups])
-            .arg(env!("CARGO_BIN_EXE_vnic"))
-            .args(["ctl", "--ctl", p(&ctl), "stats"])
-            .output()
-            .expect("setpriv (util-linux)")
+        output(
+            Command::new("setpriv")
+                .args(["--reuid=65534", &format!("--regid={gid}"), &groups])
+                .arg(other_vnic.path())
+                .args(["ctl", "--ctl", p(&ctl), "stats"]),
+        )
     };
     let member = as_user(65534, "");
     let supplementary = as_user(4242, "65534");
@@ -170,9 +212,6 @@ fn group_sockets_are_0660_theirs_and_serve_the_group() {
     let shut_out = as_user(4242, "");
     std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o666)).unwrap();
     let outsider = as_user(4242, "");
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(ok, "vnic serve --group did not start");
     assert_eq!(meta, [(0o660, 65534), (0o660, 65534)], "modes and groups");
     assert!(

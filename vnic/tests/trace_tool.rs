@@ -8,7 +8,7 @@ mod common;
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use arfs::proto::{decode_frame, Direction, MsgType};
 use arfs::{
@@ -19,11 +19,16 @@ use serde_json::{json, Value};
 
 const MS: u64 = 1_000_000;
 
+/// Run `vnic ARGS` to its end (guarded: killed if this test panics first).
 fn vnic(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vnic"))
-        .args(args)
-        .output()
-        .expect("run vnic")
+    vnic_frontend::harness::ChildGuard::spawn(
+        Command::new(env!("CARGO_BIN_EXE_vnic"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .and_then(vnic_frontend::harness::ChildGuard::wait_with_output)
+    .expect("run vnic")
 }
 
 fn stderr(o: &Output) -> String {

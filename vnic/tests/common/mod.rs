@@ -13,6 +13,7 @@ use vnic_frontend::guest::Guest;
 use vnic_frontend::harness::{Ctl, Daemon};
 use vnic_frontend::{parse_flow, Options, RxFrame};
 
+#[allow(unused_imports)] // not every test binary reads counters
 pub use vnic_frontend::harness::counter;
 
 /// Generous: the machine is 2 shared cores and may be loaded.

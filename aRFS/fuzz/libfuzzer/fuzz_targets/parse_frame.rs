@@ -1,0 +1,4 @@
+//! cargo-fuzz entry point; the body is arfs_fuzz::parse_frame (aRFS/fuzz/src/lib.rs).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| arfs_fuzz::parse_frame(data));

@@ -1,0 +1,462 @@
+//! `arfs-fuzz`: the fuzz targets of crate `arfs-fuzz` on stable Rust, with
+//! no libFuzzer and no coverage feedback: each target body runs over its
+//! corpus, then over inputs mutated from it (bit flips, interesting
+//! values, inserts, deletes, splices, dictionary tokens) until its time is
+//! up. Every input is a function of the seed, the corpus and the
+//! iteration number, so a run is replayed exactly with `--seed S --iters
+//! N`. A crash (panic) or a hang stops the target, saves the input under
+//! `--artifacts DIR/TARGET/` and fails the run; `--repro TARGET FILE`
+//! runs one saved input again. See `aRFS/fuzz/README.md`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arfs_fuzz::{json_dict, Target, TARGETS};
+
+const USAGE: &str = "usage: arfs-fuzz [--seconds N | --iters N] [--seed S] [--corpus DIR] \
+[--artifacts DIR] [--max-len N] [TARGET...]\n       arfs-fuzz --repro TARGET FILE\n       arfs-fuzz --list\n\
+targets: decode_frame parse_frame table_ops ctl_request agent_request (default: all)";
+
+/// A hang: one input running this long.
+const HANG: Duration = Duration::from_secs(10);
+
+struct Opts {
+    seconds: f64,
+    iters: Option<u64>,
+    seed: u64,
+    corpus: PathBuf,
+    artifacts: PathBuf,
+    max_len: usize,
+    targets: Vec<&'static Target>,
+}
+
+fn target(name: &str) -> Result<&'static Target, String> {
+    TARGETS
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| format!("unknown target {name:?}\n{USAGE}"))
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("arfs-fuzz: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<bool, String> {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut o = Opts {
+        seconds: 60.0,
+        iters: None,
+        seed: 0,
+        corpus: here.join("corpus"),
+        artifacts: here.join("artifacts"),
+        max_len: 4096,
+        targets: Vec::new(),
+    };
+    let mut seed_given = false;
+    let mut args = std::env::args().skip(1);
+    let val = |a: &mut dyn Iterator<Item = String>, f: &str| {
+        a.next()
+            .ok_or_else(|| format!("{f} needs a value\n{USAGE}"))
+    };
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--seconds" => {
+                o.seconds = val(&mut args, &a)?
+                    .parse()
+                    .map_err(|e| format!("--seconds: {e}"))?;
+            }
+            "--iters" => {
+                o.iters = Some(
+                    val(&mut args, &a)?
+                        .parse()
+                        .map_err(|e| format!("--iters: {e}"))?,
+                );
+            }
+            "--seed" => {
+                let v = val(&mut args, &a)?;
+                o.seed = match v.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16),
+                    None => v.parse(),
+                }
+                .map_err(|e| format!("--seed {v}: {e}"))?;
+                seed_given = true;
+            }
+            "--corpus" => o.corpus = val(&mut args, &a)?.into(),
+            "--artifacts" => o.artifacts = val(&mut args, &a)?.into(),
+            "--max-len" => {
+                o.max_len = val(&mut args, &a)?
+                    .parse()
+                    .map_err(|e| format!("--max-len: {e}"))?;
+            }
+            "--list" => {
+                for t in TARGETS {
+                    println!("{}", t.name);
+                }
+                return Ok(true);
+            }
+            "--repro" => {
+                let t = target(&val(&mut args, &a)?)?;
+                let file = val(&mut args, &a)?;
+                let data = std::fs::read(&file).map_err(|e| format!("{file}: {e}"))?;
+                println!("{}: running {file} ({} bytes)", t.name, data.len());
+                (t.run)(&data); // a crash shows with its backtrace
+                println!("{}: {file} passed", t.name);
+                return Ok(true);
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(true);
+            }
+            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
+            name => o.targets.push(target(name)?),
+        }
+    }
+    if o.targets.is_empty() {
+        o.targets = TARGETS.iter().collect();
+    }
+    if !seed_given {
+        o.seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+    }
+    println!(
+        "arfs-fuzz: seed 0x{:016x} ({}; replay: --seed 0x{:016x} --iters N)",
+        o.seed,
+        o.iters.map_or_else(
+            || format!("{} s per target", o.seconds),
+            |n| format!("{n} inputs per target")
+        ),
+        o.seed
+    );
+    install_panic_hook();
+    let mut ok = true;
+    for t in &o.targets {
+        ok &= fuzz(t, &o)?;
+    }
+    Ok(ok)
+}
+
+/// The message of the last panic (the default hook would print every
+/// caught one).
+static LAST_PANIC: Mutex<String> = Mutex::new(String::new());
+
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let mut m = LAST_PANIC
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *m = info.to_string();
+    }));
+}
+
+/// The corpus of one target: the files of `DIR/TARGET/` and of the
+/// committed `regressions/TARGET/` (findings), by name.
+fn load_corpus(dir: &Path, regressions: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let rd = std::fs::read_dir(dir).map_err(|e| {
+        format!(
+            "corpus {}: {e} (write it with: python3 aRFS/fuzz/seed.py)",
+            dir.display()
+        )
+    })?;
+    let mut files: Vec<PathBuf> = rd
+        .chain(std::fs::read_dir(regressions).into_iter().flatten())
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| {
+            let data = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            Ok((
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+                data,
+            ))
+        })
+        .collect()
+}
+
+/// FNV-1a, for artifact names.
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn save(o: &Opts, t: &Target, kind: &str, data: &[u8]) -> PathBuf {
+    let dir = o.artifacts.join(t.name);
+    let _ = std::fs::create_dir_all(&dir);
+    let p = dir.join(format!("{kind}-{:016x}", fnv(data)));
+    if let Err(e) = std::fs::write(&p, data) {
+        eprintln!("arfs-fuzz: cannot save {}: {e}", p.display());
+    }
+    p
+}
+
+/// Fuzz one target; false on a crash or hang.
+fn fuzz(t: &'static Target, o: &Opts) -> Result<bool, String> {
+    let regressions = Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
+    let corpus = load_corpus(&o.corpus.join(t.name), &regressions.join(t.name))?;
+    if corpus.is_empty() {
+        return Err(format!(
+            "corpus {} is empty",
+            o.corpus.join(t.name).display()
+        ));
+    }
+    // The input running now and the executions so far, for the hang watchdog.
+    let current = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let execs = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let (current, execs, done) = (current.clone(), execs.clone(), done.clone());
+        let (artifacts, name, seed) = (o.artifacts.clone(), t.name, o.seed);
+        std::thread::spawn(move || {
+            let mut last = (u64::MAX, Instant::now());
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                let n = execs.load(Ordering::Relaxed);
+                if n != last.0 {
+                    last = (n, Instant::now());
+                } else if last.1.elapsed() > HANG {
+                    let data = current.lock().map(|d| d.clone()).unwrap_or_default();
+                    let dir = artifacts.join(name);
+                    let _ = std::fs::create_dir_all(&dir);
+                    let p = dir.join(format!("hang-{:016x}", fnv(&data)));
+                    let _ = std::fs::write(&p, &data);
+                    println!(
+                        "target {name}: HANG: input {n} (seed 0x{seed:016x}) ran over {HANG:?}; saved {}",
+                        p.display()
+                    );
+                    std::process::exit(1);
+                }
+            }
+        })
+    };
+    let mut rng = Rng::new(o.seed ^ fnv(t.name.as_bytes()));
+    let dict: Vec<&[u8]> = t
+        .dict
+        .iter()
+        .chain(if t.dict.is_empty() {
+            [].iter()
+        } else {
+            json_dict().iter()
+        })
+        .map(|s| s.as_bytes())
+        .collect();
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(o.seconds);
+    let mut input = Vec::new();
+    let mut n: u64 = 0;
+    let mut crash = None;
+    // Of every input run, in order: equal digests, equal inputs (a replay
+    // with the same seed, corpus and --iters shows the same).
+    let mut digest: u64 = 0;
+    loop {
+        match o.iters {
+            Some(max) if n >= max => break,
+            None if n >= corpus.len() as u64
+                && n.is_multiple_of(64)
+                && Instant::now() >= deadline =>
+            {
+                break
+            }
+            _ => {}
+        }
+        // The corpus first, as it is; then mutants.
+        input.clear();
+        if let Some((_, c)) = corpus.get(n as usize) {
+            input.extend_from_slice(c);
+        } else {
+            let base = &corpus[rng.below(corpus.len())].1;
+            input.extend_from_slice(base);
+            for _ in 0..=rng.below(4) {
+                mutate(&mut input, &mut rng, &corpus, &dict, o.max_len);
+            }
+        }
+        current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone_from(&input);
+        digest = (digest ^ fnv(&input)).wrapping_mul(0x0100_0000_01b3);
+        let r = std::panic::catch_unwind(|| (t.run)(&input));
+        n += 1;
+        execs.store(n, Ordering::Relaxed);
+        if r.is_err() {
+            crash = Some(n - 1);
+            break;
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let _ = watchdog.join();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "target {}: {n} executions in {secs:.1} s ({:.0}/s), corpus {} inputs, crashes {} (inputs digest {digest:016x})",
+        t.name,
+        n as f64 / secs.max(1e-9),
+        corpus.len(),
+        u32::from(crash.is_some())
+    );
+    if let Some(i) = crash {
+        let p = save(o, t, "crash", &input);
+        let msg = LAST_PANIC.lock().map(|m| m.clone()).unwrap_or_default();
+        println!(
+            "target {}: CRASH on input {i} (seed 0x{:016x}; replay: arfs-fuzz --seed 0x{:016x} --iters {} {}), saved {}\n  {msg}\n  reproduce: cargo run -p arfs-fuzz -- --repro {} {}",
+            t.name,
+            o.seed,
+            o.seed,
+            i + 1,
+            t.name,
+            p.display(),
+            t.name,
+            p.display()
+        );
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// xorshift64*: small, fast, and the same sequence on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform-ish in `0..n` (`n` > 0).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+const INTERESTING: [u64; 12] = [
+    0,
+    1,
+    2,
+    0x7f,
+    0x80,
+    0xff,
+    0x100,
+    0x7fff,
+    0x8000,
+    0xffff,
+    0x8000_0000,
+    0xffff_ffff,
+];
+
+/// One mutation of `d` in place, keeping it at most `max` bytes.
+fn mutate(
+    d: &mut Vec<u8>,
+    rng: &mut Rng,
+    corpus: &[(String, Vec<u8>)],
+    dict: &[&[u8]],
+    max: usize,
+) {
+    let pos = |rng: &mut Rng, d: &Vec<u8>| rng.below(d.len() + 1);
+    match rng.below(if dict.is_empty() { 9 } else { 11 }) {
+        0 if !d.is_empty() => {
+            let i = rng.below(d.len());
+            d[i] ^= 1 << rng.below(8);
+        }
+        1 if !d.is_empty() => {
+            let i = rng.below(d.len());
+            d[i] = rng.next() as u8;
+        }
+        2 if !d.is_empty() => {
+            // an interesting value, 1, 2 or 4 bytes, either byte order
+            let v = INTERESTING[rng.below(INTERESTING.len())];
+            let w = [1, 2, 4][rng.below(3)];
+            let (be, le) = (v.to_be_bytes(), v.to_le_bytes());
+            let bytes = if rng.below(2) == 0 {
+                &be[8 - w..]
+            } else {
+                &le[..w]
+            };
+            let i = rng.below(d.len());
+            for (k, b) in bytes.iter().enumerate() {
+                if let Some(x) = d.get_mut(i + k) {
+                    *x = *b;
+                }
+            }
+        }
+        3 if !d.is_empty() => {
+            // delete a range
+            let i = rng.below(d.len());
+            let n = 1 + rng.below((d.len() - i).min(16));
+            d.drain(i..i + n);
+        }
+        4 => {
+            // insert random bytes
+            let i = pos(rng, d);
+            let n = 1 + rng.below(8);
+            let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            d.splice(i..i, bytes);
+        }
+        5 if !d.is_empty() => {
+            // duplicate a range
+            let i = rng.below(d.len());
+            let n = 1 + rng.below((d.len() - i).min(32));
+            let part = d[i..i + n].to_vec();
+            let j = pos(rng, d);
+            d.splice(j..j, part);
+        }
+        6 => {
+            // splice: our head, another input's tail
+            let other = &corpus[rng.below(corpus.len())].1;
+            let i = pos(rng, d);
+            let j = rng.below(other.len() + 1);
+            d.truncate(i);
+            d.extend_from_slice(&other[j..]);
+        }
+        7 if !d.is_empty() => {
+            d.truncate(rng.below(d.len()));
+        }
+        8 if d.len() >= 2 => {
+            // add or subtract a little from one byte
+            let i = rng.below(d.len());
+            let delta = 1 + rng.below(16) as u8;
+            d[i] = if rng.below(2) == 0 {
+                d[i].wrapping_add(delta)
+            } else {
+                d[i].wrapping_sub(delta)
+            };
+        }
+        9 | 10 if !dict.is_empty() => {
+            // insert or overwrite with a dictionary token
+            let tok = dict[rng.below(dict.len())];
+            let i = pos(rng, d);
+            if rng.below(2) == 0 || i == d.len() {
+                d.splice(i..i, tok.iter().copied());
+            } else {
+                let end = (i + tok.len()).min(d.len());
+                d.splice(i..end, tok.iter().copied());
+            }
+        }
+        _ => {
+            let i = pos(rng, d);
+            d.insert(i, rng.next() as u8);
+        }
+    }
+    d.truncate(max);
+}
