@@ -617,12 +617,48 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         .filter(|r| r.event == EventKind::Reject)
         .count();
     c.check(rejects == 0, || format!("{rejects} rejects in the trace"));
+    // Live TCP flows keep their filters under the module's default expiry
+    // (rps) and under ice's (its 5 s timer is for UDP filters only): 15 s,
+    // 3x that timer, with expiry=ice, then back to the default.
+    let dels = |t: &[arfs::TraceRecord]| {
+        t.iter()
+            .filter(|r| {
+                r.event == EventKind::Del && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp)
+            })
+            .count()
+    };
+    let dels_rps = dels(&trace);
+    c.check(dels_rps == 0, || {
+        format!("expiry=rps deleted {dels_rps} filters of live TCP flows")
+    });
+    let before_ice = s.device_filters()?;
+    s.guest
+        .agent
+        .write_file(&crate::module::expiry_param(), "ice")?;
+    std::thread::sleep(Duration::from_secs(15));
+    let ice_trace = s.trace_since_mark();
+    s.guest.agent.write_file(
+        &crate::module::expiry_param(),
+        &crate::module::idle_expiry(0),
+    )?;
+    let dels_ice = dels(&ice_trace?);
+    let after_ice = s.device_filters()?;
+    let kept = want
+        .iter()
+        .filter(|(k, _)| before_ice.get(k).map(|v| v.0) == after_ice.get(k).map(|v| v.0))
+        .count();
+    c.check(dels_ice == 0 && kept == want.len(), || {
+        format!(
+            "expiry=ice (UDP timer only): {dels_ice} TCP filters deleted in 15 s, {kept} of {} kept their id",
+            want.len()
+        )
+    });
     let st = s.guest.ctl.stats()?;
     let tap_rx = counter(&st, "/peer/tap_rx");
     c.check(tap_rx > 0, || "the device read nothing from the tap".into());
     drop(client);
     Ok(format!(
-        "conns={} (v6 {}, ports shared by a v4 and a v6 conn {shared_ports}) steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tap_rx={tap_rx} tap_tx={}",
+        "conns={} (v6 {}, ports shared by a v4 and a v6 conn {shared_ports}) steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tcp_dels rps={dels_rps} ice(15s)={dels_ice} kept={kept}/{} tap_rx={tap_rx} tap_tx={}",
         flows.len(),
         flows.iter().filter(|(_, f)| f.key.src_ip().is_ipv6()).count(),
         want.len(),
@@ -631,6 +667,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         100.0 * sum / flows.len().max(1) as f64,
         100.0 * min_hw,
         100.0 * min_guest_q,
+        want.len(),
         counter(&st, "/peer/tap_tx")
     ))
 }
