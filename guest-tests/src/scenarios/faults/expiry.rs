@@ -38,6 +38,16 @@ pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Resul
         )
     });
 
+    // Values the parameter refuses (the write fails, nothing changes).
+    for bad in ["fast", "idle:", "idle:0", "idle:x", "ice:5"] {
+        let r = s.guest.agent.write_file(&module::expiry_param(), bad);
+        c.check(r.is_err(), || format!("expiry={bad:?} was accepted"));
+    }
+    let still = s.guest.agent.read_file(&module::expiry_param())?;
+    c.check(still.trim() == "rps", || {
+        format!("after refused writes expiry is {:?}", still.trim())
+    });
+
     // ---- rps: live flows keep their filters ---------------------------
     s.setup_steering()?;
     // The ADDs of the workload: when each filter was activated.
