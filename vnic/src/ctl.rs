@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use arfs::proto::FrameError;
 
 use crate::clock::now_ns;
-use crate::config::{Knob, PeerKind};
+use crate::config::{rate_threshold, threshold_rate, Knob, PeerKind, RATE_ONE};
 use crate::conn::Conn;
 use crate::daemon::Shared;
 use crate::mgmt::Snapshot;
@@ -77,8 +77,15 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
                 Ok(k) => k,
                 Err(e) => return err(e.to_string()),
             };
-            let r = if let Knob::Misroute(on) = knob {
-                sh.faults.misroute.store(on, Ordering::Relaxed);
+            let path = match knob {
+                Knob::Misroute(on) => Some((&sh.faults.misroute, if on { RATE_ONE } else { 0 })),
+                Knob::MisrouteRate(p) => Some((&sh.faults.misroute, rate_threshold(p))),
+                Knob::DropRate(p) => Some((&sh.faults.drop, rate_threshold(p))),
+                Knob::CorruptRate(p) => Some((&sh.faults.corrupt, rate_threshold(p))),
+                _ => None,
+            };
+            let r = if let Some((f, t)) = path {
+                f.store(t, Ordering::Relaxed);
                 Ok(sh.lock_mgmt().snapshot(false))
             } else {
                 let mut m = sh.lock_mgmt();
@@ -171,6 +178,21 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                     Err(e) => return err(format!("gen set: {e}")),
                 }
             }
+            Some(op @ ("pause" | "resume")) => {
+                // A paused set stays listed (with its final `sent`) and
+                // keeps its sequence numbers: resumed, it goes on where it
+                // stopped.
+                let pause = op == "pause";
+                let mut done = Vec::new();
+                for s in sets.1.iter().filter(|s| id.is_none_or(|i| i == s.id)) {
+                    s.stopped.store(pause, Ordering::Relaxed);
+                    done.push(s.id);
+                }
+                if let (Some(id), true) = (id, done.is_empty()) {
+                    return err(format!("gen {op}: no flow set {id}"));
+                }
+                json!({"ok": true, op: done})
+            }
             Some("stop") => {
                 let stopped: Vec<u32> = match id {
                     Some(id) => {
@@ -194,7 +216,7 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
             }
             Some(o) => {
                 return err(format!(
-                    "unknown gen op {o:?}: expected start, set, stop or list"
+                    "unknown gen op {o:?}: expected start, set, pause, resume, stop or list"
                 ))
             }
             None => return err("gen needs \"op\""),
@@ -261,7 +283,10 @@ fn rings_json(c: &Conn) -> Value {
 fn knobs_json(sh: &Shared, s: &Snapshot) -> Value {
     let c = &s.table;
     json!({
-        "misroute": sh.faults.misroute.load(Ordering::Relaxed),
+        "misroute": sh.faults.misroute.load(Ordering::Relaxed) == RATE_ONE,
+        "misroute_rate": threshold_rate(sh.faults.misroute.load(Ordering::Relaxed)),
+        "drop_rate": threshold_rate(sh.faults.drop.load(Ordering::Relaxed)),
+        "corrupt_rate": threshold_rate(sh.faults.corrupt.load(Ordering::Relaxed)),
         "add_fail_rate": c.add_fail_rate,
         "mgmt_loss_rate": c.mgmt_loss_rate,
         "program_latency_us": c.latency_ns as f64 / 1000.0,

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::flows::{
-    checksum, local_sets, GenControl, LocalSet, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, MAX_FRAME,
+    checksum, fold_head, local_sets, seq_offset, seq_tag, GenControl, LocalSet, ETH_P_ARP,
+    ETH_P_IP, ETH_P_IPV6, MAX_FRAME, SEQ_LEN,
 };
 use super::Peer;
 use crate::handoff::Router;
@@ -40,9 +41,6 @@ pub struct GenPeer {
     sets: Vec<LocalSet>,
     unlimited: bool,
     last_tick: Instant,
-    genbuf: Vec<u8>,
-    /// `genbuf` holds a stamp from a stamped set.
-    stamped: bool,
     reply: Vec<u8>,
     pkt: Vec<u8>,
     /// Frames and bytes sunk in this tx batch, not yet counted.
@@ -70,8 +68,6 @@ impl GenPeer {
             sets: Vec::new(),
             unlimited: false,
             last_tick: Instant::now(),
-            genbuf: vec![0; NET_HDR_LEN + MAX_FRAME],
-            stamped: false,
             reply: Vec::with_capacity(MAX_FRAME),
             pkt: Vec::with_capacity(NET_HDR_LEN + MAX_FRAME),
             sunk: (0, 0),
@@ -137,29 +133,41 @@ impl GenPeer {
             }
             let size = s.set.size;
             let stamp = s.set.stamp;
-            if self.stamped && !stamp {
-                // Unstamped frames have a zero payload (their IPv6
-                // checksums were computed over one).
-                self.genbuf[NET_HDR_LEN..].fill(0);
-                self.stamped = false;
-            }
-            self.stamped |= stamp;
+            let hl = s.hdr_len;
+            let seq_at = seq_offset(stamp);
+            let with_seq = s.var >= seq_at + SEQ_LEN;
             let unlimited = s.rate == 0.0;
             let want = n;
             n = 0;
             while n < want {
                 let i = s.next;
                 s.next = if i + 1 == s.headers.len() { 0 } else { i + 1 };
-                self.genbuf[NET_HDR_LEN..NET_HDR_LEN + s.hdr_len]
-                    .copy_from_slice(&s.headers[i][..s.hdr_len]);
+                let frame = &mut s.buf[NET_HDR_LEN..NET_HDR_LEN + size];
+                frame[..hl].copy_from_slice(&s.headers[i][..hl]);
+                // The head: the send stamp, then the flow's sequence
+                // number and its tag, folded into the template's checksum.
+                let mut head = [0u8; super::rtt::STAMP_LEN + SEQ_LEN];
                 if stamp {
-                    super::rtt::stamp(
-                        &mut self.genbuf[NET_HDR_LEN..NET_HDR_LEN + size],
-                        s.hdr_len,
-                        super::rtt::now_ns(),
-                    );
+                    head[..8].copy_from_slice(&super::rtt::MAGIC);
+                    head[8..16].copy_from_slice(&super::rtt::now_ns().to_be_bytes());
                 }
-                r.route(rx, &mut self.genbuf[..NET_HDR_LEN + size]);
+                let mut end = if stamp { super::rtt::STAMP_LEN } else { 0 };
+                if with_seq {
+                    let ti = s.idx[i];
+                    let tuple = &s.set.tuples[ti];
+                    let next = &s.set.seq[ti];
+                    let seq = next.load(Ordering::Relaxed);
+                    next.store(seq + 1, Ordering::Relaxed);
+                    head[seq_at..seq_at + 8].copy_from_slice(&seq.to_be_bytes());
+                    head[seq_at + 8..seq_at + 16]
+                        .copy_from_slice(&seq_tag(tuple.sport, tuple.dport, seq).to_be_bytes());
+                    end = seq_at + SEQ_LEN;
+                }
+                if end > 0 {
+                    frame[hl..hl + end].copy_from_slice(&head[..end]);
+                    fold_head(frame, hl, &head[..end]);
+                }
+                r.route(rx, &mut s.buf[..NET_HDR_LEN + size]);
                 n += 1;
                 // Unlimited sets stop at the first full destination.
                 if unlimited && (r.flags.nobufs || r.flags.nobufs_remote) {
