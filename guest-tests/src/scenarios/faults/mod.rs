@@ -138,6 +138,7 @@ impl Session {
                 .agent
                 .call_value(&Request::UdpStop, Duration::from_secs(30));
             self.flows.clear();
+            self.delivery_mark = None;
         }
     }
 
@@ -182,6 +183,8 @@ impl Session {
             ("mgmt_loss_rate", json!(0)),
             ("program_latency", json!(0)),
             ("misroute", json!(0)),
+            ("drop_rate", json!(0)),
+            ("corrupt_rate", json!(0)),
         ] {
             if let Err(e) = self.guest.ctl.set(k, &v) {
                 errs.push(e.0);
