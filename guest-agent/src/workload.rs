@@ -528,7 +528,10 @@ impl UdpRun {
             let target = Arc::new(AtomicUsize::new(f.cpu));
             let counters = Arc::new(Counters::new(ncpu, f.cpu));
             let (t, c, s) = (target.clone(), counters.clone(), stop.clone());
-            let ports = (f.peer_port, f.local_port);
+            // The sender's port is the connected peer's, or (unconnected:
+            // 0) each datagram's own. Sequence accounting assumes one flow
+            // per socket, so it means something for connected sockets only.
+            let ports = (if spec.connect { f.peer_port } else { 0 }, f.local_port);
             let echo = if spec.echo {
                 u64::from(spec.echo_every.max(1))
             } else {
@@ -653,14 +656,13 @@ fn udp_receiver(
             pinned = want;
             c.cpu.store(want, Ordering::Relaxed);
         }
-        match sock.recv(&mut buf) {
-            Ok(n) => {
+        // recv_from: an unconnected socket receives from many ports, and
+        // the tag is checked against the sender's.
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) => {
                 let inc = sys::incoming_cpu(sock).unwrap_or(-1);
-                track.record(payload::verify(
-                    buf.get(..n).unwrap_or(&[]),
-                    ports.0,
-                    ports.1,
-                ));
+                let sport = if ports.0 == 0 { from.port() } else { ports.0 };
+                track.record(payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1));
                 c.publish(&track);
                 c.count(inc, sys::incoming_napi_id(sock).ok(), pinned);
                 n_recv += 1;
