@@ -132,9 +132,14 @@ impl Span {
         let want = sent.saturating_sub(drop);
         c.check(g.distinct == want, || {
             format!(
-                "flow :{port}: {} of {sent} frames sent arrived ({} lost{})",
+                "flow :{port}: {} of {sent} frames sent arrived intact ({} missing{}{})",
                 g.distinct,
                 sent.saturating_sub(g.distinct),
+                if g.corrupted > 0 {
+                    format!(", {} of them corrupted", g.corrupted)
+                } else {
+                    String::new()
+                },
                 if drop > 0 {
                     format!(", {drop} dropped on purpose")
                 } else {
@@ -537,7 +542,14 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
             } else {
                 detected += 1;
                 if lines.len() < 2 {
-                    lines.push(probe.failures[0].clone());
+                    // The line of the check this fault is for.
+                    let key = match fault {
+                        Fault::Misroute => "filter's queue",
+                        Fault::Drop => "arrived intact",
+                        Fault::Corrupt => "wrong payload",
+                    };
+                    let l = probe.failures.iter().find(|l| l.contains(key));
+                    lines.push(l.unwrap_or(&probe.failures[0]).clone());
                 }
             }
         } else {
