@@ -104,6 +104,10 @@ pub struct ServeArgs {
     /// corrupt_rate=P`.
     #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
     pub corrupt_rate: f64,
+    /// Fault: as --corrupt-rate, but the UDP checksum is left stale, so that the guest's stack
+    /// drops the frame as a checksum error (peer.fault_bad_csum). `vnic ctl set bad_csum_rate=P`.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub bad_csum_rate: f64,
     /// Seed of the fault-injection random draws (add failures, management loss).
     #[arg(long, value_name = "N", default_value = "1")]
     pub seed: u64,
@@ -171,7 +175,12 @@ impl ServeArgs {
             seed: self.seed,
             trace: self.trace,
             misroute: self.misroute,
-            fault_rates: [self.misroute_rate, self.drop_rate, self.corrupt_rate],
+            fault_rates: [
+                self.misroute_rate,
+                self.drop_rate,
+                self.corrupt_rate,
+                self.bad_csum_rate,
+            ],
             group: self.group,
             preload: config::Preload {
                 filters: self.preload_filters,

@@ -46,8 +46,8 @@ pub struct Config {
     /// Start with the `misroute` fault on.
     pub misroute: bool,
     /// Path fault rates at start (`misroute_rate`, `drop_rate`,
-    /// `corrupt_rate`; `misroute` sets the first to 1).
-    pub fault_rates: [f64; 3],
+    /// `corrupt_rate`, `bad_csum_rate`; `misroute` sets the first to 1).
+    pub fault_rates: [f64; 4],
     /// `--group`: sockets 0660 owned by this gid, whose members are served
     /// on the control socket.
     pub group: Option<u32>,
@@ -423,6 +423,9 @@ pub struct PathFaults {
     /// A hit's last UDP payload byte is flipped, its checksum kept valid
     /// (`peer.fault_corrupted`).
     pub corrupt: std::sync::atomic::AtomicU64,
+    /// As `corrupt`, but the UDP checksum is left as it was, so that the
+    /// guest's stack drops the frame (`peer.fault_bad_csum`).
+    pub bad_csum: std::sync::atomic::AtomicU64,
 }
 
 /// [`PathFaults`]: the threshold of a probability of 1.
@@ -451,12 +454,13 @@ pub enum Knob {
     MisrouteRate(f64),
     DropRate(f64),
     CorruptRate(f64),
+    BadCsumRate(f64),
 }
 
 impl Knob {
     /// The knob names, as `set` takes them.
     pub const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate or corrupt_rate";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate or bad_csum_rate";
 
     pub fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -473,6 +477,7 @@ impl Knob {
             "misroute_rate" => Self::MisrouteRate(parse_rate(value).map_err(bad)?),
             "drop_rate" => Self::DropRate(parse_rate(value).map_err(bad)?),
             "corrupt_rate" => Self::CorruptRate(parse_rate(value).map_err(bad)?),
+            "bad_csum_rate" => Self::BadCsumRate(parse_rate(value).map_err(bad)?),
             _ => return Err(KnobError::Unknown(key.to_string())),
         })
     }

@@ -82,6 +82,7 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
                 Knob::MisrouteRate(p) => Some((&sh.faults.misroute, rate_threshold(p))),
                 Knob::DropRate(p) => Some((&sh.faults.drop, rate_threshold(p))),
                 Knob::CorruptRate(p) => Some((&sh.faults.corrupt, rate_threshold(p))),
+                Knob::BadCsumRate(p) => Some((&sh.faults.bad_csum, rate_threshold(p))),
                 _ => None,
             };
             let r = if let Some((f, t)) = path {
@@ -287,6 +288,7 @@ fn knobs_json(sh: &Shared, s: &Snapshot) -> Value {
         "misroute_rate": threshold_rate(sh.faults.misroute.load(Ordering::Relaxed)),
         "drop_rate": threshold_rate(sh.faults.drop.load(Ordering::Relaxed)),
         "corrupt_rate": threshold_rate(sh.faults.corrupt.load(Ordering::Relaxed)),
+        "bad_csum_rate": threshold_rate(sh.faults.bad_csum.load(Ordering::Relaxed)),
         "add_fail_rate": c.add_fail_rate,
         "mgmt_loss_rate": c.mgmt_loss_rate,
         "program_latency_us": c.latency_ns as f64 / 1000.0,

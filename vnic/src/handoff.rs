@@ -319,12 +319,15 @@ impl Lanes {
 const FAULT_DROP: u8 = 1;
 /// [`Router::steer`]: the `corrupt_rate` fault chose the frame.
 const FAULT_CORRUPT: u8 = 2;
+/// [`Router::steer`]: the `bad_csum_rate` fault chose the frame.
+const FAULT_BAD_CSUM: u8 = 4;
 
 /// The `corrupt_rate` fault: flips every bit of the last byte of a UDP
-/// frame's payload and updates its checksum to match (RFC 1624), so that
-/// only a check of the payload's content can see it. `false` (frame
-/// untouched) for anything but UDP with a payload.
-pub fn corrupt_payload(frame: &mut [u8]) -> bool {
+/// frame's payload and, with `keep_csum`, updates its checksum to match
+/// (RFC 1624), so that only a check of the payload's content can see it
+/// (without: the `bad_csum_rate` fault, a checksum error for the guest's
+/// stack). `false` (frame untouched) for anything but UDP with a payload.
+pub fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
     let Some((l4, payload)) = crate::peer::flows::udp_payload(frame) else {
         return false;
     };
@@ -344,6 +347,9 @@ pub fn corrupt_payload(frame: &mut [u8]) -> bool {
         (u16::from(b) << 8, u16::from(!b) << 8)
     };
     frame[at] = !b;
+    if !keep_csum {
+        return true;
+    }
     let c = u16::from_be_bytes([frame[l4 + 6], frame[l4 + 7]]);
     if c == 0 && l4 == 34 {
         return true; // IPv4 without a checksum
@@ -372,8 +378,8 @@ pub struct Router {
     faults: Arc<PathFaults>,
     /// The path faults' thresholds (`faults`, see [`PathFaults`]) as of
     /// the last [`Router::sync`] (read once per event, not per frame):
-    /// misroute, drop, corrupt.
-    fault: [u64; 3],
+    /// misroute, drop, corrupt, bad checksum.
+    fault: [u64; 4],
     /// The fault draws' state (xorshift64*, seeded per worker).
     rng: u64,
     /// The copy of a frame the `corrupt_rate` fault damages.
@@ -495,7 +501,7 @@ impl Router {
             tracer: l.tracer,
             generation: l.generation,
             faults: l.faults,
-            fault: [0; 3],
+            fault: [0; 4],
             rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
             scratch: Vec::new(),
             index: FlowIndex::new(capacity),
@@ -541,6 +547,7 @@ impl Router {
             self.faults.misroute.load(Ordering::Relaxed),
             self.faults.drop.load(Ordering::Relaxed),
             self.faults.corrupt.load(Ordering::Relaxed),
+            self.faults.bad_csum.load(Ordering::Relaxed),
         ];
         let mask = self.pairs.mask();
         if mask != self.mask {
@@ -598,7 +605,7 @@ impl Router {
                 self.hits.count(self.id, id);
                 let mut q = usize::from(q);
                 let mut f = 0;
-                if self.fault != [0; 3] {
+                if self.fault != [0; 4] {
                     if self.draw(self.fault[0]) {
                         q = self.misroute(q);
                     }
@@ -607,6 +614,9 @@ impl Router {
                     }
                     if self.draw(self.fault[2]) {
                         f |= FAULT_CORRUPT;
+                    }
+                    if self.draw(self.fault[3]) {
+                        f |= FAULT_BAD_CSUM;
                     }
                 }
                 return Some((q, true, f));
@@ -669,14 +679,22 @@ impl Router {
         if drop {
             add(&self.stats.peer.fault_dropped, 1);
         }
-        if fault & FAULT_CORRUPT != 0 {
+        if fault & (FAULT_CORRUPT | FAULT_BAD_CSUM) != 0 {
             // Corrupt a copy: the peer's buffer (the generator's template)
             // stays as it was.
             let mut copy = std::mem::take(&mut self.scratch);
             copy.clear();
             copy.extend_from_slice(pkt);
-            if corrupt_payload(&mut copy[NET_HDR_LEN..]) {
-                add(&self.stats.peer.fault_corrupted, 1);
+            let keep = fault & FAULT_CORRUPT != 0;
+            if corrupt_payload(&mut copy[NET_HDR_LEN..], keep) {
+                add(
+                    if keep {
+                        &self.stats.peer.fault_corrupted
+                    } else {
+                        &self.stats.peer.fault_bad_csum
+                    },
+                    1,
+                );
             }
             self.route_to(rx, &mut copy, q, filter, drop);
             self.scratch = copy;

@@ -543,7 +543,8 @@ impl Mgmt {
             Knob::Misroute(_)
             | Knob::MisrouteRate(_)
             | Knob::DropRate(_)
-            | Knob::CorruptRate(_) => {}
+            | Knob::CorruptRate(_)
+            | Knob::BadCsumRate(_) => {}
         }
         Ok(())
     }

@@ -129,6 +129,9 @@ pub struct PeerStats {
     /// Frames that hit a filter and had a payload byte flipped (the
     /// `corrupt_rate` fault).
     pub fault_corrupted: AtomicU64,
+    /// Frames that hit a filter and had a payload byte flipped under a
+    /// stale UDP checksum (the `bad_csum_rate` fault).
+    pub fault_bad_csum: AtomicU64,
     /// Generator: UDP frames generated.
     pub gen_sent: AtomicU64,
     /// Generator: frames from the guest sunk (not answered).
@@ -157,6 +160,7 @@ impl PeerStats {
             "misrouted": get(&self.misrouted),
             "fault_dropped": get(&self.fault_dropped),
             "fault_corrupted": get(&self.fault_corrupted),
+            "fault_bad_csum": get(&self.fault_bad_csum),
             "gen_sent": get(&self.gen_sent),
             "sink_packets": get(&self.sink_packets),
             "sink_bytes": get(&self.sink_bytes),

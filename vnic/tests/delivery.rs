@@ -21,6 +21,14 @@ use vnic_frontend::guest::Guest;
 /// (sport, dport, UDP payload) of an IPv4 or IPv6 UDP frame whose UDP
 /// checksum verifies (computed here, not with the daemon's code).
 fn udp_checked(f: &[u8]) -> (u16, u16, Vec<u8>) {
+    let (ok, r) = udp_parsed(f);
+    assert!(ok, "UDP checksum of {f:02x?}");
+    r
+}
+
+/// Whether the UDP checksum of an IPv4 or IPv6 UDP frame verifies, and
+/// its (sport, dport, UDP payload).
+fn udp_parsed(f: &[u8]) -> (bool, (u16, u16, Vec<u8>)) {
     let et = u16::from_be_bytes([f[12], f[13]]);
     let (l4, pseudo) = match et {
         0x0800 => {
@@ -56,11 +64,13 @@ fn udp_checked(f: &[u8]) -> (u16, u16, Vec<u8>) {
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    assert_eq!(sum, 0xffff, "UDP checksum of {f:02x?}");
     (
-        u16::from_be_bytes([udp[0], udp[1]]),
-        u16::from_be_bytes([udp[2], udp[3]]),
-        udp[8..].to_vec(),
+        sum == 0xffff,
+        (
+            u16::from_be_bytes([udp[0], udp[1]]),
+            u16::from_be_bytes([udp[2], udp[3]]),
+            udp[8..].to_vec(),
+        ),
     )
 }
 
@@ -200,6 +210,17 @@ fn path_fault_knobs_act_after_the_hit_is_counted() {
         .unwrap();
     assert_eq!(seqs(&mut g)[&(13001, 5001)], (0..10).collect::<Vec<u64>>());
     c.set("corrupt_rate", &json!(0)).unwrap();
+
+    // The same flip under a stale checksum: the guest's stack would drop it.
+    c.set("bad_csum_rate", &json!(1)).unwrap();
+    let (got, n) = burst(&mut g, &mut c, 20, "peer.fault_bad_csum");
+    assert_eq!((got.len(), n), (20, 20));
+    for r in &got {
+        let (ok, (sp, dp, p)) = udp_parsed(&r.frame.data);
+        assert!(!ok, "stale UDP checksum");
+        assert_eq!(verify(&p, sp, dp), Verdict::Corrupt);
+    }
+    c.set("bad_csum_rate", &json!(0)).unwrap();
 
     c.set("drop_rate", &json!("1.0")).unwrap();
     let before = c.stats().unwrap();

@@ -380,6 +380,7 @@ enum Fault {
     Misroute,
     Drop,
     Corrupt,
+    BadCsum,
 }
 
 impl Fault {
@@ -388,6 +389,7 @@ impl Fault {
             Fault::Misroute => "misroute_rate",
             Fault::Drop => "drop_rate",
             Fault::Corrupt => "corrupt_rate",
+            Fault::BadCsum => "bad_csum_rate",
         }
     }
     /// The rate the scenario sets: misroute every hit (the knob
@@ -395,7 +397,7 @@ impl Fault {
     fn rate(self) -> f64 {
         match self {
             Fault::Misroute => 1.0,
-            Fault::Drop | Fault::Corrupt => 0.1,
+            Fault::Drop | Fault::Corrupt | Fault::BadCsum => 0.1,
         }
     }
     fn counter(self) -> &'static str {
@@ -403,6 +405,7 @@ impl Fault {
             Fault::Misroute => "/peer/misrouted",
             Fault::Drop => "/peer/fault_dropped",
             Fault::Corrupt => "/peer/fault_corrupted",
+            Fault::BadCsum => "/peer/fault_bad_csum",
         }
     }
 }
@@ -545,7 +548,7 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
                     // The line of the check this fault is for.
                     let key = match fault {
                         Fault::Misroute => "filter's queue",
-                        Fault::Drop => "arrived intact",
+                        Fault::Drop | Fault::BadCsum => "arrived intact",
                         Fault::Corrupt => "wrong payload",
                     };
                     let l = probe.failures.iter().find(|l| l.contains(key));
@@ -587,7 +590,7 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
                 sp.check_flow(i, flow.local_port, 0, c);
             }
         }
-        Fault::Drop => {
+        Fault::Drop | Fault::BadCsum => {
             let lost = sent_steered.saturating_sub(sum(|d| d.distinct));
             c.check(lost == faulted, || {
                 format!(
@@ -602,7 +605,31 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
             });
         }
     }
-    sp.check_snmp(c);
+    if fault == Fault::BadCsum {
+        // The guest's own counters saw each one, and say so.
+        let mut probe = Checks::default();
+        sp.check_snmp(&mut probe);
+        c.check(!probe.failures.is_empty(), || {
+            "bad_csum_rate on, yet the guest's error counters did not move".into()
+        });
+        let csum: u64 = sp
+            .snmp_moved
+            .iter()
+            .filter(|(k, _)| k.ends_with("InCsumErrors") && k.contains("Udp"))
+            .map(|(_, n)| n)
+            .sum();
+        c.check(csum == faulted, || {
+            format!(
+                "the guest counted {csum} UDP checksum errors, the device sent {faulted} bad checksums ({:?})",
+                sp.snmp_moved
+            )
+        });
+        if let Some(l) = probe.failures.first() {
+            lines.push(l.clone());
+        }
+    } else {
+        sp.check_snmp(c);
+    }
     Ok(format!(
         "{}={}: detected {detected}/{} steered flows, device {}=+{faulted}, hits=sent over {} frames (blind); control {}; e.g. {}",
         fault.knob(),
@@ -623,6 +650,12 @@ pub(super) fn misroute(s: &mut Session, c: &mut Checks) -> Result<String> {
 /// `drop`: 10% of the filter hits dropped, counted delivered.
 pub(super) fn drop(s: &mut Session, c: &mut Checks) -> Result<String> {
     path_fault(s, c, Fault::Drop)
+}
+
+/// `bad-csum`: as `corrupt` under a stale UDP checksum: the guest's stack
+/// drops them and counts checksum errors.
+pub(super) fn bad_csum(s: &mut Session, c: &mut Checks) -> Result<String> {
+    path_fault(s, c, Fault::BadCsum)
 }
 
 /// `corrupt`: one payload byte of 10% of the filter hits flipped, the

@@ -706,7 +706,13 @@ mod tests {
                         .skip(SEQ_LEN)
                         .all(|(k, &b)| b == fill_byte(k)));
                     let before = g.clone();
-                    assert!(crate::handoff::corrupt_payload(&mut g));
+                    let mut bad = g.clone();
+                    assert!(crate::handoff::corrupt_payload(&mut bad, false));
+                    assert!(
+                        !udp_checksum_ok(&bad),
+                        "{src} {size} seq {seq}: stale checksum"
+                    );
+                    assert!(crate::handoff::corrupt_payload(&mut g, true));
                     assert!(udp_checksum_ok(&g), "{src} {size} seq {seq}: corrupted");
                     let diff: Vec<usize> = (0..size).filter(|&i| g[i] != before[i]).collect();
                     assert_eq!(diff.last(), Some(&(size - 1)), "{diff:?}");
@@ -722,7 +728,7 @@ mod tests {
         // Not UDP, truncated: untouched, no panic.
         for n in 0..64 {
             let mut f = vec![0x45u8; n];
-            assert!(!crate::handoff::corrupt_payload(&mut f));
+            assert!(!crate::handoff::corrupt_payload(&mut f, true));
         }
     }
 

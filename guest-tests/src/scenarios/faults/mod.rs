@@ -185,6 +185,7 @@ impl Session {
             ("misroute", json!(0)),
             ("drop_rate", json!(0)),
             ("corrupt_rate", json!(0)),
+            ("bad_csum_rate", json!(0)),
         ] {
             if let Err(e) = self.guest.ctl.set(k, &v) {
                 errs.push(e.0);
