@@ -304,16 +304,14 @@ impl GenControl {
 pub const SEQ_LEN: usize = 16;
 
 /// The tag of sequence number `seq` of the flow from port `sport` to port
-/// `dport` (splitmix64 of both): a frame of another flow, or with a
-/// damaged sequence number, does not carry it.
+/// `dport`: a frame of another flow, or with a damaged sequence number,
+/// does not carry it.
 #[inline]
 pub fn seq_tag(sport: u16, dport: u16, seq: u64) -> u64 {
-    let mut z = seq
-        .wrapping_add((u64::from(sport) << 48) | (u64::from(dport) << 32))
-        .wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    // One multiply by an odd constant: a bijection, so another sequence
+    // number (below 2^32) or another flow never gives the same tag.
+    (seq ^ ((u64::from(sport) << 48) | (u64::from(dport) << 32)))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// Byte `k` of a generated UDP payload after its head (`k` counts from
@@ -410,6 +408,32 @@ pub fn build_udp(
     hdr
 }
 
+/// The ones' complement sum of the four 16-bit words of `x` (as written
+/// big endian), not yet folded to 16 bits.
+#[inline]
+pub fn word_sum(x: u64) -> u64 {
+    (x >> 32) + (x & 0xffff_ffff)
+}
+
+/// Folds `sum` (a [`word_sum`] total of the words written over the zero
+/// head of a frame [`build_udp`] made) into the frame's UDP checksum:
+/// RFC 1624's incremental update.
+#[inline]
+pub fn fold_sum(frame: &mut [u8], hdr_len: usize, sum: u64) {
+    let at = hdr_len - 2;
+    let old = u16::from_be_bytes([frame[at], frame[at + 1]]);
+    let mut s = u64::from(!old) + sum;
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    let mut c = !(s as u16);
+    if c == 0 {
+        c = 0xffff;
+    }
+    frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+#[cfg(test)]
 /// Folds `head` (bytes written over the zero head at the start of the UDP
 /// payload of a frame [`build_udp`] made, an even number of bytes) into
 /// the frame's UDP checksum: RFC 1624's incremental update, so a frame
@@ -695,8 +719,12 @@ mod tests {
                     head[8..].copy_from_slice(&seq_tag(10000, 20007, seq).to_be_bytes());
                     let mut g = f.clone();
                     g[hl..hl + SEQ_LEN].copy_from_slice(&head);
+                    let mut via_sum = g.clone();
                     fold_head(&mut g, hl, &head);
                     assert!(udp_checksum_ok(&g), "{src} {size} seq {seq}");
+                    let tag = seq_tag(10000, 20007, seq);
+                    fold_sum(&mut via_sum, hl, word_sum(seq) + word_sum(tag));
+                    assert_eq!(g, via_sum, "fold_sum agrees with fold_head");
                     let (_, p) = udp_payload(&g).unwrap();
                     assert_eq!(p.len(), size - hl);
                     assert_eq!(&p[..SEQ_LEN], &head);

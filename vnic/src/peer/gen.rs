@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::flows::{
-    checksum, fold_head, local_sets, seq_offset, seq_tag, GenControl, LocalSet, ETH_P_ARP,
+    checksum, fold_sum, local_sets, seq_offset, seq_tag, word_sum, GenControl, LocalSet, ETH_P_ARP,
     ETH_P_IP, ETH_P_IPV6, MAX_FRAME, SEQ_LEN,
 };
 use super::Peer;
@@ -145,27 +145,29 @@ impl GenPeer {
                 let frame = &mut s.buf[NET_HDR_LEN..NET_HDR_LEN + size];
                 frame[..hl].copy_from_slice(&s.headers[i][..hl]);
                 // The head: the send stamp, then the flow's sequence
-                // number and its tag, folded into the template's checksum.
-                let mut head = [0u8; super::rtt::STAMP_LEN + SEQ_LEN];
+                // number and its tag, written in place; their 16-bit
+                // words' sum is folded into the template's checksum.
+                let mut sum = 0u64;
                 if stamp {
-                    head[..8].copy_from_slice(&super::rtt::MAGIC);
-                    head[8..16].copy_from_slice(&super::rtt::now_ns().to_be_bytes());
+                    let now = super::rtt::now_ns();
+                    frame[hl..hl + 8].copy_from_slice(&super::rtt::MAGIC);
+                    frame[hl + 8..hl + 16].copy_from_slice(&now.to_be_bytes());
+                    sum += word_sum(u64::from_be_bytes(super::rtt::MAGIC)) + word_sum(now);
                 }
-                let mut end = if stamp { super::rtt::STAMP_LEN } else { 0 };
                 if with_seq {
                     let ti = s.idx[i];
                     let tuple = &s.set.tuples[ti];
                     let next = &s.set.seq[ti];
                     let seq = next.load(Ordering::Relaxed);
                     next.store(seq + 1, Ordering::Relaxed);
-                    head[seq_at..seq_at + 8].copy_from_slice(&seq.to_be_bytes());
-                    head[seq_at + 8..seq_at + 16]
-                        .copy_from_slice(&seq_tag(tuple.sport, tuple.dport, seq).to_be_bytes());
-                    end = seq_at + SEQ_LEN;
+                    let tag = seq_tag(tuple.sport, tuple.dport, seq);
+                    let at = hl + seq_at;
+                    frame[at..at + 8].copy_from_slice(&seq.to_be_bytes());
+                    frame[at + 8..at + 16].copy_from_slice(&tag.to_be_bytes());
+                    sum += word_sum(seq) + word_sum(tag);
                 }
-                if end > 0 {
-                    frame[hl..hl + end].copy_from_slice(&head[..end]);
-                    fold_head(frame, hl, &head[..end]);
+                if stamp || with_seq {
+                    fold_sum(frame, hl, sum);
                 }
                 r.route(rx, &mut s.buf[..NET_HDR_LEN + size]);
                 n += 1;
