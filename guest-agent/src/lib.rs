@@ -4,4 +4,5 @@
 //! daemon, so changes there never rebuild the static agent.
 
 pub mod kmsg;
+pub mod payload;
 pub mod proto;

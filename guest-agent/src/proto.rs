@@ -265,6 +265,32 @@ pub struct FlowCounters {
     pub echoed: u64,
     #[serde(default)]
     pub echo_errors: u64,
+    /// What the datagrams carried (`crate::payload`): sequence numbers,
+    /// tags and fill, checked on every datagram.
+    #[serde(default)]
+    pub delivery: Delivery,
+}
+
+/// One flow's datagrams accounted by what they carry (cumulative since
+/// `udp_start`; see [`crate::payload::SeqTrack`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// Highest sequence number seen + 1.
+    pub next: u64,
+    pub distinct: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    /// Tag or fill wrong.
+    pub corrupted: u64,
+    /// Too short to carry a sequence head.
+    pub short: u64,
+}
+
+impl Delivery {
+    /// Sequence numbers below the highest seen that never arrived.
+    pub fn lost(&self) -> u64 {
+        self.next.saturating_sub(self.distinct)
+    }
 }
 
 /// Which NAPI instance serves each rx queue: `napi[q]` is rx queue `q`'s

@@ -12,9 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use vnic_agent::payload::{self, SeqTrack};
 use vnic_agent::proto::{
-    DirContents, ExecResult, FlowCounters, Info, Request, TcpConnCounters, TcpStats, UdpSpec,
-    UdpStats, PROTOCOL_VERSION,
+    Delivery, DirContents, ExecResult, FlowCounters, Info, Request, TcpConnCounters, TcpStats,
+    UdpSpec, UdpStats, PROTOCOL_VERSION,
 };
 
 /// Receiver threads need little stack.
@@ -365,6 +366,8 @@ struct Counters {
     errors: AtomicU64,
     echoed: AtomicU64,
     echo_errors: AtomicU64,
+    /// The receiver's [`SeqTrack`], mirrored after every datagram.
+    delivery: [AtomicU64; 6],
     by_cpu: Vec<AtomicU64>,
     /// CPU the receiver is pinned to now.
     cpu: AtomicUsize,
@@ -381,6 +384,7 @@ impl Counters {
             errors: AtomicU64::new(0),
             echoed: AtomicU64::new(0),
             echo_errors: AtomicU64::new(0),
+            delivery: std::array::from_fn(|_| AtomicU64::new(0)),
             by_cpu: (0..ncpu).map(|_| AtomicU64::new(0)).collect(),
             cpu: AtomicUsize::new(cpu),
         }
@@ -418,6 +422,33 @@ impl Counters {
         // Check the scheduler honoured the pinning (it must).
         if usize::try_from(sys::current_cpu()).ok() != Some(pinned) {
             self.off_cpu_recv.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn publish(&self, t: &SeqTrack) {
+        let v = [
+            t.next,
+            t.distinct,
+            t.duplicated,
+            t.reordered,
+            t.corrupted,
+            t.short,
+        ];
+        for (a, v) in self.delivery.iter().zip(v) {
+            a.store(v, Ordering::Relaxed);
+        }
+    }
+
+    fn delivery(&self) -> Delivery {
+        let [next, distinct, duplicated, reordered, corrupted, short] =
+            std::array::from_fn(|i| self.delivery[i].load(Ordering::Relaxed));
+        Delivery {
+            next,
+            distinct,
+            duplicated,
+            reordered,
+            corrupted,
+            short,
         }
     }
 
@@ -497,6 +528,10 @@ impl UdpRun {
             let target = Arc::new(AtomicUsize::new(f.cpu));
             let counters = Arc::new(Counters::new(ncpu, f.cpu));
             let (t, c, s) = (target.clone(), counters.clone(), stop.clone());
+            // The sender's port is the connected peer's, or (unconnected:
+            // 0) each datagram's own. Sequence accounting assumes one flow
+            // per socket, so it means something for connected sockets only.
+            let ports = (if spec.connect { f.peer_port } else { 0 }, f.local_port);
             let echo = if spec.echo {
                 u64::from(spec.echo_every.max(1))
             } else {
@@ -505,7 +540,7 @@ impl UdpRun {
             let thread = std::thread::Builder::new()
                 .name(format!("udp-{}", f.local_port))
                 .stack_size(STACK)
-                .spawn(move || udp_receiver(&sock, echo, &t, &c, &s))
+                .spawn(move || udp_receiver(&sock, echo, ports, &t, &c, &s))
                 .map_err(err("spawn"))?;
             flows.push(UdpFlow {
                 local_port: f.local_port,
@@ -544,6 +579,7 @@ impl UdpRun {
                         errors: c.errors.load(Ordering::Relaxed),
                         echoed: c.echoed.load(Ordering::Relaxed),
                         echo_errors: c.echo_errors.load(Ordering::Relaxed),
+                        delivery: c.delivery(),
                     }
                 })
                 .collect(),
@@ -595,10 +631,12 @@ impl UdpRun {
     }
 }
 
-/// `echo`: send every `echo`th datagram back (0: none).
+/// `echo`: send every `echo`th datagram back (0: none). `ports`: (the
+/// peer's, ours), for the payload check.
 fn udp_receiver(
     sock: &UdpSocket,
     echo: u64,
+    ports: (u16, u16),
     target: &AtomicUsize,
     c: &Counters,
     stop: &AtomicBool,
@@ -606,6 +644,7 @@ fn udp_receiver(
     let mut pinned = usize::MAX;
     let mut buf = [0u8; 2048];
     let mut n_recv = 0u64;
+    let mut track = SeqTrack::default();
     while !stop.load(Ordering::Relaxed) {
         let want = target.load(Ordering::Relaxed);
         if want != pinned {
@@ -617,9 +656,14 @@ fn udp_receiver(
             pinned = want;
             c.cpu.store(want, Ordering::Relaxed);
         }
-        match sock.recv(&mut buf) {
-            Ok(n) => {
+        // recv_from: an unconnected socket receives from many ports, and
+        // the tag is checked against the sender's.
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) => {
                 let inc = sys::incoming_cpu(sock).unwrap_or(-1);
+                let sport = if ports.0 == 0 { from.port() } else { ports.0 };
+                track.record(payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1));
+                c.publish(&track);
                 c.count(inc, sys::incoming_napi_id(sock).ok(), pinned);
                 n_recv += 1;
                 if echo > 0 && n_recv.is_multiple_of(echo) {

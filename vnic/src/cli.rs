@@ -90,6 +90,24 @@ pub struct ServeArgs {
     /// (`vnic ctl set misroute=1|0`).
     #[arg(long)]
     pub misroute: bool,
+    /// Fault: deliver this fraction (0.0..=1.0) of the frames that hit a filter to the next
+    /// enabled rx queue (counted after the hit; peer.misrouted). `--misroute` is rate 1.
+    /// Changeable at run time (`vnic ctl set misroute_rate=P`).
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub misroute_rate: f64,
+    /// Fault: drop this fraction (0.0..=1.0) of the frames that hit a filter, counting them as
+    /// delivered by their queue (peer.fault_dropped counts the lie). `vnic ctl set drop_rate=P`.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub drop_rate: f64,
+    /// Fault: flip the last payload byte of this fraction (0.0..=1.0) of the UDP frames that hit
+    /// a filter, keeping their UDP checksum valid (peer.fault_corrupted). `vnic ctl set
+    /// corrupt_rate=P`.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub corrupt_rate: f64,
+    /// Fault: as --corrupt-rate, but the UDP checksum is left stale, so that the guest's stack
+    /// drops the frame as a checksum error (peer.fault_bad_csum). `vnic ctl set bad_csum_rate=P`.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub bad_csum_rate: f64,
     /// Seed of the fault-injection random draws (add failures, management loss).
     #[arg(long, value_name = "N", default_value = "1")]
     pub seed: u64,
@@ -157,6 +175,12 @@ impl ServeArgs {
             seed: self.seed,
             trace: self.trace,
             misroute: self.misroute,
+            fault_rates: [
+                self.misroute_rate,
+                self.drop_rate,
+                self.corrupt_rate,
+                self.bad_csum_rate,
+            ],
             group: self.group,
             preload: config::Preload {
                 filters: self.preload_filters,

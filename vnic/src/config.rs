@@ -45,6 +45,9 @@ pub struct Config {
     pub trace: Option<PathBuf>,
     /// Start with the `misroute` fault on.
     pub misroute: bool,
+    /// Path fault rates at start (`misroute_rate`, `drop_rate`,
+    /// `corrupt_rate`, `bad_csum_rate`; `misroute` sets the first to 1).
+    pub fault_rates: [f64; 4],
     /// `--group`: sockets 0660 owned by this gid, whose members are served
     /// on the control socket.
     pub group: Option<u32>,
@@ -405,13 +408,37 @@ pub fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
     }
 }
 
-/// Faults of the packet path, read by every worker once per event.
+/// Faults of the packet path, read by every worker once per event. Each
+/// is a probability per filter hit as a threshold out of 2^32 (0: off,
+/// [`RATE_ONE`]: every hit), drawn after the hit is counted, so that the
+/// device's own counters (hits, per-queue filter deliveries) cannot see it.
 #[derive(Debug, Default)]
 pub struct PathFaults {
-    /// A frame that hits a filter is delivered to the next enabled rx queue
-    /// after the filter's (a NIC that steers wrongly), and counted in
-    /// `peer.misrouted`.
-    pub misroute: std::sync::atomic::AtomicBool,
+    /// A hit is delivered to the next enabled rx queue after the filter's
+    /// (a NIC that steers wrongly); counted in `peer.misrouted`.
+    pub misroute: std::sync::atomic::AtomicU64,
+    /// A hit is counted as delivered by its queue but never written
+    /// (`peer.fault_dropped`).
+    pub drop: std::sync::atomic::AtomicU64,
+    /// A hit's last UDP payload byte is flipped, its checksum kept valid
+    /// (`peer.fault_corrupted`).
+    pub corrupt: std::sync::atomic::AtomicU64,
+    /// As `corrupt`, but the UDP checksum is left as it was, so that the
+    /// guest's stack drops the frame (`peer.fault_bad_csum`).
+    pub bad_csum: std::sync::atomic::AtomicU64,
+}
+
+/// [`PathFaults`]: the threshold of a probability of 1.
+pub const RATE_ONE: u64 = 1 << 32;
+
+/// The [`PathFaults`] threshold of probability `p` (0.0..=1.0).
+pub fn rate_threshold(p: f64) -> u64 {
+    (p.clamp(0.0, 1.0) * RATE_ONE as f64).round() as u64
+}
+
+/// The probability of a [`PathFaults`] threshold.
+pub fn threshold_rate(t: u64) -> f64 {
+    t as f64 / RATE_ONE as f64
 }
 
 /// A fault knob the control socket sets at run time (`set KEY VALUE`),
@@ -425,12 +452,16 @@ pub enum Knob {
     Buckets(Option<(u32, u16)>),
     Misroute(bool),
     RogueResponder(bool),
+    MisrouteRate(f64),
+    DropRate(f64),
+    CorruptRate(f64),
+    BadCsumRate(f64),
 }
 
 impl Knob {
     /// The knob names, as `set` takes them.
     pub const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute or rogue_responder";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate or rogue_responder";
 
     pub fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -445,6 +476,10 @@ impl Knob {
             "buckets" => Self::Buckets(parse_buckets(value).map_err(bad)?),
             "misroute" => Self::Misroute(parse_bool(value).map_err(bad)?),
             "rogue_responder" => Self::RogueResponder(parse_bool(value).map_err(bad)?),
+            "misroute_rate" => Self::MisrouteRate(parse_rate(value).map_err(bad)?),
+            "drop_rate" => Self::DropRate(parse_rate(value).map_err(bad)?),
+            "corrupt_rate" => Self::CorruptRate(parse_rate(value).map_err(bad)?),
+            "bad_csum_rate" => Self::BadCsumRate(parse_rate(value).map_err(bad)?),
             _ => return Err(KnobError::Unknown(key.to_string())),
         })
     }

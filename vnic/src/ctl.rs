@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use arfs::proto::FrameError;
 
 use crate::clock::now_ns;
-use crate::config::{Knob, PeerKind};
+use crate::config::{rate_threshold, threshold_rate, Knob, PeerKind, RATE_ONE};
 use crate::conn::Conn;
 use crate::daemon::Shared;
 use crate::mgmt::Snapshot;
@@ -62,11 +62,13 @@ fn set_args(key: Option<String>, value: Option<Value>) -> Result<(String, String
 }
 
 /// A `gen` request's op.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum GenOp {
     List,
     Start,
     Set,
+    Pause,
+    Resume,
     Stop,
 }
 
@@ -75,9 +77,11 @@ fn gen_op(op: Option<&str>) -> Result<GenOp, String> {
         Some("list") => Ok(GenOp::List),
         Some("start") => Ok(GenOp::Start),
         Some("set") => Ok(GenOp::Set),
+        Some("pause") => Ok(GenOp::Pause),
+        Some("resume") => Ok(GenOp::Resume),
         Some("stop") => Ok(GenOp::Stop),
         Some(o) => Err(format!(
-            "unknown gen op {o:?}: expected start, set, stop or list"
+            "unknown gen op {o:?}: expected start, set, pause, resume, stop or list"
         )),
         None => Err("gen needs \"op\"".into()),
     }
@@ -156,8 +160,16 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
                 Ok(a) => a,
                 Err(e) => return err(e),
             };
-            let r = if let Knob::Misroute(on) = knob {
-                sh.faults.misroute.store(on, Ordering::Relaxed);
+            let path = match knob {
+                Knob::Misroute(on) => Some((&sh.faults.misroute, if on { RATE_ONE } else { 0 })),
+                Knob::MisrouteRate(p) => Some((&sh.faults.misroute, rate_threshold(p))),
+                Knob::DropRate(p) => Some((&sh.faults.drop, rate_threshold(p))),
+                Knob::CorruptRate(p) => Some((&sh.faults.corrupt, rate_threshold(p))),
+                Knob::BadCsumRate(p) => Some((&sh.faults.bad_csum, rate_threshold(p))),
+                _ => None,
+            };
+            let r = if let Some((f, t)) = path {
+                f.store(t, Ordering::Relaxed);
                 Ok(sh.lock_mgmt().snapshot(false))
             } else {
                 let mut m = sh.lock_mgmt();
@@ -254,6 +266,22 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                     Err(e) => return err(format!("gen set: {e}")),
                 }
             }
+            GenOp::Pause | GenOp::Resume => {
+                // A paused set stays listed (with its final `sent`) and
+                // keeps its sequence numbers: resumed, it goes on where it
+                // stopped.
+                let pause = op == GenOp::Pause;
+                let name = if pause { "pause" } else { "resume" };
+                let mut done = Vec::new();
+                for s in sets.1.iter().filter(|s| id.is_none_or(|i| i == s.id)) {
+                    s.stopped.store(pause, Ordering::Relaxed);
+                    done.push(s.id);
+                }
+                if let (Some(id), true) = (id, done.is_empty()) {
+                    return err(format!("gen {name}: no flow set {id}"));
+                }
+                json!({"ok": true, name: done})
+            }
             GenOp::Stop => {
                 let stopped: Vec<u32> = match id {
                     Some(id) => {
@@ -338,7 +366,11 @@ fn rings_json(c: &Conn) -> Value {
 fn knobs_json(sh: &Shared, s: &Snapshot) -> Value {
     let c = &s.table;
     json!({
-        "misroute": sh.faults.misroute.load(Ordering::Relaxed),
+        "misroute": sh.faults.misroute.load(Ordering::Relaxed) == RATE_ONE,
+        "misroute_rate": threshold_rate(sh.faults.misroute.load(Ordering::Relaxed)),
+        "drop_rate": threshold_rate(sh.faults.drop.load(Ordering::Relaxed)),
+        "corrupt_rate": threshold_rate(sh.faults.corrupt.load(Ordering::Relaxed)),
+        "bad_csum_rate": threshold_rate(sh.faults.bad_csum.load(Ordering::Relaxed)),
         "rogue_responder": s.rogue,
         "add_fail_rate": c.add_fail_rate,
         "mgmt_loss_rate": c.mgmt_loss_rate,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use arfs::{TableConfig, TraceRecord, DEFAULT_KEY};
 
 use crate::clock::{initial_generation, now_ns};
-use crate::config::{Config, PathFaults, PeerKind};
+use crate::config::{rate_threshold, Config, PathFaults, PeerKind, RATE_ONE};
 use crate::conn::Conn;
 use crate::error::Error;
 use crate::mgmt::Mgmt;
@@ -75,7 +75,14 @@ impl Shared {
         let sh = Arc::new(Self {
             stats: Arc::new(Stats::new(usize::from(cfg.queues))),
             faults: Arc::new(PathFaults {
-                misroute: AtomicBool::new(cfg.misroute),
+                misroute: AtomicU64::new(if cfg.misroute {
+                    RATE_ONE
+                } else {
+                    rate_threshold(cfg.fault_rates[0])
+                }),
+                drop: AtomicU64::new(rate_threshold(cfg.fault_rates[1])),
+                corrupt: AtomicU64::new(rate_threshold(cfg.fault_rates[2])),
+                bad_csum: AtomicU64::new(rate_threshold(cfg.fault_rates[3])),
             }),
             generation,
             connected: AtomicBool::new(false),

@@ -68,11 +68,13 @@ impl FrameBatch {
         }
     }
 
-    /// Appends a frame (header space included).
-    pub fn push(&mut self, pkt: &[u8], filter: bool) {
+    /// Appends a frame (header space included); `drop`: the `drop_rate`
+    /// fault chose it (the receiving worker counts it delivered and drops it).
+    pub fn push(&mut self, pkt: &[u8], filter: bool, drop: bool) {
         let mut h = [0u8; REC_HDR];
         h[..4].copy_from_slice(&(pkt.len() as u32).to_le_bytes());
         h[4] = u8::from(filter);
+        h[5] = u8::from(drop);
         self.buf.extend_from_slice(&h);
         self.buf.extend_from_slice(pkt);
         self.count += 1;
@@ -99,14 +101,15 @@ impl FrameBatch {
 
     /// The frame at `*off` (start with 0) and its filter flag, advancing
     /// `*off`; `None` at the end.
-    pub fn next_mut(&mut self, off: &mut usize) -> Option<(&mut [u8], bool)> {
+    pub fn next_mut(&mut self, off: &mut usize) -> Option<(&mut [u8], bool, bool)> {
         let h = self.buf.get(*off..*off + REC_HDR)?;
         let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
         let filter = h[4] == 1;
+        let drop = h[5] == 1;
         let start = *off + REC_HDR;
         let pkt = self.buf.get_mut(start..start + len)?;
         *off = start + len;
-        Some((pkt, filter))
+        Some((pkt, filter, drop))
     }
 }
 
@@ -312,6 +315,57 @@ impl Lanes {
     }
 }
 
+/// [`Router::steer`]: the `drop_rate` fault chose the frame.
+const FAULT_DROP: u8 = 1;
+/// [`Router::steer`]: the `corrupt_rate` fault chose the frame.
+const FAULT_CORRUPT: u8 = 2;
+/// [`Router::steer`]: the `bad_csum_rate` fault chose the frame.
+const FAULT_BAD_CSUM: u8 = 4;
+
+/// The `corrupt_rate` fault: flips every bit of the last byte of a UDP
+/// frame's payload and, with `keep_csum`, updates its checksum to match
+/// (RFC 1624), so that only a check of the payload's content can see it
+/// (without: the `bad_csum_rate` fault, a checksum error for the guest's
+/// stack). `false` (frame untouched) for anything but UDP with a payload.
+pub fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
+    let Some((l4, payload)) = crate::peer::flows::udp_payload(frame) else {
+        return false;
+    };
+    if payload.is_empty() {
+        return false;
+    }
+    // The last byte of the UDP datagram: the low half of its checksum
+    // word when its offset from the UDP header is odd, else the high half
+    // of a word padded with zero.
+    let j = 8 + payload.len() - 1;
+    let at = l4 + j;
+    let b = frame[at];
+    let (old, new) = if j & 1 == 1 {
+        let hi = u16::from(frame[at - 1]) << 8;
+        (hi | u16::from(b), hi | u16::from(!b))
+    } else {
+        (u16::from(b) << 8, u16::from(!b) << 8)
+    };
+    frame[at] = !b;
+    if !keep_csum {
+        return true;
+    }
+    let c = u16::from_be_bytes([frame[l4 + 6], frame[l4 + 7]]);
+    if c == 0 && l4 == 34 {
+        return true; // IPv4 without a checksum
+    }
+    let mut sum = u32::from(!c) + u32::from(!old) + u32::from(new);
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let mut c = !(sum as u16);
+    if c == 0 {
+        c = 0xffff;
+    }
+    frame[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
 /// Steering and delivery state of one worker for its rx queue.
 pub struct Router {
     pub id: usize,
@@ -322,9 +376,14 @@ pub struct Router {
     tracer: Arc<Tracer>,
     generation: Arc<AtomicU32>,
     faults: Arc<PathFaults>,
-    /// `faults.misroute` as of the last [`Router::sync`] (read once per
-    /// event, not per frame).
-    misroute: bool,
+    /// The path faults' thresholds (`faults`, see [`PathFaults`]) as of
+    /// the last [`Router::sync`] (read once per event, not per frame):
+    /// misroute, drop, corrupt, bad checksum.
+    fault: [u64; 4],
+    /// The fault draws' state (xorshift64*, seeded per worker).
+    rng: u64,
+    /// The copy of a frame the `corrupt_rate` fault damages.
+    scratch: Vec<u8>,
     index: FlowIndex<u16>,
     rss: Rss,
     mask: u32,
@@ -368,11 +427,20 @@ impl Local<'_> {
         b: &mut RxBatch<'_>,
         pkt: &mut [u8],
         filter: Option<bool>,
+        fake_drop: bool,
     ) -> bool {
         let q = self.q;
         if !b.ready() {
             add(&q.rx_drops_disabled, 1);
             return false;
+        }
+        if fake_drop {
+            // The `drop_rate` fault: counted as a filter delivery, never
+            // written (a NIC that loses frames it reports delivered).
+            add_owned(&q.rx_packets, 1);
+            add_owned(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
+            add_owned(&q.rx_filter, 1);
+            return true;
         }
         let mut bad = 0;
         let out = b.deliver(pkt, self.mrg, &mut bad);
@@ -433,7 +501,9 @@ impl Router {
             tracer: l.tracer,
             generation: l.generation,
             faults: l.faults,
-            misroute: false,
+            fault: [0; 4],
+            rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
+            scratch: Vec::new(),
             index: FlowIndex::new(capacity),
             rss: Rss::new(1),
             mask: 0,
@@ -473,7 +543,12 @@ impl Router {
             self.applied += n;
             self.lanes.applied_by(self.id, self.applied);
         }
-        self.misroute = self.faults.misroute.load(Ordering::Relaxed);
+        self.fault = [
+            self.faults.misroute.load(Ordering::Relaxed),
+            self.faults.drop.load(Ordering::Relaxed),
+            self.faults.corrupt.load(Ordering::Relaxed),
+            self.faults.bad_csum.load(Ordering::Relaxed),
+        ];
         let mask = self.pairs.mask();
         if mask != self.mask {
             self.mask = mask;
@@ -484,13 +559,15 @@ impl Router {
 
     /// Delivers `pkt` (header space + frame) into this worker's rx queue.
     /// `filter`: Some(true/false) for steered frames (counted as filter /
-    /// RSS), None for management replies.
+    /// RSS), None for management replies; `fake_drop`: the `drop_rate`
+    /// fault (counted delivered, not written).
     #[inline]
     pub fn deliver_local(
         &mut self,
         b: &mut RxBatch<'_>,
         pkt: &mut [u8],
         filter: Option<bool>,
+        fake_drop: bool,
     ) -> bool {
         let local = Local {
             q: &self.stats.queues[self.id],
@@ -498,19 +575,22 @@ impl Router {
             mrg: self.mrg,
             id: self.id,
         };
-        local.deliver(&mut self.flags, b, pkt, filter)
+        local.deliver(&mut self.flags, b, pkt, filter, fake_drop)
     }
 
     /// Picks the rx queue of a frame from the peer: a filter hit gives its
     /// queue, otherwise RSS. `None`: drop (management EtherType, spoofed).
-    fn steer(&mut self, frame: &[u8]) -> Option<(usize, bool)> {
+    /// The third value: the faults drawn for a filter hit ([`FAULT_DROP`],
+    /// [`FAULT_CORRUPT`]; a misroute is already in the queue), all drawn
+    /// after the hit is counted, so the device's counters stay blind.
+    fn steer(&mut self, frame: &[u8]) -> Option<(usize, bool, u8)> {
         let Ok(p) = arfs::parse_frame(frame) else {
             if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
                 self.spoofed(frame);
                 return None;
             }
             add(&self.stats.peer.unparsable, 1);
-            return Some((0, false));
+            return Some((0, false, 0));
         };
         if p.ethertype == ETHERTYPE_MGMT {
             self.spoofed(frame);
@@ -523,14 +603,41 @@ impl Router {
                 .flatten()
             {
                 self.hits.count(self.id, id);
-                if self.misroute {
-                    return Some((self.misroute(usize::from(q)), true));
+                let mut q = usize::from(q);
+                let mut f = 0;
+                if self.fault != [0; 4] {
+                    if self.draw(self.fault[0]) {
+                        q = self.misroute(q);
+                    }
+                    if self.draw(self.fault[1]) {
+                        f |= FAULT_DROP;
+                    }
+                    if self.draw(self.fault[2]) {
+                        f |= FAULT_CORRUPT;
+                    }
+                    if self.draw(self.fault[3]) {
+                        f |= FAULT_BAD_CSUM;
+                    }
                 }
-                return Some((usize::from(q), true));
+                return Some((q, true, f));
             }
-            return Some((usize::from(self.rss.queue_for_key(k)), false));
+            return Some((usize::from(self.rss.queue_for_key(k)), false, 0));
         }
-        Some((usize::from(self.rss.queue_for(&p)), false))
+        Some((usize::from(self.rss.queue_for(&p)), false, 0))
+    }
+
+    /// One fault draw: true with probability `thr / 2^32` (xorshift64*).
+    #[inline]
+    fn draw(&mut self, thr: u64) -> bool {
+        if thr == 0 {
+            return false;
+        }
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) < thr
     }
 
     /// The `misroute` fault: the next enabled queue after `q` (`q` itself
@@ -565,11 +672,49 @@ impl Router {
     /// the header space followed by the frame.
     #[inline]
     pub fn route(&mut self, rx: &mut RxBatch<'_>, pkt: &mut [u8]) {
-        let Some((q, filter)) = self.steer(&pkt[NET_HDR_LEN..]) else {
+        let Some((q, filter, fault)) = self.steer(&pkt[NET_HDR_LEN..]) else {
             return;
         };
+        let drop = fault & FAULT_DROP != 0;
+        if drop {
+            add(&self.stats.peer.fault_dropped, 1);
+        }
+        if fault & (FAULT_CORRUPT | FAULT_BAD_CSUM) != 0 {
+            // Corrupt a copy: the peer's buffer (the generator's template)
+            // stays as it was.
+            let mut copy = std::mem::take(&mut self.scratch);
+            copy.clear();
+            copy.extend_from_slice(pkt);
+            let keep = fault & FAULT_CORRUPT != 0;
+            if corrupt_payload(&mut copy[NET_HDR_LEN..], keep) {
+                add(
+                    if keep {
+                        &self.stats.peer.fault_corrupted
+                    } else {
+                        &self.stats.peer.fault_bad_csum
+                    },
+                    1,
+                );
+            }
+            self.route_to(rx, &mut copy, q, filter, drop);
+            self.scratch = copy;
+            return;
+        }
+        self.route_to(rx, pkt, q, filter, drop);
+    }
+
+    /// Delivers (or hands over) a steered frame to rx queue `q`.
+    #[inline]
+    fn route_to(
+        &mut self,
+        rx: &mut RxBatch<'_>,
+        pkt: &mut [u8],
+        q: usize,
+        filter: bool,
+        drop: bool,
+    ) {
         if q == self.id {
-            self.deliver_local(rx, pkt, Some(filter));
+            self.deliver_local(rx, pkt, Some(filter), drop);
             return;
         }
         let Some(ib) = self.lanes.inbox.get(q) else {
@@ -590,7 +735,7 @@ impl Router {
         }
         let batch =
             self.out[q].get_or_insert_with(|| ib.pool.pop().unwrap_or_else(FrameBatch::new));
-        batch.push(pkt, filter);
+        batch.push(pkt, filter, drop);
         if batch.is_full() {
             self.send(q);
         }
@@ -686,8 +831,8 @@ impl Router {
         let floor = lanes.min_applied();
         while let Some(mut fb) = ib.frames.pop() {
             let mut off = 0;
-            while let Some((pkt, filter)) = fb.next_mut(&mut off) {
-                local.deliver(&mut self.flags, rx, pkt, Some(filter));
+            while let Some((pkt, filter, drop)) = fb.next_mut(&mut off) {
+                local.deliver(&mut self.flags, rx, pkt, Some(filter), drop);
             }
             fb.clear();
             let _ = ib.pool.push(fb);
@@ -723,7 +868,7 @@ impl Router {
             }
             let ready = rx.ready();
             let mut pkt = std::mem::take(&mut r.pkt);
-            if ready && local.deliver(&mut self.flags, rx, &mut pkt, None) {
+            if ready && local.deliver(&mut self.flags, rx, &mut pkt, None, false) {
                 self.backlog.pop_front();
                 continue;
             }

@@ -595,7 +595,11 @@ impl Mgmt {
             }
             // A packet-path fault, not the table's: the control socket
             // sets it (`config::PathFaults`).
-            Knob::Misroute(_) => {}
+            Knob::Misroute(_)
+            | Knob::MisrouteRate(_)
+            | Knob::DropRate(_)
+            | Knob::CorruptRate(_)
+            | Knob::BadCsumRate(_) => {}
             Knob::RogueResponder(on) => self.rogue = on,
         }
         Ok(())

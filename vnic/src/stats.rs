@@ -123,6 +123,15 @@ pub struct PeerStats {
     /// Frames that hit a filter and were delivered to another queue on
     /// purpose (the `misroute` fault).
     pub misrouted: AtomicU64,
+    /// Frames that hit a filter and were dropped yet counted delivered
+    /// (the `drop_rate` fault).
+    pub fault_dropped: AtomicU64,
+    /// Frames that hit a filter and had a payload byte flipped (the
+    /// `corrupt_rate` fault).
+    pub fault_corrupted: AtomicU64,
+    /// Frames that hit a filter and had a payload byte flipped under a
+    /// stale UDP checksum (the `bad_csum_rate` fault).
+    pub fault_bad_csum: AtomicU64,
     /// Generator: UDP frames generated.
     pub gen_sent: AtomicU64,
     /// Generator: frames from the guest sunk (not answered).
@@ -149,6 +158,9 @@ impl PeerStats {
             "spoofed_mgmt_dropped": get(&self.spoofed_mgmt_dropped),
             "unparsable": get(&self.unparsable),
             "misrouted": get(&self.misrouted),
+            "fault_dropped": get(&self.fault_dropped),
+            "fault_corrupted": get(&self.fault_corrupted),
+            "fault_bad_csum": get(&self.fault_bad_csum),
             "gen_sent": get(&self.gen_sent),
             "sink_packets": get(&self.sink_packets),
             "sink_bytes": get(&self.sink_bytes),

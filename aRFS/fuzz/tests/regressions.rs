@@ -42,19 +42,14 @@ fn the_reply_float_finding_is_still_a_one_ulp_change() {
     );
 }
 
-/// Open finding (not fixed here: vnic/src/peer/ is another engineer's):
-/// an IPv6 source range covering the whole address space makes
-/// `FlowSet::new` compute `u128::from(b) - u128::from(a) + 1`, which
-/// overflows (vnic/src/peer/flows.rs:133): a panic in builds with overflow
-/// checks (the tests', `--profile fuzz`; in a debug daemon that would be
-/// the thread serving the control socket: not tried on a running daemon),
-/// and in release a wrapped count of 0 (so a wrong "distinct tuples"
-/// error, by reading the code). Found by reading the code, then confirmed
-/// with `arfs-fuzz --repro ctl_request`; the blind driver had not hit it
-/// in 10.9 M inputs. Un-ignore once fixed, and move the input to
+/// Finding (fixed): an IPv6 source range covering the whole address space
+/// made `FlowSet::new` compute `u128::from(b) - u128::from(a) + 1`, which
+/// overflowed (vnic/src/peer/flows.rs): a panic in builds with overflow
+/// checks (the tests', `--profile fuzz`), a wrapped count of 0 in release.
+/// Found by reading the code, confirmed with `arfs-fuzz --repro
+/// ctl_request`; the count now saturates. The input is also in
 /// regressions/ctl_request/.
 #[test]
-#[ignore = "open: u128 overflow in vnic/src/peer/flows.rs FlowSet::new (owned by the peer/ work)"]
 fn a_whole_ipv6_source_range_is_refused_not_a_panic() {
     arfs_fuzz::ctl_request(
         br#"{"cmd":"gen","op":"start","flow":{"src":"::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff","dst":"::1","flows":2}}"#,

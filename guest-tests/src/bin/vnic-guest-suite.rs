@@ -46,9 +46,9 @@ OPTIONS:
                           4x4 IPv4 and 4x4/ipv6 on every kernel, 2x4, 4x2, 1x2 and
                           2x4/mixed on one kernel each (round robin over --kernel).
                           4x4 IPv4 runs every selected scenario; other shapes the matrix
-                          scenarios (link, steer, migrate, misroute with 2+ pairs, rps
-                          with 1 pair); IPv6 and mixed cells link, steer, migrate,
-                          expiry, misroute; --scenario runs what it names wherever it
+                          scenarios (link, steer, migrate, misroute, drop, corrupt, bad-csum with 2+
+                          pairs, rps with 1 pair); IPv6 and mixed cells link, steer,
+                          migrate, expiry, misroute, drop, corrupt, bad-csum; --scenario runs what it names wherever it
                           can run (--list).
     --full-matrix         every cell of the default matrix on every kernel
     --cpus N --queues M   one topology: M queue pairs x N vCPUs (instead of --topology)

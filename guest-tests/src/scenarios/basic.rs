@@ -221,7 +221,9 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     }
     let warm = s.setup_steering()?;
     let w = s.measure()?;
-    let fig = s.check_window(&w, c);
+    // Every packet of a steered flow on its filter's queue, as the guest saw it.
+    let fig = s.check_window_bar(&w, c, 1.0);
+    let delivery = s.check_delivery(c)?;
     let trace = s.trace_since_mark()?;
     let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.needs_filter()).collect();
     let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
@@ -280,7 +282,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
     let v6 = |f: &Flow| f.key.src_ip().is_ipv6();
     Ok(format!(
-        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} warmup={:.1}s {fig} pkts/flow~{}",
+        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} warmup={:.1}s {fig} pkts/flow~{} {delivery}",
         s.flows.len(),
         s.flows.iter().filter(|f| v6(f)).count(),
         steered.len(),
@@ -307,7 +309,8 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
     let warm = s.wait_steered(&had)?;
     std::thread::sleep(Duration::from_secs(1));
     let w = s.measure()?;
-    let fig = s.check_window(&w, c);
+    let fig = s.check_window_bar(&w, c, 1.0);
+    let delivery = s.check_delivery(c)?;
     let trace = s.trace_since_mark()?;
     let count = |k: EventKind| trace.iter().filter(|r| r.event == k).count();
     let (replaces, adds, rejects) = (
@@ -370,7 +373,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s {fig}",
+        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s {fig} {delivery}",
         s.flows.len(),
         had.len() - kept,
         warm.as_secs_f64()

@@ -33,6 +33,7 @@ pub const GEN_PORT: u16 = 10000;
 pub const BASE_PORT: u16 = 20000;
 
 mod basic;
+mod delivery;
 pub mod experiments;
 mod faults;
 mod rps;
@@ -65,7 +66,10 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "live-flows",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::expiry::live_flows },
     Scenario { name: "handshake",         boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::handshake::handshake },
     Scenario { name: "rps",               boot: BootKind::Default, setup: Setup::Fresh,  pairs: ONE, matrix: true , v6: false, run: rps::rps },
-    Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: faults::device::misroute },
+    Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::misroute },
+    Scenario { name: "drop",              boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::drop },
+    Scenario { name: "corrupt",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::corrupt },
+    Scenario { name: "bad-csum",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::bad_csum },
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },
     Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout },
     Scenario { name: "relayout-4k",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout_4k },

@@ -147,6 +147,9 @@ pub struct Session {
     pub(super) gen_running: bool,
     /// Generator set of each workload flow.
     pub(super) gen_sets: Vec<u64>,
+    /// The workload's last quiet point (issue 23's delivery check starts
+    /// from it); None when no workload runs.
+    pub(super) delivery_mark: Option<super::delivery::Mark>,
     /// Trace lines consumed so far (scenarios look at what came after).
     pub(super) trace_mark: usize,
     /// The host network namespace of a tap boot (dropped after the guest).
@@ -250,6 +253,7 @@ impl Session {
             flows: Vec::new(),
             gen_running: false,
             gen_sets: Vec::new(),
+            delivery_mark: None,
             trace_mark: 0,
             tapnet,
             kind,

@@ -485,6 +485,17 @@ impl Session {
     /// that delivered each, SO_INCOMING_NAPI_ID), whatever the device's
     /// counters say. Asserts the >= 95% bar; returns the share.
     pub(super) fn check_guest_queue(&self, w: &Window, i: usize, c: &mut Checks) -> f64 {
+        self.check_guest_queue_bar(w, i, c, self.settings.min_on_cpu)
+    }
+
+    /// [`Self::check_guest_queue`] with the bar `bar` (1.0: every packet).
+    pub(super) fn check_guest_queue_bar(
+        &self,
+        w: &Window,
+        i: usize,
+        c: &mut Checks,
+        bar: f64,
+    ) -> f64 {
         let f = &self.flows[i];
         let on_q = w.filter_q[i].map_or(0, |q| w.by_queue[i].get(&q).copied().unwrap_or(0));
         let share = if w.packets[i] == 0 {
@@ -492,7 +503,12 @@ impl Session {
         } else {
             on_q as f64 / w.packets[i] as f64
         };
-        c.check(share >= self.settings.min_on_cpu, || {
+        let ok = if bar >= 1.0 {
+            on_q == w.packets[i] && w.packets[i] > 0
+        } else {
+            share >= bar
+        };
+        c.check(ok, || {
             format!(
                 "flow :{}: the guest saw {on_q} of its {} packets arrive on its filter's queue {} ({:.1}%; by queue, {}: {})",
                 f.local_port,
@@ -508,6 +524,17 @@ impl Session {
 
     /// Assert the >= 95% bar on every flow of a window; returns (min, mean) %.
     pub(super) fn check_window(&self, w: &Window, c: &mut Checks) -> WindowFigures {
+        self.check_window_bar(w, c, self.settings.min_on_cpu)
+    }
+
+    /// [`Self::check_window`], the guest-side queue check at `guest_q_bar`
+    /// (1.0: every packet of a steered flow on its filter's queue).
+    pub(super) fn check_window_bar(
+        &self,
+        w: &Window,
+        c: &mut Checks,
+        guest_q_bar: f64,
+    ) -> WindowFigures {
         let min_pkts = (u64::from(self.settings.rate) * self.settings.measure.as_secs()
             / self.flows.len() as u64
             / 4)
@@ -539,7 +566,7 @@ impl Session {
                 )
             });
             if f.needs_filter() {
-                min_guest_q = min_guest_q.min(self.check_guest_queue(w, i, c));
+                min_guest_q = min_guest_q.min(self.check_guest_queue_bar(w, i, c, guest_q_bar));
                 // The device side: the flow's packets must have been
                 // delivered by its filter, not by RSS + software RFS.
                 if let Some(h) = w.hits[i] {
@@ -628,6 +655,7 @@ impl Session {
         self.udp_start(&flows)?;
         self.flows = flows;
         self.trace_since_mark()?; // everything before the workload
+        self.start_mark()?;
         self.start_gen_per_flow(self.settings.rate)?;
         let t = self.wait_steered(&BTreeSet::new())?;
         std::thread::sleep(Duration::from_secs(1));

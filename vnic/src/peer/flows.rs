@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::{parse_addr_range, parse_port_range, InvalidValue};
+use crate::virtq::NET_HDR_LEN;
 
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_ARP: u16 = 0x0806;
@@ -97,6 +98,10 @@ pub struct FlowSet {
     pub stamp: bool,
     /// Packets sent, per worker.
     pub sent: Box<[AtomicU64]>,
+    /// The next sequence number of each tuple (frames sent to it so far;
+    /// written by the tuple's owner only). It survives the workers'
+    /// rebuilds of their shares and `gen pause` / `gen resume`.
+    pub seq: Box<[AtomicU64]>,
     pub stopped: AtomicBool,
 }
 
@@ -130,7 +135,8 @@ impl FlowSet {
             .map_err(|e| bad(format!("dport: {e}")))?;
         let nsrc: u128 = match (slo, shi) {
             (IpAddr::V4(a), IpAddr::V4(b)) => u128::from(u32::from(b) - u32::from(a)) + 1,
-            (IpAddr::V6(a), IpAddr::V6(b)) => u128::from(b) - u128::from(a) + 1,
+            // the whole IPv6 space is 2^128 addresses: saturate (refused below)
+            (IpAddr::V6(a), IpAddr::V6(b)) => (u128::from(b) - u128::from(a)).saturating_add(1),
             _ => 1,
         };
         let (splo, sphi) = if let Some(r) = spec.sport.as_deref() {
@@ -212,6 +218,7 @@ impl FlowSet {
             tuples,
             owner,
             sent: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            seq: (0..flows).map(|_| AtomicU64::new(0)).collect(),
             stopped: AtomicBool::new(false),
         })
     }
@@ -289,19 +296,69 @@ impl GenControl {
     }
 }
 
-/// Writes a UDP frame for `t` into `buf` (at least `size` bytes; the
-/// payload is zero), returning the header length. `buf` past the headers
-/// is zeroed up to `size`.
+/// Bytes of the checked head of a generated payload: the flow's sequence
+/// number and a tag derived from (flow, sequence number), both u64 big
+/// endian. It starts the UDP payload, or follows the send stamp
+/// ([`super::rtt::STAMP_LEN`] bytes) of a stamped set. The guest agent
+/// verifies both and the fill after them (`vnic_agent::payload`, which
+/// must agree with [`seq_tag`] and [`fill_byte`]).
+pub const SEQ_LEN: usize = 16;
+
+/// The tag of sequence number `seq` of the flow from port `sport` to port
+/// `dport`: a frame of another flow, or with a damaged sequence number,
+/// does not carry it.
+#[inline]
+pub fn seq_tag(sport: u16, dport: u16, seq: u64) -> u64 {
+    // One multiply by an odd constant: a bijection, so another sequence
+    // number (below 2^32) or another flow never gives the same tag.
+    (seq ^ ((u64::from(sport) << 48) | (u64::from(dport) << 32)))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Byte `k` of a generated UDP payload after its head (`k` counts from
+/// the start of the UDP payload): fixed, so that it is written once per
+/// flow set and the checksum covers it from the template on.
+#[inline]
+pub fn fill_byte(k: usize) -> u8 {
+    (k as u8).wrapping_mul(31).wrapping_add(0xa5)
+}
+
+/// Offset of the sequence head in the UDP payload of a set's frames.
+#[inline]
+pub fn seq_offset(stamp: bool) -> usize {
+    if stamp {
+        super::rtt::STAMP_LEN
+    } else {
+        0
+    }
+}
+
+/// Writes a UDP frame for `t` into `buf` (at least `size` bytes),
+/// returning the header length: the payload is [`fill_byte`] with a zero
+/// head (stamp and sequence head, when the payload has room for them:
+/// `var` bytes), and the UDP checksum (IPv4 and IPv6) covers it, so that
+/// the per-frame head can be folded in incrementally ([`fold_head`]).
 pub fn build_udp(
     buf: &mut [u8],
     dst_mac: [u8; 6],
     src_mac: [u8; 6],
     t: &Tuple,
     size: usize,
+    var: usize,
 ) -> usize {
     buf[..size].fill(0);
     buf[0..6].copy_from_slice(&dst_mac);
     buf[6..12].copy_from_slice(&src_mac);
+    let hdr = match (t.src, t.dst) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => 42,
+        (IpAddr::V6(_), IpAddr::V6(_)) => 62,
+        _ => return 0,
+    };
+    for (k, b) in buf[hdr..size].iter_mut().enumerate() {
+        *b = if k < var { 0 } else { fill_byte(k) };
+    }
+    let mut pseudo = [0u8; 40];
+    let plen;
     match (t.src, t.dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             buf[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
@@ -316,16 +373,15 @@ pub fn build_udp(
             ip[16..20].copy_from_slice(&d.octets());
             let c = checksum(&[ip], 0);
             ip[10..12].copy_from_slice(&c.to_be_bytes());
-            let udp = &mut buf[34..42];
-            udp[0..2].copy_from_slice(&t.sport.to_be_bytes());
-            udp[2..4].copy_from_slice(&t.dport.to_be_bytes());
-            udp[4..6].copy_from_slice(&(tot - 20).to_be_bytes());
-            // UDP checksum 0: none (allowed over IPv4).
-            42
+            plen = tot - 20;
+            pseudo[..4].copy_from_slice(&s.octets());
+            pseudo[4..8].copy_from_slice(&d.octets());
+            pseudo[9] = 17;
+            pseudo[10..12].copy_from_slice(&plen.to_be_bytes());
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {
             buf[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
-            let plen = (size - 54) as u16;
+            plen = (size - 54) as u16;
             let ip = &mut buf[14..54];
             ip[0] = 0x60;
             ip[4..6].copy_from_slice(&plen.to_be_bytes());
@@ -333,25 +389,124 @@ pub fn build_udp(
             ip[7] = 64;
             ip[8..24].copy_from_slice(&s.octets());
             ip[24..40].copy_from_slice(&d.octets());
-            let udp_start = 54;
-            buf[udp_start..udp_start + 2].copy_from_slice(&t.sport.to_be_bytes());
-            buf[udp_start + 2..udp_start + 4].copy_from_slice(&t.dport.to_be_bytes());
-            buf[udp_start + 4..udp_start + 6].copy_from_slice(&plen.to_be_bytes());
-            // Pseudo-header sum + UDP header (payload is zero).
-            let mut pseudo = [0u8; 40];
             pseudo[0..16].copy_from_slice(&s.octets());
             pseudo[16..32].copy_from_slice(&d.octets());
             pseudo[32..36].copy_from_slice(&u32::from(plen).to_be_bytes());
             pseudo[39] = 17;
-            let mut c = checksum(&[&pseudo, &buf[udp_start..udp_start + 8]], 0);
-            if c == 0 {
-                c = 0xffff;
-            }
-            buf[udp_start + 6..udp_start + 8].copy_from_slice(&c.to_be_bytes());
-            62
         }
-        _ => 0,
+        _ => return 0,
     }
+    let l4 = hdr - 8;
+    buf[l4..l4 + 2].copy_from_slice(&t.sport.to_be_bytes());
+    buf[l4 + 2..l4 + 4].copy_from_slice(&t.dport.to_be_bytes());
+    buf[l4 + 4..l4 + 6].copy_from_slice(&plen.to_be_bytes());
+    let pl = if hdr == 42 { 12 } else { 40 };
+    let mut c = checksum(&[&pseudo[..pl], &buf[l4..size]], 0);
+    if c == 0 {
+        c = 0xffff;
+    }
+    buf[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+    hdr
+}
+
+/// The ones' complement sum of the four 16-bit words of `x` (as written
+/// big endian), not yet folded to 16 bits.
+#[inline]
+pub fn word_sum(x: u64) -> u64 {
+    (x >> 32) + (x & 0xffff_ffff)
+}
+
+/// Folds `sum` (a [`word_sum`] total of the words written over the zero
+/// head of a frame [`build_udp`] made) into the frame's UDP checksum:
+/// RFC 1624's incremental update.
+#[inline]
+pub fn fold_sum(frame: &mut [u8], hdr_len: usize, sum: u64) {
+    let at = hdr_len - 2;
+    let old = u16::from_be_bytes([frame[at], frame[at + 1]]);
+    let mut s = u64::from(!old) + sum;
+    while s >> 16 != 0 {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    let mut c = !(s as u16);
+    if c == 0 {
+        c = 0xffff;
+    }
+    frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+#[cfg(test)]
+/// Folds `head` (bytes written over the zero head at the start of the UDP
+/// payload of a frame [`build_udp`] made, an even number of bytes) into
+/// the frame's UDP checksum: RFC 1624's incremental update, so a frame
+/// costs a sum over its head, not over its payload.
+#[inline]
+pub fn fold_head(frame: &mut [u8], hdr_len: usize, head: &[u8]) {
+    let at = hdr_len - 2;
+    let old = u16::from_be_bytes([frame[at], frame[at + 1]]);
+    let mut c = checksum(&[head], u32::from(!old));
+    if c == 0 {
+        c = 0xffff;
+    }
+    frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+/// The UDP payload of an Ethernet frame (IPv4 without options or IPv6
+/// with UDP after the fixed header, unfragmented), with the offset of its
+/// UDP header: `None` for anything else (never panics on any input).
+pub fn udp_payload(frame: &[u8]) -> Option<(usize, &[u8])> {
+    let et = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+    let (l4, end) = if et == ETH_P_IP {
+        let ip = frame.get(14..34)?;
+        let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
+        if ip[0] != 0x45 || ip[9] != 17 || frag != 0 {
+            return None;
+        }
+        (34, 14 + usize::from(u16::from_be_bytes([ip[2], ip[3]])))
+    } else if et == ETH_P_IPV6 {
+        let ip = frame.get(14..54)?;
+        if ip[0] >> 4 != 6 || ip[6] != 17 {
+            return None;
+        }
+        (54, 54 + usize::from(u16::from_be_bytes([ip[4], ip[5]])))
+    } else {
+        return None;
+    };
+    let udp = frame.get(l4..end)?;
+    let ulen = usize::from(u16::from_be_bytes([*udp.get(4)?, *udp.get(5)?]));
+    if ulen < 8 || ulen > udp.len() {
+        return None;
+    }
+    Some((l4, &udp[8..ulen]))
+}
+
+#[cfg(test)]
+/// Whether the UDP checksum of `frame` verifies (IPv4: 0 = none counts as
+/// valid; IPv6: 0 is invalid). `false` for a frame [`udp_payload`] refuses.
+pub fn udp_checksum_ok(frame: &[u8]) -> bool {
+    let Some((l4, payload)) = udp_payload(frame) else {
+        return false;
+    };
+    let ulen = 8 + payload.len();
+    let udp = &frame[l4..l4 + ulen];
+    let mut pseudo = [0u8; 40];
+    let pl = if l4 == 34 {
+        if udp[6..8] == [0, 0] {
+            return true;
+        }
+        pseudo[..8].copy_from_slice(&frame[26..34]);
+        pseudo[9] = 17;
+        pseudo[10..12].copy_from_slice(&(ulen as u16).to_be_bytes());
+        12
+    } else {
+        if udp[6..8] == [0, 0] {
+            return false;
+        }
+        pseudo[..32].copy_from_slice(&frame[22..54]);
+        pseudo[32..36].copy_from_slice(&(ulen as u32).to_be_bytes());
+        pseudo[39] = 17;
+        40
+    };
+    checksum(&[&pseudo[..pl], udp], 0) == 0
 }
 
 /// Internet checksum over the concatenation of `parts` (each even-length
@@ -378,7 +533,16 @@ pub struct LocalSet {
     pub set: Arc<FlowSet>,
     /// Prebuilt headers, one per tuple (`hdr_len` bytes each).
     pub headers: Vec<[u8; 62]>,
+    /// The index in `set.tuples` of each of them (for `set.seq`).
+    pub idx: Vec<usize>,
     pub hdr_len: usize,
+    /// The set's frame buffer (virtio-net header space, then `size`
+    /// bytes): the payload's fill is written once here, each frame only
+    /// copies its header and writes its head.
+    pub buf: Vec<u8>,
+    /// Bytes of the head (stamp and sequence head) that each frame writes
+    /// at the start of its payload (0: the payload has no room for it).
+    pub var: usize,
     pub remaining: Option<u64>,
     pub rate: f64,
     pub credit: f64,
@@ -397,14 +561,8 @@ pub fn local_sets(
         if !s.active() {
             continue;
         }
-        let tuples: Vec<Tuple> = s
-            .tuples
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| s.owns(*i, w))
-            .map(|(_, t)| *t)
-            .collect();
-        if tuples.is_empty() {
+        let idx: Vec<usize> = (0..s.tuples.len()).filter(|&i| s.owns(i, w)).collect();
+        if idx.is_empty() {
             continue;
         }
         let (count, rate) = s.share(w);
@@ -417,21 +575,44 @@ pub fn local_sets(
         if remaining == Some(0) {
             continue;
         }
-        let mut buf = [0u8; MAX_FRAME];
+        let mut buf = vec![0u8; NET_HDR_LEN + s.size];
         let mut hdr_len = 0;
-        let headers = tuples
+        let hdr = if s.tuples[idx[0]].src.is_ipv4() {
+            42
+        } else {
+            62
+        };
+        let room = s.size - hdr;
+        let var = if room >= seq_offset(s.stamp) + SEQ_LEN {
+            seq_offset(s.stamp) + SEQ_LEN
+        } else if s.stamp {
+            super::rtt::STAMP_LEN
+        } else {
+            0
+        };
+        let headers = idx
             .iter()
-            .map(|t| {
-                hdr_len = build_udp(&mut buf, dst_mac, src_mac, t, s.size);
+            .map(|&i| {
+                hdr_len = build_udp(
+                    &mut buf[NET_HDR_LEN..],
+                    dst_mac,
+                    src_mac,
+                    &s.tuples[i],
+                    s.size,
+                    var,
+                );
                 let mut h = [0u8; 62];
-                h[..hdr_len].copy_from_slice(&buf[..hdr_len]);
+                h[..hdr_len].copy_from_slice(&buf[NET_HDR_LEN..NET_HDR_LEN + hdr_len]);
                 h
             })
             .collect();
         out.push(LocalSet {
             set: s.clone(),
             headers,
+            idx,
             hdr_len,
+            buf,
+            var,
             remaining,
             rate,
             credit: 0.0,
@@ -478,7 +659,8 @@ mod tests {
             }
         );
         let mut buf = [0u8; MAX_FRAME];
-        build_udp(&mut buf, [2; 6], [4; 6], &s.tuples[1], 64);
+        build_udp(&mut buf, [2; 6], [4; 6], &s.tuples[1], 64, SEQ_LEN);
+        assert!(udp_checksum_ok(&buf[..64]));
         let p = arfs::parse_frame(&buf[..64]).unwrap();
         let k = p.flow().unwrap();
         assert_eq!(
@@ -505,7 +687,7 @@ mod tests {
         )
         .unwrap();
         let mut buf = [0u8; MAX_FRAME];
-        build_udp(&mut buf, [2; 6], [4; 6], &s.tuples[0], 100);
+        build_udp(&mut buf, [2; 6], [4; 6], &s.tuples[0], 100, SEQ_LEN);
         assert!(arfs::parse_frame(&buf[..100]).unwrap().flow().is_some());
         let mut pseudo = [0u8; 40];
         pseudo[0..16].copy_from_slice(&buf[22..38]);
@@ -513,6 +695,70 @@ mod tests {
         pseudo[35] = 46;
         pseudo[39] = 17;
         assert_eq!(checksum(&[&pseudo, &buf[54..100]], 0), 0);
+    }
+
+    /// The head folded in per frame keeps the checksum valid (IPv4 and
+    /// IPv6, odd and even payload lengths), the fill is where the agent
+    /// looks for it, and the corrupt fault flips one byte and keeps the
+    /// checksum valid.
+    #[test]
+    fn seq_head_fill_and_corrupt_keep_the_checksum() {
+        for (src, dst) in [("10.0.2.1", "10.0.2.15"), ("fd00:2::1", "fd00:2::15")] {
+            for size in [100, 101, 128, 1514] {
+                let t = Tuple {
+                    src: src.parse().unwrap(),
+                    sport: 10000,
+                    dst: dst.parse().unwrap(),
+                    dport: 20007,
+                };
+                let mut f = vec![0u8; size];
+                let hl = build_udp(&mut f, [2; 6], [4; 6], &t, size, SEQ_LEN);
+                assert!(udp_checksum_ok(&f), "{src} {size}: template");
+                for seq in [0u64, 1, 0xffff_ffff_ffff, u64::MAX] {
+                    let mut head = [0u8; SEQ_LEN];
+                    head[..8].copy_from_slice(&seq.to_be_bytes());
+                    head[8..].copy_from_slice(&seq_tag(10000, 20007, seq).to_be_bytes());
+                    let mut g = f.clone();
+                    g[hl..hl + SEQ_LEN].copy_from_slice(&head);
+                    let mut via_sum = g.clone();
+                    fold_head(&mut g, hl, &head);
+                    assert!(udp_checksum_ok(&g), "{src} {size} seq {seq}");
+                    let tag = seq_tag(10000, 20007, seq);
+                    fold_sum(&mut via_sum, hl, word_sum(seq) + word_sum(tag));
+                    assert_eq!(g, via_sum, "fold_sum agrees with fold_head");
+                    let (_, p) = udp_payload(&g).unwrap();
+                    assert_eq!(p.len(), size - hl);
+                    assert_eq!(&p[..SEQ_LEN], &head);
+                    assert!(p
+                        .iter()
+                        .enumerate()
+                        .skip(SEQ_LEN)
+                        .all(|(k, &b)| b == fill_byte(k)));
+                    let before = g.clone();
+                    let mut bad = g.clone();
+                    assert!(crate::handoff::corrupt_payload(&mut bad, false));
+                    assert!(
+                        !udp_checksum_ok(&bad),
+                        "{src} {size} seq {seq}: stale checksum"
+                    );
+                    assert!(crate::handoff::corrupt_payload(&mut g, true));
+                    assert!(udp_checksum_ok(&g), "{src} {size} seq {seq}: corrupted");
+                    let diff: Vec<usize> = (0..size).filter(|&i| g[i] != before[i]).collect();
+                    assert_eq!(diff.last(), Some(&(size - 1)), "{diff:?}");
+                    assert!(
+                        diff[..diff.len() - 1]
+                            .iter()
+                            .all(|&i| i == hl - 2 || i == hl - 1),
+                        "only the last byte and the checksum change: {diff:?}"
+                    );
+                }
+            }
+        }
+        // Not UDP, truncated: untouched, no panic.
+        for n in 0..64 {
+            let mut f = vec![0x45u8; n];
+            assert!(!crate::handoff::corrupt_payload(&mut f, true));
+        }
     }
 
     #[test]

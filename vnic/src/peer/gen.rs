@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::flows::{
-    checksum, local_sets, GenControl, LocalSet, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, MAX_FRAME,
+    checksum, fold_sum, local_sets, seq_offset, seq_tag, word_sum, GenControl, LocalSet, ETH_P_ARP,
+    ETH_P_IP, ETH_P_IPV6, MAX_FRAME, SEQ_LEN,
 };
 use super::Peer;
 use crate::handoff::Router;
@@ -40,9 +41,6 @@ pub struct GenPeer {
     sets: Vec<LocalSet>,
     unlimited: bool,
     last_tick: Instant,
-    genbuf: Vec<u8>,
-    /// `genbuf` holds a stamp from a stamped set.
-    stamped: bool,
     reply: Vec<u8>,
     pkt: Vec<u8>,
     /// Frames and bytes sunk in this tx batch, not yet counted.
@@ -70,8 +68,6 @@ impl GenPeer {
             sets: Vec::new(),
             unlimited: false,
             last_tick: Instant::now(),
-            genbuf: vec![0; NET_HDR_LEN + MAX_FRAME],
-            stamped: false,
             reply: Vec::with_capacity(MAX_FRAME),
             pkt: Vec::with_capacity(NET_HDR_LEN + MAX_FRAME),
             sunk: (0, 0),
@@ -137,29 +133,43 @@ impl GenPeer {
             }
             let size = s.set.size;
             let stamp = s.set.stamp;
-            if self.stamped && !stamp {
-                // Unstamped frames have a zero payload (their IPv6
-                // checksums were computed over one).
-                self.genbuf[NET_HDR_LEN..].fill(0);
-                self.stamped = false;
-            }
-            self.stamped |= stamp;
+            let hl = s.hdr_len;
+            let seq_at = seq_offset(stamp);
+            let with_seq = s.var >= seq_at + SEQ_LEN;
             let unlimited = s.rate == 0.0;
             let want = n;
             n = 0;
             while n < want {
                 let i = s.next;
                 s.next = if i + 1 == s.headers.len() { 0 } else { i + 1 };
-                self.genbuf[NET_HDR_LEN..NET_HDR_LEN + s.hdr_len]
-                    .copy_from_slice(&s.headers[i][..s.hdr_len]);
+                let frame = &mut s.buf[NET_HDR_LEN..NET_HDR_LEN + size];
+                frame[..hl].copy_from_slice(&s.headers[i][..hl]);
+                // The head: the send stamp, then the flow's sequence
+                // number and its tag, written in place; their 16-bit
+                // words' sum is folded into the template's checksum.
+                let mut sum = 0u64;
                 if stamp {
-                    super::rtt::stamp(
-                        &mut self.genbuf[NET_HDR_LEN..NET_HDR_LEN + size],
-                        s.hdr_len,
-                        super::rtt::now_ns(),
-                    );
+                    let now = super::rtt::now_ns();
+                    frame[hl..hl + 8].copy_from_slice(&super::rtt::MAGIC);
+                    frame[hl + 8..hl + 16].copy_from_slice(&now.to_be_bytes());
+                    sum += word_sum(u64::from_be_bytes(super::rtt::MAGIC)) + word_sum(now);
                 }
-                r.route(rx, &mut self.genbuf[..NET_HDR_LEN + size]);
+                if with_seq {
+                    let ti = s.idx[i];
+                    let tuple = &s.set.tuples[ti];
+                    let next = &s.set.seq[ti];
+                    let seq = next.load(Ordering::Relaxed);
+                    next.store(seq + 1, Ordering::Relaxed);
+                    let tag = seq_tag(tuple.sport, tuple.dport, seq);
+                    let at = hl + seq_at;
+                    frame[at..at + 8].copy_from_slice(&seq.to_be_bytes());
+                    frame[at + 8..at + 16].copy_from_slice(&tag.to_be_bytes());
+                    sum += word_sum(seq) + word_sum(tag);
+                }
+                if stamp || with_seq {
+                    fold_sum(frame, hl, sum);
+                }
+                r.route(rx, &mut s.buf[..NET_HDR_LEN + size]);
                 n += 1;
                 // Unlimited sets stop at the first full destination.
                 if unlimited && (r.flags.nobufs || r.flags.nobufs_remote) {

@@ -141,6 +141,7 @@ impl Session {
                 .agent
                 .call_value(&Request::UdpStop, Duration::from_secs(30));
             self.flows.clear();
+            self.delivery_mark = None;
         }
     }
 
@@ -186,6 +187,9 @@ impl Session {
             ("program_latency", json!(0)),
             ("misroute", json!(0)),
             ("rogue_responder", json!(0)),
+            ("drop_rate", json!(0)),
+            ("corrupt_rate", json!(0)),
+            ("bad_csum_rate", json!(0)),
         ] {
             if let Err(e) = self.guest.ctl.set(k, &v) {
                 errs.push(e.0);

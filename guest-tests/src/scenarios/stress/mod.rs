@@ -60,6 +60,7 @@ fn drop_module(s: &mut Session) -> Result<()> {
             .agent
             .call_value(&Request::UdpStop, Duration::from_secs(30))?;
         s.flows.clear();
+        s.delivery_mark = None;
     }
     if s.module_loaded {
         s.rmmod(Duration::from_mins(1))?;

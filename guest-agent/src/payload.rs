@@ -1,0 +1,229 @@
+//! What a generator datagram carries, checked in the guest: every frame of
+//! vnic's gen peer has, at the start of its UDP payload (after the 16-byte
+//! send stamp of a stamped set, which starts with `vnic-rtt`), its flow's
+//! sequence number and a tag derived from (flow, sequence number), both
+//! u64 big endian, then a fixed fill ([`fill_byte`]) up to its end. The
+//! daemon's side is `vnic/src/peer/flows.rs` (`seq_tag`, `fill_byte`): the
+//! two must agree, and the device test `generator_frames_carry_seq_and_pattern`
+//! checks the daemon's frames with [`verify`].
+//!
+//! [`SeqTrack`] accounts one flow's datagrams from what they carry:
+//! distinct, duplicated, reordered, corrupted, and (from the gaps) lost.
+//! Everything here takes guest-received bytes: it never panics on them.
+
+/// Bytes of the sequence head (sequence number, tag).
+pub const SEQ_LEN: usize = 16;
+/// Bytes of the send stamp a stamped set puts before the head.
+pub const STAMP_LEN: usize = 16;
+/// What starts a send stamp.
+pub const STAMP_MAGIC: &[u8; 8] = b"vnic-rtt";
+
+/// The tag of sequence number `seq` of the flow `sport -> dport` (ports as
+/// the generator sends them: `sport` is the generator's).
+#[inline]
+pub fn seq_tag(sport: u16, dport: u16, seq: u64) -> u64 {
+    // One multiply by an odd constant: a bijection, so another sequence
+    // number (below 2^32) or another flow never gives the same tag.
+    (seq ^ ((u64::from(sport) << 48) | (u64::from(dport) << 32)))
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Byte `k` of the UDP payload after the head.
+#[inline]
+pub fn fill_byte(k: usize) -> u8 {
+    (k as u8).wrapping_mul(31).wrapping_add(0xa5)
+}
+
+/// What one datagram's payload says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Intact, with this sequence number.
+    Seq(u64),
+    /// Too short to carry a head.
+    Short,
+    /// The tag or a fill byte is wrong.
+    Corrupt,
+}
+
+/// Checks a datagram's payload from the generator's port `sport` to the
+/// receiver's port `dport`.
+pub fn verify(payload: &[u8], sport: u16, dport: u16) -> Verdict {
+    let at = if payload.len() >= STAMP_LEN && payload.starts_with(STAMP_MAGIC) {
+        STAMP_LEN
+    } else {
+        0
+    };
+    let Some(head) = payload.get(at..at + SEQ_LEN) else {
+        return Verdict::Short;
+    };
+    let mut s = [0u8; 8];
+    s.copy_from_slice(&head[..8]);
+    let seq = u64::from_be_bytes(s);
+    s.copy_from_slice(&head[8..]);
+    if u64::from_be_bytes(s) != seq_tag(sport, dport, seq) {
+        return Verdict::Corrupt;
+    }
+    let fill_ok = payload
+        .iter()
+        .enumerate()
+        .skip(at + SEQ_LEN)
+        .all(|(k, &b)| b == fill_byte(k));
+    if fill_ok {
+        Verdict::Seq(seq)
+    } else {
+        Verdict::Corrupt
+    }
+}
+
+/// Sequence numbers remembered below the highest one (to tell a late
+/// datagram from a duplicate).
+const WINDOW: u64 = 4096;
+
+/// One flow's accounting by sequence number.
+#[derive(Debug, Clone)]
+pub struct SeqTrack {
+    /// Highest sequence number seen + 1 (0: none yet).
+    pub next: u64,
+    /// Datagrams with a sequence number not seen before.
+    pub distinct: u64,
+    /// Datagrams with a sequence number seen before (or too far below the
+    /// highest to tell: counted here too).
+    pub duplicated: u64,
+    /// Datagrams that arrived after a higher sequence number (first time).
+    pub reordered: u64,
+    pub corrupted: u64,
+    pub short: u64,
+    seen: Box<[u64; (WINDOW / 64) as usize]>,
+}
+
+impl Default for SeqTrack {
+    fn default() -> Self {
+        Self {
+            next: 0,
+            distinct: 0,
+            duplicated: 0,
+            reordered: 0,
+            corrupted: 0,
+            short: 0,
+            seen: Box::new([0; (WINDOW / 64) as usize]),
+        }
+    }
+}
+
+impl SeqTrack {
+    fn bit(&mut self, seq: u64) -> (&mut u64, u64) {
+        let i = seq % WINDOW;
+        (&mut self.seen[(i / 64) as usize], 1u64 << (i % 64))
+    }
+
+    /// Accounts one datagram.
+    pub fn record(&mut self, v: Verdict) {
+        let seq = match v {
+            Verdict::Seq(s) => s,
+            Verdict::Short => {
+                self.short += 1;
+                return;
+            }
+            Verdict::Corrupt => {
+                self.corrupted += 1;
+                return;
+            }
+        };
+        if seq >= self.next {
+            // Forget what falls out of the window as it moves up.
+            // (At most WINDOW - 1 of them.)
+            let from = self.next.max(seq.saturating_sub(WINDOW - 1));
+            for s in from..seq {
+                let (w, m) = self.bit(s);
+                *w &= !m;
+            }
+            let (w, m) = self.bit(seq);
+            *w |= m;
+            self.next = seq.saturating_add(1);
+            self.distinct += 1;
+        } else if self.next - seq > WINDOW {
+            self.duplicated += 1;
+        } else {
+            let (w, m) = self.bit(seq);
+            if *w & m != 0 {
+                self.duplicated += 1;
+            } else {
+                *w |= m;
+                self.distinct += 1;
+                self.reordered += 1;
+            }
+        }
+    }
+
+    /// Sequence numbers below the highest one that never arrived.
+    pub fn lost(&self) -> u64 {
+        self.next.saturating_sub(self.distinct)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(seq: u64, len: usize, stamp: bool) -> Vec<u8> {
+        let at = if stamp { STAMP_LEN } else { 0 };
+        let mut p: Vec<u8> = (0..len).map(fill_byte).collect();
+        if stamp {
+            p[..8].copy_from_slice(STAMP_MAGIC);
+            p[8..16].copy_from_slice(&42u64.to_be_bytes());
+        }
+        p[at..at + 8].copy_from_slice(&seq.to_be_bytes());
+        p[at + 8..at + 16].copy_from_slice(&seq_tag(10000, 20001, seq).to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn verify_finds_every_flipped_byte() {
+        for stamp in [false, true] {
+            let p = payload(77, 86, stamp);
+            assert_eq!(verify(&p, 10000, 20001), Verdict::Seq(77));
+            // Another flow's datagram does not pass as this one's.
+            assert_eq!(verify(&p, 10000, 20002), Verdict::Corrupt);
+            let from = if stamp { STAMP_LEN } else { 0 };
+            for i in from..p.len() {
+                let mut q = p.clone();
+                q[i] ^= 0xff;
+                assert_eq!(verify(&q, 10000, 20001), Verdict::Corrupt, "byte {i}");
+            }
+        }
+        assert_eq!(verify(&[0; 15], 1, 2), Verdict::Short);
+        for n in 0..40 {
+            let _ = verify(&vec![0xa5; n], 1, 2);
+        }
+    }
+
+    #[test]
+    fn track_counts_loss_duplicates_and_reorders() {
+        let mut t = SeqTrack::default();
+        for s in [0, 1, 2, 4, 3, 3, 7, 6, 6] {
+            t.record(Verdict::Seq(s));
+        }
+        t.record(Verdict::Corrupt);
+        t.record(Verdict::Short);
+        assert_eq!(t.next, 8);
+        assert_eq!(t.distinct, 7);
+        assert_eq!(t.duplicated, 2);
+        assert_eq!(t.reordered, 2);
+        assert_eq!(t.lost(), 1); // 5
+        assert_eq!((t.corrupted, t.short), (1, 1));
+        // Far ahead, then something far behind: a duplicate we cannot tell.
+        t.record(Verdict::Seq(100_000));
+        t.record(Verdict::Seq(3));
+        assert_eq!(t.duplicated, 3);
+        t.record(Verdict::Seq(100_000 - 5));
+        assert_eq!(t.reordered, 3);
+        t.record(Verdict::Seq(100_000 - 5));
+        assert_eq!(t.duplicated, 4);
+        // A first datagram far from 0, and u64::MAX: no overflow.
+        let mut u = SeqTrack::default();
+        u.record(Verdict::Seq(1 << 40));
+        assert_eq!((u.distinct, u.lost()), (1, 1 << 40));
+        u.record(Verdict::Seq(u64::MAX));
+        u.record(Verdict::Seq(u64::MAX - 1));
+    }
+}
