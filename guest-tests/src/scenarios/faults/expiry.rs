@@ -96,8 +96,10 @@ pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Resul
     });
 
     // ---- ice: UDP filters age out 5 s after activation ---------------
-    s.guest.agent.write_file(&module::expiry_param(), "ice")?;
+    // Counters before the switch: the first pass under ice deletes every
+    // filter older than 5 s at once, within one work period.
     let m2 = s.module_counters()?;
+    s.guest.agent.write_file(&module::expiry_param(), "ice")?;
     std::thread::sleep(PHASE);
     let m3 = s.module_counters()?;
     let trace = s.trace_since_mark()?;
