@@ -177,8 +177,13 @@ void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
 	kfree(f);
 }
 
-/* Take a LIVE filter out of service; the device is told with a DEL. */
-static void vnic_flt_del_locked(struct vnic_ctx *ctx, struct vnic_filter *f, u8 reason)
+/*
+ * Take a LIVE filter out of the flow table, live_list and the ADD queue,
+ * into @state. Return: false when it was freed instead (the device never
+ * saw its id: nothing to delete there).
+ */
+static bool vnic_flt_retire_locked(struct vnic_ctx *ctx, struct vnic_filter *f,
+				   u8 state, u8 reason)
 {
 	vnic_flt_unhash_locked(ctx, f);
 	list_del(&f->node);
@@ -188,14 +193,21 @@ static void vnic_flt_del_locked(struct vnic_ctx *ctx, struct vnic_filter *f, u8 
 		f->pending = false;
 	}
 	if (!f->sent) {
-		/* the device never saw this id: nothing to delete there */
 		ctx->c.del_cancelled++;
 		vnic_flt_free_locked(ctx, f);
-		return;
+		return false;
 	}
-	f->state = VF_DELETING;
+	f->state = state;
 	f->del_reason = reason;
 	f->add_inflight = false;
+	return true;
+}
+
+/* Take a LIVE filter out of service; the device is told with a DEL. */
+static void vnic_flt_del_locked(struct vnic_ctx *ctx, struct vnic_filter *f, u8 reason)
+{
+	if (!vnic_flt_retire_locked(ctx, f, VF_DELETING, reason))
+		return;
 	list_add_tail(&f->pend, &ctx->del_list);
 	f->pending = true;
 }
@@ -275,21 +287,8 @@ void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq)
 		if (f->rxq >= nq || f->dev_rxq >= nq)
 			ctx->c.queue_flushes++;
 		ctx->c.layout_flushes++;
-		vnic_flt_unhash_locked(ctx, f);
-		list_del(&f->node);
-		ctx->nr_live--;
-		if (f->pending) {
-			list_del(&f->pend);
-			f->pending = false;
-		}
-		if (!f->sent) {
-			ctx->c.del_cancelled++;
-			vnic_flt_free_locked(ctx, f);
+		if (!vnic_flt_retire_locked(ctx, f, VF_FLUSHING, VNIC_R_FLUSH))
 			continue;
-		}
-		f->state = VF_FLUSHING;
-		f->del_reason = VNIC_R_FLUSH;
-		f->add_inflight = false;
 		list_add_tail(&f->node, &ctx->flush_list);
 		ctx->nr_flushing++;
 	}
