@@ -412,7 +412,9 @@ fn summary_table_text_and_final_table() {
     assert_eq!(&row[..5], ["8", "6", "3", "2", "-"], "{text}");
     assert_eq!(row[5], "19.000 ms");
     assert!(
-        text.contains("Del by reason:      6 (aged 0, expired 4, flush 1, idle 0, replaced 1, unload 0)"),
+        text.contains(
+            "Del by reason:      6 (aged 0, expired 4, flush 1, idle 0, replaced 1, unload 0)"
+        ),
         "{text}"
     );
     assert!(
