@@ -250,9 +250,12 @@ static struct vnic_reset_rec *vnic_mgmt_reset_rec_locked(struct vnic_ctx *ctx, b
  */
 static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 {
-	struct vnic_reset_rec *r = vnic_mgmt_reset_rec_locked(ctx, table_lost);
+	struct vnic_reset_rec *r = NULL;
 	struct vnic_filter *f, *tmp;
 	u32 seq;
+
+	if (ctx->una != ctx->next_seq)
+		r = vnic_mgmt_reset_rec_locked(ctx, table_lost);
 
 	for (seq = ctx->una; seq != ctx->next_seq; seq++) {
 		struct vnic_slot *s = vnic_mgmt_slot(ctx, seq);
@@ -267,7 +270,7 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 		/* The device may have applied these: we will never know. */
 		if (s->type == VNIC_T_ADD) {
 			ctx->c.add_unacked += s->nops;
-			r->add_ops += s->nops;
+			r->add_ops += s->nops;	/* r is set: the window is not empty */
 		}
 		if (s->type == VNIC_T_FLUSH) {
 			if (!table_lost) {

@@ -211,8 +211,9 @@ struct vnic_counters {
 	u64 ack_rtts, ack_rtt_min_us, ack_rtt_max_us;
 };
 
-#define VNIC_RESET_LOG		8	/* window resets kept for debugfs */
-#define VNIC_RESET_LOG_OPS	256	/* unacked ADD ops kept per reset */
+#define VNIC_RESET_LOG		4	/* window resets kept for debugfs */
+/* Every ADD op a full window can hold: a reset is never logged in part. */
+#define VNIC_RESET_LOG_OPS	(VNIC_WINDOW * VNIC_ADD_FIT)
 
 /**
  * struct vnic_reset_op - an ADD op whose frame was never acknowledged
@@ -249,8 +250,9 @@ struct vnic_reset_rec {
 };
 
 /**
- * struct vnic_reset_log - the last VNIC_RESET_LOG window resets
- * @resets: window resets since attach (the newest is number @resets)
+ * struct vnic_reset_log - the last VNIC_RESET_LOG window resets that left
+ *	frames unacknowledged (a keepalive's reset of an empty window is not one)
+ * @resets: such resets since attach (the newest is number @resets)
  * @rec: reset number n is in rec[(n - 1) % VNIC_RESET_LOG]
  */
 struct vnic_reset_log {
