@@ -261,7 +261,7 @@ impl Session {
     }
 
     /// (Re)loads the test helper `vnic_flowhash.ko` with an empty table.
-    fn load_flowhash(&mut self, flows: usize) -> Result<()> {
+    pub(super) fn load_flowhash(&mut self, flows: usize) -> Result<()> {
         let _ = self.guest.agent.call_value(
             &Request::ModuleUnload {
                 name: "vnic_flowhash".into(),
@@ -284,7 +284,7 @@ impl Session {
     }
 
     /// The flow hashes `vnic_flowhash` recorded, then unloads it.
-    fn read_flowhash(&mut self) -> Result<(HashMap<FlowKey, u32>, u64)> {
+    pub(super) fn read_flowhash(&mut self) -> Result<(HashMap<FlowKey, u32>, u64)> {
         let text = self
             .guest
             .agent

@@ -35,6 +35,7 @@ pub const BASE_PORT: u16 = 20000;
 mod basic;
 pub mod experiments;
 mod faults;
+mod ports;
 mod rps;
 mod session;
 pub mod slots;

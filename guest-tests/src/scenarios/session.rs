@@ -39,15 +39,17 @@ pub struct Settings {
     /// Packets per flow in the link scenario.
     pub link_packets: u32,
     /// rps_flow_cnt per rx queue. The issue-4 scenarios test steering,
-    /// not slot collisions (issue 6 does): the tables are large enough that
-    /// two flows sharing an rps_dev_flow slot is unlikely (64 flows, 16 per
-    /// target queue in 2^18 slots: about 0.2% per run). A collision is not
-    /// a device bug, but 7.3 then never asks to steer one of the flows and
-    /// 6.12 makes them fight over the filter, so the run would fail.
+    /// not slot collisions (issue 6 does). A collision is not a device
+    /// bug, but 7.3 then never asks to steer one of the flows and 6.12
+    /// makes them fight over the filter, so the run would fail: the shared
+    /// steering workload chooses its ports so that no two flows share a
+    /// slot in this boot (ports.rs); the other workloads rely on the size
+    /// (64 flows in 2^18 slots: about 1 in 1,000 placements collides).
     pub flow_cnt: u32,
     /// net.core.rps_sock_flow_entries (power of two). Two flows sharing an
     /// entry lose RFS while they overwrite each other: 64 flows in 2^20
-    /// entries collide with about 0.2% probability.
+    /// entries collide with about 0.2% probability, which the steering
+    /// workload's port choice also rules out (ports.rs).
     pub sock_flow_entries: u32,
     /// Measurement window after warm-up.
     pub measure: Duration,
