@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * vnic_arfs debugfs: /sys/kernel/debug/vnic_arfs/<ifname>/{counters,state,filters}.
+ * vnic_arfs debugfs: /sys/kernel/debug/vnic_arfs/<ifname>/{counters,state,filters,resets}.
  * Formats in README.md; names may be added, never changed.
  *
- * counters and state copy a snapshot under ctx->lock. filters is a seq_file
+ * counters, state and resets copy a snapshot under ctx->lock (resets into
+ * a buffer allocated before the lock is taken). filters is a seq_file
  * iterator over the id xarray: ctx->lock is held from ->start to ->stop,
  * that is for the records of one read buffer at most, and a record is found
  * again by its id when seq_file restarts (buffer overflow, next read()).
@@ -123,6 +124,42 @@ static int vnic_dbg_state_show(struct seq_file *m, void *v)
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(vnic_dbg_state);
+
+/*
+ * resets: the window reset log, oldest kept reset first. Format:
+ *   resets <resets since attach>
+ *   reset <nr> table_lost <0|1> una <seq> next_seq <seq> add_ops <n> logged <m>
+ *   add <seq> <id> <rxq>            (m lines, one per logged unacked ADD op)
+ */
+static int vnic_dbg_resets_show(struct seq_file *m, void *v)
+{
+	struct vnic_ctx *ctx = m->private;
+	struct vnic_reset_log *log;
+	u64 first, n;
+	u32 i;
+
+	log = kvmalloc(sizeof(*log), GFP_KERNEL);
+	if (!log)
+		return -ENOMEM;
+	spin_lock_bh(&ctx->lock);
+	memcpy(log, &ctx->rlog, sizeof(*log));
+	spin_unlock_bh(&ctx->lock);
+
+	seq_printf(m, "resets %llu\n", log->resets);
+	first = log->resets > VNIC_RESET_LOG ? log->resets - VNIC_RESET_LOG + 1 : 1;
+	for (n = first; n <= log->resets; n++) {
+		const struct vnic_reset_rec *r = &log->rec[(n - 1) % VNIC_RESET_LOG];
+
+		seq_printf(m, "reset %llu table_lost %u una %u next_seq %u add_ops %u logged %u\n",
+			   r->nr, r->table_lost, r->una, r->next_seq, r->add_ops, r->nops);
+		for (i = 0; i < r->nops; i++)
+			seq_printf(m, "add %u %u %u\n", r->ops[i].seq, r->ops[i].id,
+				   r->ops[i].rxq);
+	}
+	kvfree(log);
+	return 0;
+}
+DEFINE_SHOW_ATTRIBUTE(vnic_dbg_resets);
 
 /*
  * filters: position 0 is the header line; position p >= 1 is the first
@@ -251,6 +288,7 @@ void vnic_dbg_add(struct vnic_ctx *ctx)
 	debugfs_create_file("counters", 0444, ctx->dbg, ctx, &vnic_dbg_counters_fops);
 	debugfs_create_file("state", 0444, ctx->dbg, ctx, &vnic_dbg_state_fops);
 	debugfs_create_file("filters", 0444, ctx->dbg, ctx, &vnic_dbg_filters_fops);
+	debugfs_create_file("resets", 0444, ctx->dbg, ctx, &vnic_dbg_resets_fops);
 }
 
 /**

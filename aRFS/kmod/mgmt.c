@@ -223,14 +223,39 @@ static void vnic_mgmt_xmit_count(struct vnic_ctx *ctx, const u8 *buf, unsigned i
 /* Receive: CAPS and ACK. Softirq, any CPU, shared skbs: read only.         */
 
 /*
+ * Start the record of a window reset in the reset log (debugfs resets),
+ * overwriting the oldest.
+ */
+static struct vnic_reset_rec *vnic_mgmt_reset_rec_locked(struct vnic_ctx *ctx, bool table_lost)
+{
+	struct vnic_reset_rec *r;
+
+	r = &ctx->rlog.rec[ctx->rlog.resets % VNIC_RESET_LOG];
+	ctx->rlog.resets++;
+	r->nr = ctx->rlog.resets;
+	r->table_lost = table_lost;
+	r->una = ctx->una;
+	r->next_seq = ctx->next_seq;
+	r->add_ops = 0;
+	r->nops = 0;
+	return r;
+}
+
+/*
  * Forget every unacked request. If the device lost its table (new
  * generation) DELs are moot and the caller replays the live filters;
  * otherwise the ops go back to the queues to be sent again with new seqs.
+ * The unacked ADD ops are logged (seq, id, rxq): the device may have
+ * applied any of them, and a test matches its trace against this log.
  */
 static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 {
+	struct vnic_reset_rec *r = NULL;
 	struct vnic_filter *f, *tmp;
 	u32 seq;
+
+	if (ctx->una != ctx->next_seq)
+		r = vnic_mgmt_reset_rec_locked(ctx, table_lost);
 
 	for (seq = ctx->una; seq != ctx->next_seq; seq++) {
 		struct vnic_slot *s = vnic_mgmt_slot(ctx, seq);
@@ -243,8 +268,10 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 		if (s->acked)
 			continue;
 		/* The device may have applied these: we will never know. */
-		if (s->type == VNIC_T_ADD)
+		if (s->type == VNIC_T_ADD) {
 			ctx->c.add_unacked += s->nops;
+			r->add_ops += s->nops;	/* r is set: the window is not empty */
+		}
 		if (s->type == VNIC_T_FLUSH) {
 			if (!table_lost) {
 				ctx->flush_pending = true;
@@ -255,6 +282,12 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 		for (i = 0; i < s->nops; i++) {
 			u16 id = get_unaligned_be16(op);
 
+			if (s->type == VNIC_T_ADD && r->nops < VNIC_RESET_LOG_OPS) {
+				r->ops[r->nops].seq = seq;
+				r->ops[r->nops].id = id;
+				r->ops[r->nops].rxq = get_unaligned_be16(op + 2);
+				r->nops++;
+			}
 			op += s->type == VNIC_T_ADD ? VNIC_ADD_OP : VNIC_DEL_OP;
 			f = xa_load(&ctx->ids, id);
 			if (!f)

@@ -211,6 +211,55 @@ struct vnic_counters {
 	u64 ack_rtts, ack_rtt_min_us, ack_rtt_max_us;
 };
 
+#define VNIC_RESET_LOG		4	/* window resets kept for debugfs */
+/* Every ADD op a full window can hold: a reset is never logged in part. */
+#define VNIC_RESET_LOG_OPS	(VNIC_WINDOW * VNIC_ADD_FIT)
+
+/**
+ * struct vnic_reset_op - an ADD op whose frame was never acknowledged
+ * @seq: sequence number of the frame that carried it
+ * @id: its filter id
+ * @rxq: the rx queue it asked for
+ */
+struct vnic_reset_op {
+	u32 seq;
+	u16 id;
+	u16 rxq;
+};
+
+/**
+ * struct vnic_reset_rec - one window reset (a stall or a new generation)
+ * @nr: its number since attach, from 1
+ * @table_lost: the device came back with another generation
+ * @una: the oldest unacked seq when the window was reset
+ * @next_seq: the first seq not sent then
+ * @add_ops: ADD ops of the frames never acknowledged (@ops holds the first
+ *	VNIC_RESET_LOG_OPS of them)
+ * @nops: entries of @ops in use
+ * @ops: the unacked ADD ops, in seq order: the device may or may not have
+ *	applied each of them, and only its trace can tell which it did
+ */
+struct vnic_reset_rec {
+	u64 nr;
+	bool table_lost;
+	u32 una;
+	u32 next_seq;
+	u32 add_ops;
+	u32 nops;
+	struct vnic_reset_op ops[VNIC_RESET_LOG_OPS];
+};
+
+/**
+ * struct vnic_reset_log - the last VNIC_RESET_LOG window resets that left
+ *	frames unacknowledged (a keepalive's reset of an empty window is not one)
+ * @resets: such resets since attach (the newest is number @resets)
+ * @rec: reset number n is in rec[(n - 1) % VNIC_RESET_LOG]
+ */
+struct vnic_reset_log {
+	u64 resets;
+	struct vnic_reset_rec rec[VNIC_RESET_LOG];
+};
+
 enum vnic_state {
 	VS_PROBING,		/* HELLO sent, waiting for CAPS */
 	VS_CAPS,		/* CAPS received, hooks not installed yet */
@@ -295,6 +344,7 @@ struct vnic_ctx {
 	unsigned int nr_flushing;
 	bool rfs_reset_due;
 	struct vnic_counters c;
+	struct vnic_reset_log rlog;	/* debugfs resets */
 
 	u8 hello_buf[ETH_HLEN + VNIC_HDR_LEN + VNIC_HELLO_BODY];
 	u8 flush_buf[ETH_HLEN + VNIC_HDR_LEN + VNIC_FLUSH_BODY];

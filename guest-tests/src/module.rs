@@ -280,3 +280,218 @@ mod tests {
         );
     }
 }
+
+/// One ADD op the module left unacknowledged at a window reset (debugfs
+/// `resets`, aRFS/kmod/README.md): the device may or may not have applied it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ResetOp {
+    pub seq: u32,
+    pub id: u16,
+    pub rxq: u16,
+}
+
+/// One window reset (a stall or a new generation) of the module's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reset {
+    pub nr: u64,
+    pub table_lost: bool,
+    pub una: u32,
+    pub next_seq: u32,
+    /// Unacknowledged ADD ops, all of them (`ops` may hold fewer).
+    pub add_ops: u32,
+    pub ops: Vec<ResetOp>,
+}
+
+/// The module's debugfs `resets`: resets since attach and the last few kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResetLog {
+    pub resets: u64,
+    pub kept: Vec<Reset>,
+}
+
+impl ResetLog {
+    /// The path of one netdev's log.
+    pub fn path(ifname: &str) -> String {
+        format!("{DEBUGFS_DIR}/{ifname}/resets")
+    }
+
+    /// Parse the file; anything malformed or inconsistent is an error (the
+    /// text comes from the guest).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        fn num<T: std::str::FromStr>(w: Option<&str>, what: &str, line: &str) -> Result<T, String> {
+            w.and_then(|w| w.parse().ok())
+                .ok_or_else(|| format!("resets: bad {what} in {line:?}"))
+        }
+        let mut log = ResetLog::default();
+        let mut lines = text.lines();
+        let first = lines.next().unwrap_or_default();
+        let mut w = first.split_whitespace();
+        if w.next() != Some("resets") {
+            return Err(format!("resets: first line {first:?}"));
+        }
+        log.resets = num(w.next(), "count", first)?;
+        let mut logged = Vec::new();
+        for line in lines {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            match w.as_slice() {
+                ["reset", nr, "table_lost", tl, "una", una, "next_seq", ns, "add_ops", a, "logged", l] =>
+                {
+                    log.kept.push(Reset {
+                        nr: num(Some(nr), "reset number", line)?,
+                        table_lost: num::<u8>(Some(tl), "table_lost", line)? != 0,
+                        una: num(Some(una), "una", line)?,
+                        next_seq: num(Some(ns), "next_seq", line)?,
+                        add_ops: num(Some(a), "add_ops", line)?,
+                        ops: Vec::new(),
+                    });
+                    logged.push(num::<usize>(Some(l), "logged", line)?);
+                }
+                ["add", seq, id, rxq] => {
+                    let r = log
+                        .kept
+                        .last_mut()
+                        .ok_or_else(|| format!("resets: {line:?} before any reset"))?;
+                    r.ops.push(ResetOp {
+                        seq: num(Some(seq), "seq", line)?,
+                        id: num(Some(id), "id", line)?,
+                        rxq: num(Some(rxq), "rxq", line)?,
+                    });
+                }
+                _ => return Err(format!("resets: unexpected line {line:?}")),
+            }
+        }
+        for (r, &l) in log.kept.iter().zip(&logged) {
+            if r.ops.len() != l || l > r.add_ops as usize {
+                return Err(format!(
+                    "resets: reset {} says {l} logged of {} ops, lists {}",
+                    r.nr,
+                    r.add_ops,
+                    r.ops.len()
+                ));
+            }
+        }
+        // The kept resets are the last ones, consecutive, oldest first.
+        let got: Vec<u64> = log.kept.iter().map(|r| r.nr).collect();
+        let consecutive = got.windows(2).all(|w| w[0].checked_add(1) == Some(w[1]));
+        if !consecutive
+            || got.last().is_some_and(|&l| l != log.resets)
+            || got.len() as u64 > log.resets
+        {
+            return Err(format!(
+                "resets: {} resets, kept numbers {got:?}",
+                log.resets
+            ));
+        }
+        Ok(log)
+    }
+
+    /// The unacknowledged ADD ops of every reset after `since` (the
+    /// `resets` count of an earlier read), or why the log cannot give all
+    /// of them (resets no longer kept, ops beyond the per-reset bound): a
+    /// check matching against it must then fail, not pass on a part.
+    pub fn unacked_since(&self, since: u64) -> Result<Vec<ResetOp>, String> {
+        if self.resets < since {
+            return Err(format!("resets went back from {since} to {}", self.resets));
+        }
+        if self.resets - since > self.kept.len() as u64 {
+            return Err(format!(
+                "{} resets since, the module's log keeps the last {}",
+                self.resets - since,
+                self.kept.len()
+            ));
+        }
+        let mut out = Vec::new();
+        for nr in since + 1..=self.resets {
+            let r = self.kept.iter().find(|r| r.nr == nr).ok_or_else(|| {
+                format!(
+                    "reset {nr} is no longer in the module's log ({} resets, {} kept)",
+                    self.resets,
+                    self.kept.len()
+                )
+            })?;
+            if r.ops.len() != r.add_ops as usize {
+                return Err(format!(
+                    "reset {nr} left {} ADD ops unacknowledged, the log keeps {}",
+                    r.add_ops,
+                    r.ops.len()
+                ));
+            }
+            out.extend_from_slice(&r.ops);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod reset_log_tests {
+    use super::{ResetLog, ResetOp};
+
+    const TWO: &str = "resets 9\n\
+        reset 8 table_lost 0 una 10 next_seq 14 add_ops 0 logged 0\n\
+        reset 9 table_lost 0 una 30 next_seq 33 add_ops 2 logged 2\n\
+        add 30 5 1\nadd 32 7 3\n";
+
+    #[test]
+    fn parses_and_gives_the_unacked_ops_since_an_earlier_read() {
+        let log = ResetLog::parse(TWO).unwrap();
+        assert_eq!(log.resets, 9);
+        assert_eq!(log.kept.len(), 2);
+        assert_eq!(
+            log.unacked_since(7).unwrap(),
+            [
+                ResetOp {
+                    seq: 30,
+                    id: 5,
+                    rxq: 1
+                },
+                ResetOp {
+                    seq: 32,
+                    id: 7,
+                    rxq: 3
+                }
+            ]
+        );
+        assert_eq!(log.unacked_since(9).unwrap(), []);
+        // Reset 7 is gone: the log cannot tell what it left.
+        assert!(log.unacked_since(6).is_err());
+        assert!(log.unacked_since(10).is_err());
+        assert_eq!(
+            ResetLog::parse("resets 0\n")
+                .unwrap()
+                .unacked_since(0)
+                .unwrap(),
+            []
+        );
+    }
+
+    #[test]
+    fn a_truncated_reset_is_not_a_complete_answer() {
+        let t =
+            "resets 1\nreset 1 table_lost 0 una 1 next_seq 70 add_ops 300 logged 1\nadd 1 2 3\n";
+        let log = ResetLog::parse(t).unwrap();
+        assert!(log.unacked_since(0).is_err());
+    }
+
+    #[test]
+    fn hostile_text_is_an_error_not_a_panic() {
+        for t in [
+            "",
+            "resets\n",
+            "resets x\n",
+            "add 1 2 3\n",
+            "resets 1\nadd 1 2 3\n",
+            "resets 1\nreset 1 table_lost 0 una 1 next_seq 2 add_ops 1 logged 2\nadd 1 2 3\n",
+            "resets 1\nreset 1 table_lost 0 una 1 next_seq 2 add_ops 1 logged 1\nadd 1 70000 3\n",
+            "resets 2\nreset 1 table_lost 0 una 1 next_seq 2 add_ops 0 logged 0\n",
+            "resets 0\nreset 1 table_lost 0 una 1 next_seq 2 add_ops 0 logged 0\n",
+            "resets 18446744073709551615\nreset 18446744073709551615 table_lost 0 una 1 next_seq 2 add_ops 0 logged 0\n",
+        ] {
+            let _ = ResetLog::parse(t).map(|l| l.unacked_since(0));
+        }
+        assert!(ResetLog::parse("resets 1\nadd 1 2 3\n").is_err());
+        assert!(ResetLog::parse(
+            "resets 2\nreset 1 table_lost 0 una 1 next_seq 2 add_ops 0 logged 0\n"
+        )
+        .is_err());
+    }
+}

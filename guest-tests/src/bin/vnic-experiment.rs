@@ -81,8 +81,9 @@ RPS OPTIONS:
                           (as without it)
     Phases per kernel: RPS off with the balanced traffic, RPS on balanced, RPS on one flow.
     Asserted (check: lines, exit 1 when one fails): RPS off puts >= 95% of the processing
-    (softnet_stat column 0) on the interrupt CPU and sends no RPS IPI; RPS on spreads the
-    balanced traffic (every CPU >= a quarter of its fair share) with RPS IPIs; RPS on puts one flow
+    (softnet_stat column 0) on the interrupt CPU and sends no RPS IPI; with RPS on each CPU
+    processes what the flows' hashes (vnic_flowhash.ko) and the rps_map predict, within 1% + 50
+    packets, with RPS IPIs; RPS on puts one flow
     >= 95% on one CPU. Drops (column 1) are reported per CPU.
 
 COMMON:

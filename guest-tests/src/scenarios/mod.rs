@@ -36,6 +36,7 @@ mod basic;
 mod delivery;
 pub mod experiments;
 mod faults;
+mod ports;
 mod rps;
 mod session;
 pub mod slots;

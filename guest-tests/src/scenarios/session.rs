@@ -39,15 +39,17 @@ pub struct Settings {
     /// Packets per flow in the link scenario.
     pub link_packets: u32,
     /// rps_flow_cnt per rx queue. The issue-4 scenarios test steering,
-    /// not slot collisions (issue 6 does): the tables are large enough that
-    /// two flows sharing an rps_dev_flow slot is unlikely (64 flows, 16 per
-    /// target queue in 2^18 slots: about 0.2% per run). A collision is not
-    /// a device bug, but 7.3 then never asks to steer one of the flows and
-    /// 6.12 makes them fight over the filter, so the run would fail.
+    /// not slot collisions (issue 6 does). A collision is not a device
+    /// bug, but 7.3 then never asks to steer one of the flows and 6.12
+    /// makes them fight over the filter, so the run would fail: the shared
+    /// steering workload chooses its ports so that no two flows share a
+    /// slot in this boot (ports.rs); the other workloads rely on the size
+    /// (64 flows in 2^18 slots: about 1 in 1,000 placements collides).
     pub flow_cnt: u32,
     /// net.core.rps_sock_flow_entries (power of two). Two flows sharing an
     /// entry lose RFS while they overwrite each other: 64 flows in 2^20
-    /// entries collide with about 0.2% probability.
+    /// entries collide with about 0.2% probability, which the steering
+    /// workload's port choice also rules out (ports.rs).
     pub sock_flow_entries: u32,
     /// Measurement window after warm-up.
     pub measure: Duration,
@@ -104,6 +106,9 @@ pub struct Outcome {
     pub figures: String,
     pub failures: Vec<String>,
     pub elapsed: Duration,
+    /// Why the boot this scenario ran in was a second attempt
+    /// ([`Session::boot_in`]), if it was: shown on the scenario's line.
+    pub retried_boot: Option<String>,
 }
 
 impl Outcome {
@@ -159,6 +164,10 @@ pub struct Session {
     /// The table capacity vnic started with (fault scenarios shrink it and
     /// put this back).
     pub(super) boot_capacity: u32,
+    /// Why this boot is the second attempt of [`Session::boot_in`] (the
+    /// first hung or QEMU aborted), if it is. Every scenario's line in it
+    /// says so, and the suite counts it.
+    pub retried_boot: Option<String>,
 }
 
 /// Paths of the host-side pieces shared by all kernels.
@@ -258,6 +267,7 @@ impl Session {
             tapnet,
             kind,
             boot_capacity,
+            retried_boot: None,
         };
         if let Some(t) = &s.tapnet {
             t.configure()?;
@@ -297,7 +307,9 @@ impl Session {
                 Some(why) => {
                     say(&format!("{why}; booting once more ({e})"));
                     let art = Artifacts::new(dir.join("retry"))?;
-                    Self::boot(kernel, tools, settings, art, kind)
+                    let mut s = Self::boot(kernel, tools, settings, art, kind)?;
+                    s.retried_boot = Some(why);
+                    Ok(s)
                 }
                 None => Err(e),
             },
@@ -411,6 +423,7 @@ impl Session {
             figures,
             failures: checks.failures,
             elapsed: start.elapsed(),
+            retried_boot: self.retried_boot.clone(),
         }
     }
 
@@ -439,24 +452,7 @@ impl Session {
         // avail index ahead: anything counted here means the device
         // misread a ring.
         match self.guest.ctl.stats() {
-            Ok(st) => {
-                let n = st["queues"].as_array().map_or(0, Vec::len);
-                for q in 0..n {
-                    for f in ["rx_bad_chains", "tx_bad_chains"] {
-                        let v = crate::harness::ctl::counter(&st, &format!("/queues/{q}/{f}"));
-                        if v != 0 {
-                            problems.push(format!("queue {q}: {f} {v} from a real driver"));
-                        }
-                    }
-                    for f in ["rx_stopped", "tx_stopped"] {
-                        match st.pointer(&format!("/queues/{q}/{f}")) {
-                            Some(serde_json::Value::Null) => {}
-                            Some(v) => problems.push(format!("queue {q}: {f} {v}")),
-                            None => problems.push(format!("queue {q}: {f} absent from ctl stats")),
-                        }
-                    }
-                }
-            }
+            Ok(st) => problems.extend(ring_problems(&st, self.settings.queues)),
             Err(e) => problems.push(format!("ctl stats at teardown: {e}")),
         }
         match self.guest.kernel_failures() {
@@ -465,6 +461,11 @@ impl Session {
                     .map(|b| format!("kernel (at teardown): {b}")),
             ),
             Err(e) => problems.push(format!("cannot read the guest kernel log at teardown: {e}")),
+        }
+        for m in crate::harness::take_missing() {
+            problems.push(format!(
+                "counter {m} was read at teardown but is absent (never read as 0)"
+            ));
         }
         self.guest.collect("final", None);
         if let Err(e) = self.guest.shutdown() {
@@ -589,8 +590,13 @@ impl Session {
 
 /// One line of the suite's report.
 pub fn report_line(o: &Outcome) -> String {
+    let retried = o
+        .retried_boot
+        .as_ref()
+        .map(|why| format!("[retried boot: {why}] "))
+        .unwrap_or_default();
     let mut s = format!(
-        "{:<8} {:<13} {:<4} {:>6.1}s  {}",
+        "{:<8} {:<13} {:<4} {:>6.1}s  {retried}{}",
         o.scenario,
         o.kernel,
         if o.passed() { "PASS" } else { "FAIL" },
@@ -603,8 +609,52 @@ pub fn report_line(o: &Outcome) -> String {
     s
 }
 
-/// The assertion line of a QEMU that aborted in the boot whose artifacts
-/// are in `dir`, if it did.
+/// What `ctl stats` shows wrong with the rings of a daemon that offered
+/// `queues` queue pairs and served a real virtio_net driver: a bad chain
+/// counted, a ring stopped, or any of it missing. A real driver never
+/// posts a broken chain nor runs its avail index ahead, so a count here
+/// means the device misread a ring; and a counter that is absent (no
+/// `queues` array, fewer entries than queue pairs, a field gone) is a
+/// problem too, never read as 0.
+pub(super) fn ring_problems(st: &Value, queues: u16) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(qs) = st.get("queues").and_then(Value::as_array) else {
+        return vec![
+            "ctl stats has no `queues` array: the rings' counters cannot be checked".into(),
+        ];
+    };
+    if qs.len() != usize::from(queues) {
+        problems.push(format!(
+            "ctl stats lists {} queue(s), the daemon offers {queues} pairs",
+            qs.len()
+        ));
+    }
+    for q in 0..usize::from(queues) {
+        let Some(e) = qs.get(q) else {
+            problems.push(format!("queue {q}: absent from ctl stats"));
+            continue;
+        };
+        if e.get("index").and_then(Value::as_u64) != Some(q as u64) {
+            problems.push(format!("queue {q}: listed with index {}", e["index"]));
+        }
+        for f in ["rx_bad_chains", "tx_bad_chains"] {
+            match e.get(f).and_then(Value::as_u64) {
+                Some(0) => {}
+                Some(v) => problems.push(format!("queue {q}: {f} {v} from a real driver")),
+                None => problems.push(format!("queue {q}: {f} absent from ctl stats")),
+            }
+        }
+        for f in ["rx_stopped", "tx_stopped"] {
+            match e.get(f) {
+                Some(Value::Null) => {}
+                Some(v) => problems.push(format!("queue {q}: {f} {v}")),
+                None => problems.push(format!("queue {q}: {f} absent from ctl stats")),
+            }
+        }
+    }
+    problems
+}
+
 /// Why a boot failure looks like a guest that hung before its agent ran
 /// (no answer to hello), if it does.
 fn boot_hung(error: &str) -> Option<String> {
@@ -613,6 +663,8 @@ fn boot_hung(error: &str) -> Option<String> {
         .then(|| "the guest did not answer the agent's hello: hung in boot".to_string())
 }
 
+/// The assertion line of a QEMU that aborted in the boot whose artifacts
+/// are in `dir`, if it did.
 fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
     let log = std::fs::read_to_string(dir.join("qemu.log")).ok()?;
     log.lines()
@@ -622,7 +674,46 @@ fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{boot_hung, qemu_aborted};
+    use super::{boot_hung, qemu_aborted, ring_problems};
+    use serde_json::json;
+
+    fn queue(i: u64) -> serde_json::Value {
+        json!({"index": i, "rx_bad_chains": 0, "tx_bad_chains": 0,
+               "rx_stopped": null, "tx_stopped": null})
+    }
+
+    #[test]
+    fn ring_check_fails_on_missing_counters_not_only_on_bad_ones() {
+        let good = json!({"queues": [queue(0), queue(1)]});
+        assert!(ring_problems(&good, 2).is_empty());
+        // The vacuous case: no `queues` at all must not pass.
+        assert_eq!(ring_problems(&json!({}), 2).len(), 1);
+        assert_eq!(ring_problems(&json!({"queues": null}), 2).len(), 1);
+        // A queue missing, a counter missing, a counter set, a ring stopped.
+        assert!(!ring_problems(&json!({"queues": [queue(0)]}), 2).is_empty());
+        for (field, v) in [
+            ("tx_bad_chains", None),
+            ("rx_bad_chains", Some(json!(3))),
+            ("rx_stopped", Some(json!("bad_avail_jump"))),
+            ("tx_stopped", None),
+        ] {
+            let mut q1 = queue(1);
+            match v {
+                Some(v) => q1[field] = v,
+                None => {
+                    q1.as_object_mut().unwrap().remove(field);
+                }
+            }
+            let p = ring_problems(&json!({"queues": [queue(0), q1]}), 2);
+            assert_eq!(p.len(), 1, "{field}: {p:?}");
+            assert!(
+                p[0].starts_with("queue 1: ") && p[0].contains(field),
+                "{p:?}"
+            );
+        }
+        // Queues out of order are not queue 0 and 1.
+        assert!(!ring_problems(&json!({"queues": [queue(1), queue(0)]}), 2).is_empty());
+    }
 
     #[test]
     fn a_boot_hang_is_told_from_other_boot_failures() {

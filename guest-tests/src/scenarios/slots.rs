@@ -94,6 +94,49 @@ pub fn parse_flowhash(text: &str) -> Result<(HashMap<FlowKey, u32>, u64), String
     Ok((out, full))
 }
 
+/// `vnic_flowhash`'s `flows` file with each flow's packet count: (flow,
+/// hash, packets) per line.
+pub fn parse_flowhash_packets(text: &str) -> Result<Vec<(FlowKey, u32, u64)>, String> {
+    let (hashes, _) = parse_flowhash(text)?;
+    let mut out = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let bad = || format!("vnic_flowhash: cannot parse {line:?}");
+        let i = w.iter().position(|&x| x == "packets").ok_or_else(bad)?;
+        let packets: u64 = w.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(bad)?;
+        let proto = parse_proto(w[0]).ok_or_else(bad)?;
+        let key = FlowKey::new(
+            proto,
+            w[1].parse().map_err(|_| bad())?,
+            w[2].parse().map_err(|_| bad())?,
+            w[3].parse().map_err(|_| bad())?,
+            w[4].parse().map_err(|_| bad())?,
+        )
+        .ok_or_else(bad)?;
+        let hash = *hashes.get(&key).ok_or_else(bad)?;
+        out.push((key, hash, packets));
+    }
+    Ok(out)
+}
+
+/// The CPU plain RPS gives a packet of hash `hash` with `map` as the rx
+/// queue's `rps_map` (its CPUs in mask order): `map->cpus[reciprocal_scale(
+/// hash, map->len)]`, `reciprocal_scale(h, n) = (h * n) >> 32`
+/// (net/core/dev.c `get_rps_cpu`).
+pub fn rps_cpu(hash: u32, map: &[usize]) -> Option<usize> {
+    let i = (u64::from(hash) * map.len() as u64) >> 32;
+    map.get(usize::try_from(i).ok()?).copied()
+}
+
+/// The CPUs of a hex `rps_cpus` mask, in order (the kernel's `rps_map`).
+pub fn rps_map_of(mask: &str) -> Option<Vec<usize>> {
+    let m = u64::from_str_radix(mask.trim().trim_start_matches("0x"), 16).ok()?;
+    Some((0..64).filter(|c| m >> c & 1 == 1).collect())
+}
+
 /// The rule that maps the hash of every filtered flow to the slot the
 /// kernel gave it: `Ok(None)` with no filter to compare; an error when
 /// neither rule explains all of them.
@@ -218,6 +261,28 @@ mod tests {
         assert!(infer_rule(&[(key(10000), 1)], &h, 8).is_err());
         assert_eq!(infer_rule(&[], &h, 8), Ok(None));
         assert!(parse_flowhash("udp 1 2 3").is_err());
+    }
+
+    #[test]
+    fn rps_cpu_is_reciprocal_scale_over_the_map() {
+        let map = rps_map_of("f").unwrap();
+        assert_eq!(map, [0, 1, 2, 3]);
+        assert_eq!(rps_map_of("5").unwrap(), [0, 2]);
+        assert_eq!(rps_cpu(0, &map), Some(0));
+        assert_eq!(rps_cpu(0x3fff_ffff, &map), Some(0));
+        assert_eq!(rps_cpu(0x4000_0000, &map), Some(1));
+        assert_eq!(rps_cpu(0xffff_ffff, &map), Some(3));
+        assert_eq!(rps_cpu(0x8000_0000, &[0, 2]), Some(2));
+        assert_eq!(rps_cpu(7, &[]), None);
+        assert!(rps_map_of("zz").is_none());
+        let fh = "# flows 1 full 0\nudp 10.0.2.1 10000 10.0.2.15 5001 hash 0x00001234 rxq 0 packets 40\n";
+        assert_eq!(
+            parse_flowhash_packets(fh).unwrap(),
+            [(key(10000), 0x1234, 40)]
+        );
+        assert!(
+            parse_flowhash_packets("udp 10.0.2.1 10000 10.0.2.15 5001 hash 0x1 rxq 0\n").is_err()
+        );
     }
 
     #[test]

@@ -651,7 +651,8 @@ impl Session {
         if !self.flows.is_empty() {
             return Ok(Duration::ZERO);
         }
-        let flows = self.make_flows(self.settings.flows);
+        // Ports whose flows share no RFS slot in this boot (ports.rs).
+        let flows = self.steering_flows(self.settings.flows)?;
         self.udp_start(&flows)?;
         self.flows = flows;
         self.trace_since_mark()?; // everything before the workload

@@ -4,26 +4,99 @@
 //! wrong queue).
 
 use super::{delta, dev_delta, json_delta, rejects_by_reason, table_of, DevTable, REJECT_HOLDOFF};
+use crate::bail;
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
-use crate::module;
+use crate::module::{self, ResetLog, ResetOp};
 use crate::scenarios::{Checks, Flow, Session};
-use arfs::{EventKind, FlowKey};
+use arfs::{EventKind, FlowKey, MsgType, OpStatus, TraceRecord};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 // ---- 3. lossy management channel ------------------------------------
 
+/// What the device's trace says about the ADD requests of a window, split
+/// by whether their frame is one the module left unacknowledged at a
+/// window reset (its debugfs `resets` log) or not.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct AddAccount {
+    /// `add`/`replace` records: the device's table changes by ADD.
+    changes: u64,
+    /// `ok` op statuses of ADD frames the module did not leave
+    /// unacknowledged: exactly what its `add_ok` must have counted.
+    ok_acked: u64,
+    /// `ok` op statuses of ADD frames it did leave unacknowledged.
+    ok_unacked: u64,
+    /// Table changes made by unacknowledged frames: the device's changes
+    /// beyond the module's `add_ok`, each matched to a logged op.
+    extra: u64,
+    /// Records that break the rules: a change in an unacknowledged frame
+    /// that the module did not log (seq, id, rxq), or a record without the
+    /// fields to match it.
+    unmatched: Vec<String>,
+}
+
+fn add_account(trace: &[TraceRecord], unacked: &[ResetOp]) -> AddAccount {
+    let seqs: BTreeSet<u32> = unacked.iter().map(|o| o.seq).collect();
+    let ops: BTreeSet<(u32, u16, u16)> = unacked.iter().map(|o| (o.seq, o.id, o.rxq)).collect();
+    let mut a = AddAccount::default();
+    for r in trace {
+        match r.event {
+            EventKind::Add | EventKind::Replace => {
+                a.changes += 1;
+                let (Some(seq), Some(id), Some(rxq)) = (r.seq, r.id, r.rxq) else {
+                    a.unmatched
+                        .push(format!("{:?} record without seq/id/rxq: {r:?}", r.event));
+                    continue;
+                };
+                if seqs.contains(&seq) {
+                    a.extra += 1;
+                    if !ops.contains(&(seq, id, rxq)) {
+                        a.unmatched.push(format!(
+                            "{:?} seq {seq} id {id} rxq {rxq}: the frame was left unacknowledged, but the module logged no such op",
+                            r.event
+                        ));
+                    }
+                }
+            }
+            EventKind::Ack if r.msg_type.as_deref() == Some(MsgType::Add.name()) => {
+                let Some(seq) = r.seq else {
+                    a.unmatched.push(format!("ack record without seq: {r:?}"));
+                    continue;
+                };
+                let ok = r
+                    .statuses
+                    .iter()
+                    .flatten()
+                    .filter(|&&st| st == OpStatus::Ok)
+                    .count() as u64;
+                if seqs.contains(&seq) {
+                    a.ok_unacked += ok;
+                } else {
+                    a.ok_acked += ok;
+                }
+            }
+            _ => {}
+        }
+    }
+    a
+}
+
 /// 20% of management frames lost each way while 64 flows get their
 /// filters and then all move to another CPU (re-steers): the module's
-/// retransmissions converge and the device table equals the module's
-/// entry for entry.
+/// retransmissions converge, the device table equals the module's entry
+/// for entry, and every ADD the device applied is accounted for exactly
+/// (see the end).
 pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.ensure_module()?;
     s.guest.ctl.set("mgmt_loss_rate", &json!(0.2))?;
     let m0 = s.module_counters()?;
     let s0 = s.guest.ctl.stats()?;
+    let resets_path = ResetLog::path(crate::scenarios::IFNAME);
+    let r0 = ResetLog::parse(&s.guest.agent.read_file(&resets_path)?)?;
+    // The trace from here on is this scenario's (no flow yet: no ADD).
+    let _ = s.trace_since_mark()?;
     let flows = s.make_flows(s.settings.flows);
     s.fault_start(flows)?;
     let warm = s.wait_steered(&BTreeSet::new())?;
@@ -48,9 +121,7 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
         }
     }
     let settle = s.module_settled(Duration::from_secs(30))?;
-    let m1 = s.module_counters()?;
-    let s1 = s.guest.ctl.stats()?;
-    // Entry for entry, while the loss is still on.
+    // Entry for entry, while the loss and the flows are still on.
     let modf = s.module_filters()?;
     let dev = table_of(&s.guest.ctl.table()?)?;
     let modt: DevTable = modf.iter().map(|(id, f)| (*id, (f.flow, f.rxq))).collect();
@@ -63,6 +134,38 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
             dev.len()
         )
     });
+    // For the ADD accounting no ADD may be in flight while the counters
+    // and the trace are read: with the generator stopped no packet makes
+    // a steer call, so once settled nothing new is sent (the loss stays
+    // on: a keepalive HELLO may still reset an empty window).
+    s.fault_stop_gen()?;
+    s.module_settled(Duration::from_secs(30))?;
+    let mut trace: Vec<TraceRecord> = Vec::new();
+    let (m1, s1, r1) = {
+        let mut tries = 0;
+        loop {
+            let m1 = s.module_counters()?;
+            let s1 = s.guest.ctl.stats()?;
+            let r1 = ResetLog::parse(&s.guest.agent.read_file(&resets_path)?)?;
+            trace.extend(s.trace_since_mark()?);
+            let m2 = s.module_counters()?;
+            let s2 = s.guest.ctl.stats()?;
+            let same = ["add_ok", "add_ops", "add_unacked", "stalls"]
+                .iter()
+                .all(|n| m1.get(n) == m2.get(n))
+                && ["/table/adds", "/table/replaces", "/table/unchanged"]
+                    .iter()
+                    .all(|p| counter(&s1, p) == counter(&s2, p));
+            tries += 1;
+            if same {
+                break (m1, s1, r1);
+            }
+            if tries == 5 {
+                bail!("the ADD counters kept moving with the generator stopped");
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    };
     let retx = delta(&m1, &m0, "retransmits");
     let lost_in = dev_delta(&s1, &s0, "/mgmt/dropped_by_loss");
     let lost_out = dev_delta(&s1, &s0, "/mgmt/replies_dropped_by_loss");
@@ -71,39 +174,91 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
     c.check(lost_in > 0 && lost_out > 0, || {
         format!("loss knob dropped {lost_in} requests and {lost_out} replies")
     });
-    // Each change applied once: module add_ok (ADD ops it saw
-    // acknowledged) against the device's adds + replaces. An ADD the
-    // device applied but whose ACKs were all lost is sent again after the
-    // module's stall and new HELLO: identical to the live entry, the
-    // device counts it as `unchanged` (aRFS/PROTOCOL.md), once on each
-    // side. But the flow may have moved meanwhile (the receivers rotate):
-    // then the device counts the first ADD and the re-sent one (a
-    // replace), the module only the second; or a newer ADD of the flow
-    // superseded it. So the device may count at most the module's
-    // `add_unacked` (ADD ops of frames never ACKed when a stall reset the
-    // window) more, never fewer; with no stall, exactly as many.
+    // Each change accounted for exactly. The module's add_ok counts the
+    // `ok` ops of the ADD frames whose ACK reached it. A frame whose ACKs
+    // were all lost until a stall reset the window was maybe applied,
+    // maybe not: the module logs its ADD ops (debugfs `resets`: seq, id,
+    // rxq) and re-queues them with new seqs. The device's trace has an
+    // `ack` line (per-op statuses) for every frame it applied, lost reply
+    // or not, and an `add`/`replace` line per change, each with its seq.
+    // So, exactly:
+    // - add_ok == the `ok` ops of traced ADD frames outside the log;
+    // - every change made by a frame in the log is one of its logged ops;
+    // - the device's counters equal its trace (adds + replaces = changes,
+    //   + unchanged = every `ok` op: a re-sent op identical to what the
+    //   lost frame applied counts as `unchanged`);
+    // - with no reset, add_ok == adds + replaces and nothing unchanged.
     let add_ok = delta(&m1, &m0, "add_ok");
     let dev_adds = dev_delta(&s1, &s0, "/table/adds") + dev_delta(&s1, &s0, "/table/replaces");
     let unchanged = dev_delta(&s1, &s0, "/table/unchanged");
     let stalls = delta(&m1, &m0, "stalls");
     let unacked = delta(&m1, &m0, "add_unacked");
-    c.check(add_ok <= dev_adds && dev_adds <= add_ok + unacked, || {
+    let resets = r1.resets.saturating_sub(r0.resets);
+    let trace_lost =
+        dev_delta(&s1, &s0, "/trace/dropped") + dev_delta(&s1, &s0, "/trace/write_errors");
+    c.check(trace_lost == 0, || {
+        format!("the device trace lost {trace_lost} records: the ADDs cannot be matched")
+    });
+    let a = match r1.unacked_since(r0.resets) {
+        Ok(ops) => {
+            c.check(ops.len() as u64 == unacked, || {
+                format!(
+                    "the module's reset log has {} unacknowledged ADD ops, its add_unacked counter {unacked}",
+                    ops.len()
+                )
+            });
+            add_account(&trace, &ops)
+        }
+        Err(e) => {
+            c.check(false, || {
+                format!("the module's reset log is incomplete: {e}")
+            });
+            AddAccount::default()
+        }
+    };
+    c.check(a.unmatched.is_empty(), || {
         format!(
-            "module add_ok {add_ok}, device adds+replaces {dev_adds}: more than the module's {unacked} unacknowledged ADD ops apart, or fewer (identical re-ADDs {unchanged}, module stalls {stalls})"
+            "device changes not matched to the module's unacknowledged ADDs ({}): {:?}",
+            a.unmatched.len(),
+            a.unmatched.iter().take(6).collect::<Vec<_>>()
         )
     });
+    c.check(add_ok == a.ok_acked, || {
+        format!(
+            "module add_ok {add_ok}, but the device applied {} ok ADD ops in frames the module did not leave unacknowledged ({} more in {resets} window resets)",
+            a.ok_acked, a.ok_unacked
+        )
+    });
+    c.check(
+        dev_adds == a.changes && dev_adds + unchanged == a.ok_acked + a.ok_unacked,
+        || {
+            format!(
+                "device counters: adds+replaces {dev_adds}, unchanged {unchanged}; its trace: {} changes, {} ok ADD ops",
+                a.changes,
+                a.ok_acked + a.ok_unacked
+            )
+        },
+    );
+    if resets == 0 {
+        c.check(add_ok == dev_adds && unchanged == 0, || {
+            format!(
+                "no window reset, yet module add_ok {add_ok} != device adds+replaces {dev_adds} (unchanged {unchanged})"
+            )
+        });
+    }
     let rej = dev_delta(&s1, &s0, "/table/rejects/table_full")
         + dev_delta(&s1, &s0, "/table/rejects/bad_queue")
         + dev_delta(&s1, &s0, "/table/rejects/bad_id");
     c.check(rej == 0, || format!("{rej} rejects under loss"));
     Ok(format!(
-        "loss=20%/20% steered_in={:.1}s migrations={rounds} slowest_migration={:.1}s settled+{:.1}s filters={} retransmits={retx} frames_sent={} dev_lost_req={lost_in} dev_lost_rep={lost_out} duplicates={dups} reacks={} add_ok={add_ok} dev_add_ops={dev_adds} unchanged={unchanged} stalls={stalls} add_unacked={unacked}",
+        "loss=20%/20% steered_in={:.1}s migrations={rounds} slowest_migration={:.1}s settled+{:.1}s filters={} retransmits={retx} frames_sent={} dev_lost_req={lost_in} dev_lost_rep={lost_out} duplicates={dups} reacks={} add_ok={add_ok} dev_add_ops={dev_adds} unchanged={unchanged} stalls={stalls} window_resets={resets} add_unacked={unacked} extra_matched={}",
         warm.as_secs_f64(),
         warm2.as_secs_f64(),
         settle.as_secs_f64(),
         dev.len(),
         delta(&m1, &m0, "frames_sent"),
         dev_delta(&s1, &s0, "/mgmt/duplicate_reacks"),
+        a.extra,
     ))
 }
 
@@ -363,4 +518,90 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
         unfiltered.len(),
         100.0 * rss_min
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{add_account, ResetOp};
+    use arfs::{EventKind, OpStatus, TraceRecord};
+
+    fn rec(event: EventKind, seq: u32, id: u16, rxq: u16) -> TraceRecord {
+        let mut r: TraceRecord = serde_json::from_str(&format!(
+            r#"{{"ts_ns":1,"event":"add","gen":1,"seq":{seq},"id":{id},"rxq":{rxq}}}"#
+        ))
+        .unwrap();
+        r.event = event;
+        r
+    }
+
+    fn ack(seq: u32, statuses: Vec<OpStatus>) -> TraceRecord {
+        let mut r = rec(EventKind::Ack, seq, 0, 0);
+        r.id = None;
+        r.rxq = None;
+        r.msg_type = Some("ADD".into());
+        r.statuses = Some(statuses);
+        r
+    }
+
+    /// Frame 10 acknowledged; frame 11 applied but its ACKs lost, left
+    /// unacknowledged at a stall; its ops re-sent as frame 12: one
+    /// identical (unchanged), one after the flow moved (a replace).
+    fn trace() -> Vec<TraceRecord> {
+        vec![
+            rec(EventKind::Add, 10, 1, 0),
+            ack(10, vec![OpStatus::Ok]),
+            rec(EventKind::Add, 11, 5, 1),
+            rec(EventKind::Replace, 11, 6, 2),
+            ack(11, vec![OpStatus::Ok, OpStatus::Ok]),
+            rec(EventKind::Replace, 12, 6, 3),
+            ack(12, vec![OpStatus::Ok, OpStatus::Ok]),
+        ]
+    }
+
+    #[test]
+    fn unacknowledged_adds_explain_the_extra_changes_exactly() {
+        let log = [
+            ResetOp {
+                seq: 11,
+                id: 5,
+                rxq: 1,
+            },
+            ResetOp {
+                seq: 11,
+                id: 6,
+                rxq: 2,
+            },
+        ];
+        let a = add_account(&trace(), &log);
+        assert!(a.unmatched.is_empty(), "{:?}", a.unmatched);
+        // The module saw frames 10 and 12 acknowledged: add_ok 3.
+        assert_eq!((a.changes, a.ok_acked, a.ok_unacked, a.extra), (4, 3, 2, 2));
+    }
+
+    #[test]
+    fn a_log_that_lies_fails_the_match() {
+        // No log: the device's ok ops outnumber the module's add_ok 3.
+        assert_eq!(add_account(&trace(), &[]).ok_acked, 5);
+        // A logged op on another queue than the device applied.
+        let log = [
+            ResetOp {
+                seq: 11,
+                id: 5,
+                rxq: 1,
+            },
+            ResetOp {
+                seq: 11,
+                id: 6,
+                rxq: 0,
+            },
+        ];
+        assert_eq!(add_account(&trace(), &log).unmatched.len(), 1);
+        // A frame only partly logged.
+        let log = [ResetOp {
+            seq: 11,
+            id: 5,
+            rxq: 1,
+        }];
+        assert_eq!(add_account(&trace(), &log).unmatched.len(), 1);
+    }
 }

@@ -114,8 +114,6 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
         Err(e) => bail!("before the restart: {e}"),
     };
     let (m_before, _) = s.module_table()?;
-    let st0 = s.guest.ctl.stats()?;
-    let gen0 = counter(&st0, "/generation");
     let m0 = s.module_counters()?;
     // The guest's uptime at the kill: a reboot during the restart would
     // restart it (comparing with the uptime at boot could not tell).
@@ -124,6 +122,15 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
         .agent
         .req::<crate::proto::Info>(Request::Hello)?
         .uptime_s;
+    // The killed daemon's last word, read just before the kill: teardown
+    // only ever sees the new daemon, so this is the one look at the old
+    // one's rings (no bad chain, no stopped ring, none of it missing).
+    let st0 = s.guest.ctl.stats()?;
+    let gen0 = counter(&st0, "/generation");
+    let live0 = counter(&st0, "/table/live");
+    for p in super::session::ring_problems(&st0, s.settings.queues) {
+        c.check(false, || format!("the killed daemon, before the kill: {p}"));
+    }
     let t0 = Instant::now();
     s.guest.restart_vnic(Duration::from_secs(1))?;
     // The old daemon's flow sets and trace are gone with it.
@@ -227,7 +234,7 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     );
     c.check(s.guest.qemu.exited().is_none(), || "QEMU exited".into());
     Ok(format!(
-        "killed vnic (SIGKILL) 1s; reconnected in {:.1}s; generation {gen0:#x} -> {gen1:#x}; module generation_changes +{} replays +{} replayed_filters +{replayed} in {:.1}s; device==module {} entries (had {before}, {kept} identical); trace ADDs {adds}; ping {}/{}; re-steered in {:.1}s; {fig}",
+        "killed vnic (SIGKILL) 1s, its rings clean and {live0} filters live at the kill; reconnected in {:.1}s; generation {gen0:#x} -> {gen1:#x}; module generation_changes +{} replays +{} replayed_filters +{replayed} in {:.1}s; device==module {} entries (had {before}, {kept} identical); trace ADDs {adds}; ping {}/{}; re-steered in {:.1}s; {fig}",
         reconnect.as_secs_f64(),
         m1.get("generation_changes") - m0.get("generation_changes"),
         m1.get("replays") - m0.get("replays"),
