@@ -503,14 +503,23 @@ impl Session {
         } else {
             on_q as f64 / w.packets[i] as f64
         };
+        // Every packet: none on another queue (or on an unknown NAPI). Not
+        // `on_q == packets`: the agent's per-NAPI and packet counts are two
+        // reads, and a datagram landing between them makes the NAPI count
+        // one ahead (seen: 156 on q1 of 155 packets, a false failure).
+        let elsewhere: u64 = w.by_queue[i]
+            .iter()
+            .filter(|(q, _)| Some(**q) != w.filter_q[i])
+            .map(|(_, n)| n)
+            .sum();
         let ok = if bar >= 1.0 {
-            on_q == w.packets[i] && w.packets[i] > 0
+            w.filter_q[i].is_some() && on_q > 0 && elsewhere == 0
         } else {
             share >= bar
         };
         c.check(ok, || {
             format!(
-                "flow :{}: the guest saw {on_q} of its {} packets arrive on its filter's queue {} ({:.1}%; by queue, {}: {})",
+                "flow :{}: the guest saw {on_q} of its {} packets arrive on its filter's queue {} and {elsewhere} elsewhere ({:.1}%; by queue, {}: {})",
                 f.local_port,
                 w.packets[i],
                 w.filter_q[i].map_or("(none)".to_string(), |q| format!("q{q}")),
