@@ -110,13 +110,7 @@ const CTL_DICT: &[&str] = &[
     "\"1e308\"",
     "\"-0\"",
     "\n",
-    "{",
-    "}",
-    "null",
-    "-1",
-    "0",
-    "1e999",
-    "18446744073709551616",
+    // the JSON tokens (JSON_DICT) are added to every JSON target's dictionary
 ];
 
 const AGENT_DICT: &[&str] = &[
@@ -169,13 +163,7 @@ const AGENT_DICT: &[&str] = &[
     "[[0,1]]",
     "256",
     "65536",
-    "{",
-    "}",
-    "null",
-    "-1",
-    "0",
-    "1e999",
-    "18446744073709551616",
+    // the JSON tokens (JSON_DICT) are added to every JSON target's dictionary
 ];
 
 /// The JSON tokens every JSON target also gets.

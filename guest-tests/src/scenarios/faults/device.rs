@@ -546,6 +546,10 @@ mod tests {
     /// Frame 10 acknowledged; frame 11 applied but its ACKs lost, left
     /// unacknowledged at a stall; its ops re-sent as frame 12: one
     /// identical (unchanged), one after the flow moved (a replace).
+    fn op(seq: u32, id: u16, rxq: u16) -> ResetOp {
+        ResetOp { seq, id, rxq }
+    }
+
     fn trace() -> Vec<TraceRecord> {
         vec![
             rec(EventKind::Add, 10, 1, 0),
@@ -560,18 +564,7 @@ mod tests {
 
     #[test]
     fn unacknowledged_adds_explain_the_extra_changes_exactly() {
-        let log = [
-            ResetOp {
-                seq: 11,
-                id: 5,
-                rxq: 1,
-            },
-            ResetOp {
-                seq: 11,
-                id: 6,
-                rxq: 2,
-            },
-        ];
+        let log = [op(11, 5, 1), op(11, 6, 2)];
         let a = add_account(&trace(), &log);
         assert!(a.unmatched.is_empty(), "{:?}", a.unmatched);
         // The module saw frames 10 and 12 acknowledged: add_ok 3.
@@ -583,25 +576,10 @@ mod tests {
         // No log: the device's ok ops outnumber the module's add_ok 3.
         assert_eq!(add_account(&trace(), &[]).ok_acked, 5);
         // A logged op on another queue than the device applied.
-        let log = [
-            ResetOp {
-                seq: 11,
-                id: 5,
-                rxq: 1,
-            },
-            ResetOp {
-                seq: 11,
-                id: 6,
-                rxq: 0,
-            },
-        ];
+        let log = [op(11, 5, 1), op(11, 6, 0)];
         assert_eq!(add_account(&trace(), &log).unmatched.len(), 1);
         // A frame only partly logged.
-        let log = [ResetOp {
-            seq: 11,
-            id: 5,
-            rxq: 1,
-        }];
+        let log = [op(11, 5, 1)];
         assert_eq!(add_account(&trace(), &log).unmatched.len(), 1);
     }
 }
