@@ -144,7 +144,7 @@ impl FlowSet {
         } else {
             // No source port given: as many as `flows` needs beside the
             // other ranges, from 10000 up (lower when that runs past 65535).
-            let other = u128::from(dphi - dplo + 1) * nsrc;
+            let other = (u128::from(dphi - dplo) + 1).saturating_mul(nsrc);
             let need = u128::from(flows).div_ceil(other).clamp(1, 65_536);
             let lo = 10_000u128.min(65_536 - need);
             (lo as u16, (lo + need - 1) as u16)
@@ -165,7 +165,9 @@ impl FlowSet {
         }
         let nsp = u64::from(sphi - splo) + 1;
         let ndp = u64::from(dphi - dplo) + 1;
-        let distinct = u128::from(nsp) * u128::from(ndp) * nsrc;
+        // saturating: a whole IPv6 range is already u128::MAX (refused only if
+        // `flows` exceeds it, which it cannot)
+        let distinct = (u128::from(nsp) * u128::from(ndp)).saturating_mul(nsrc);
         if u128::from(flows) > distinct {
             return Err(bad(format!(
                 "flows = {flows} but the address/port ranges only give {distinct} distinct tuples"
@@ -821,6 +823,30 @@ mod tests {
             }),
             vec![10_000]
         );
+    }
+
+    #[test]
+    fn whole_ipv6_source_range_does_not_overflow() {
+        // The fuzzer's find: the whole IPv6 space as the source range, with
+        // and without port ranges, overflowed the distinct-tuple product.
+        for sport in [None, Some("0-65535".to_string())] {
+            let s = FlowSet::new(
+                1,
+                FlowSpec {
+                    flows: Some(3),
+                    src: Some("::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".into()),
+                    dst: Some("fd00::2".into()),
+                    dport: Some("0-65535".into()),
+                    sport,
+                    ..Default::default()
+                },
+                gen_ip(),
+                guest_ip(),
+                2,
+            )
+            .unwrap();
+            assert_eq!(s.tuples.len(), 3);
+        }
     }
 
     #[test]
