@@ -63,6 +63,8 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("expiry_pressure", c.expiry_pressure);
 	P("layout_flush_frames", c.layout_flush_frames);
 	P("rfs_resets", c.rfs_resets);
+	P("bulk_batches", c.bulk_batches);
+	P("bulk_max", c.bulk_max);
 	P("reject_table_full", c.rej[VNIC_S_TABLE_FULL]);
 	P("reject_bucket_full", c.rej[VNIC_S_BUCKET_FULL]);
 	P("reject_bad_queue", c.rej[VNIC_S_BAD_QUEUE]);

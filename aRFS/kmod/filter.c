@@ -97,6 +97,9 @@ void vnic_flt_destroy(struct vnic_ctx *ctx)
 	ctx->nr_ids = 0;
 	ctx->nr_live = 0;
 	ctx->nr_rejected = 0;
+	ctx->layout_left = 0;
+	ctx->replay_left = 0;
+	ctx->layout_walk = false;
 }
 
 static int vnic_flt_flow_from_skb(const struct sk_buff *skb, struct vnic_flow *k)
@@ -178,6 +181,20 @@ void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
 }
 
 /*
+ * Take a LIVE filter off live_list, keeping the bulk walks' counts exact:
+ * a filter a walk was still to visit is one fewer for it.
+ */
+static void vnic_flt_unlink_live_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	list_del(&f->node);
+	ctx->nr_live--;
+	if (f->layout_epoch != ctx->layout_epoch)
+		ctx->layout_left--;
+	if (f->replay_epoch != ctx->replay_epoch)
+		ctx->replay_left--;
+}
+
+/*
  * Take a LIVE filter out of the flow table, live_list and the ADD queue,
  * into @state. Return: false when it was freed instead (the device never
  * saw its id: nothing to delete there).
@@ -186,8 +203,7 @@ static bool vnic_flt_retire_locked(struct vnic_ctx *ctx, struct vnic_filter *f,
 				   u8 state, u8 reason)
 {
 	vnic_flt_unhash_locked(ctx, f);
-	list_del(&f->node);
-	ctx->nr_live--;
+	vnic_flt_unlink_live_locked(ctx, f);
 	if (f->pending) {
 		list_del(&f->pend);
 		f->pending = false;
@@ -228,8 +244,7 @@ static void vnic_flt_rejected_free_locked(struct vnic_ctx *ctx, struct vnic_filt
  */
 static void vnic_flt_reject_locked(struct vnic_ctx *ctx, struct vnic_filter *f, u8 status)
 {
-	list_del(&f->node);
-	ctx->nr_live--;
+	vnic_flt_unlink_live_locked(ctx, f);
 	if (f->pending) {
 		list_del(&f->pend);
 		f->pending = false;
@@ -250,57 +265,140 @@ static void vnic_flt_reject_locked(struct vnic_ctx *ctx, struct vnic_filter *f, 
 }
 
 /**
- * vnic_flt_del_all_locked - delete every live filter
- * @ctx: the context
- * @reason: DEL reason sent to the device (VNIC_R_*)
- */
-void vnic_flt_del_all_locked(struct vnic_ctx *ctx, u8 reason)
-{
-	struct vnic_filter *f, *tmp;
-
-	list_for_each_entry_safe(f, tmp, &ctx->live_list, node)
-		vnic_flt_del_locked(ctx, f, reason);
-}
-
-/**
  * vnic_flt_layout_changed_locked - the CPU -> rx queue layout changed
  * @ctx: the context
- * @nq: the new number of rx queues
  *
  * Every live filter goes (reason flush): its queue was chosen for the old
  * layout and may not be local to the receiving CPU any more. With one FLUSH
  * frame, not a DEL each (65,535 DELs would hold their ids, counted against
- * the capacity, while every flow asks again). The filters leave the flow
- * table now, so a steer call creates a new filter, whose ADD the device
- * gets after the FLUSH (frames are applied in order); they keep their ids
- * until the FLUSH is acknowledged. Refused flows are forgotten too (a
- * refusal such as bad_queue may not hold now). The kernel's RFS records are
- * reset once the FLUSH is acknowledged (rfs_reset_due), so that the next
- * packet of every flow asks for a filter again, under the new layout, with
- * the ids free.
+ * the capacity, while every flow asks again). vnic_flt_bulk() takes the
+ * filters out of the flow table in batches, so a steer call creates a new
+ * filter, whose ADD the device gets after the FLUSH (frames are applied in
+ * order, and the FLUSH is queued before the pass sends anything); they keep
+ * their ids until the FLUSH is acknowledged. Refused flows are forgotten
+ * too (a refusal such as bad_queue may not hold now). The kernel's RFS
+ * records are reset once the FLUSH is acknowledged (rfs_reset_due), so that
+ * the next packet of every flow asks for a filter again, under the new
+ * layout, with the ids free.
  */
-void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq)
+void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx)
 {
 	struct vnic_filter *f, *tmp;
 
-	list_for_each_entry_safe(f, tmp, &ctx->live_list, node) {
-		if (f->rxq >= nq || f->dev_rxq >= nq)
-			ctx->c.queue_flushes++;
-		ctx->c.layout_flushes++;
-		if (!vnic_flt_retire_locked(ctx, f, VF_FLUSHING, VNIC_R_FLUSH))
-			continue;
-		list_add_tail(&f->node, &ctx->flush_list);
-		ctx->nr_flushing++;
-	}
+	ctx->layout_epoch++;
+	ctx->layout_left = ctx->nr_live;
+	ctx->layout_walk = true;
 	list_for_each_entry_safe(f, tmp, &ctx->rej_list, node)
 		vnic_flt_rejected_free_locked(ctx, f);
 	ctx->table_full = false;
 	ctx->rfs_reset_due = true;
-	if (ctx->nr_flushing) {
-		ctx->flush_pending = true;
-		ctx->flush_reason = VNIC_R_FLUSH;
-		ctx->c.layout_flush_frames++;
+}
+
+/* One filter of a layout change's walk: retire it into the FLUSH. */
+static void vnic_flt_bulk_flush_one(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	unsigned int nq = ctx->rmap_nq;
+
+	if (f->rxq >= nq || f->dev_rxq >= nq)
+		ctx->c.queue_flushes++;
+	ctx->c.layout_flushes++;
+	if (!vnic_flt_retire_locked(ctx, f, VF_FLUSHING, VNIC_R_FLUSH))
+		return;
+	list_add_tail(&f->node, &ctx->flush_list);
+	ctx->nr_flushing++;
+}
+
+/* A filter a replay is still to visit: the device does not have it. */
+static void vnic_flt_bulk_forget_dev(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	f->replay_epoch = ctx->replay_epoch;
+	ctx->replay_left--;
+	f->on_dev = false;
+	f->sent = false;
+	f->add_inflight = false;
+}
+
+/*
+ * One lock hold of vnic_flt_bulk(): up to VNIC_BULK_BATCH filters, each
+ * taken from the head of live_list and either retired or moved to its tail
+ * (the expiry pass rotates the list too; a walk goes by epochs and counts,
+ * never by position).
+ *
+ * Return: true when work is left.
+ */
+static bool vnic_flt_bulk_step_locked(struct vnic_ctx *ctx)
+{
+	/* read at every hold: NTUPLE back on ends the delete (steer calls resume) */
+	bool ntuple_off = !(READ_ONCE(ctx->dev->features) & NETIF_F_NTUPLE);
+	struct vnic_filter *f;
+	unsigned int n = 0;
+	bool replay;
+
+	while (n < VNIC_BULK_BATCH && !list_empty(&ctx->live_list) &&
+	       (ctx->layout_left || ctx->replay_left || ntuple_off)) {
+		f = list_first_entry(&ctx->live_list, struct vnic_filter, node);
+		n++;
+		replay = ctx->replay_left && f->replay_epoch != ctx->replay_epoch;
+		if (replay)
+			vnic_flt_bulk_forget_dev(ctx, f);
+		if (ctx->layout_left && f->layout_epoch != ctx->layout_epoch) {
+			vnic_flt_bulk_flush_one(ctx, f);
+		} else if (ntuple_off) {
+			vnic_flt_del_locked(ctx, f, VNIC_R_FLUSH);
+		} else {
+			/* replayed, or new since the walk began: to the tail */
+			list_move_tail(&f->node, &ctx->live_list);
+			if (replay) {
+				vnic_flt_queue_add_locked(ctx, f);
+				ctx->c.replayed++;
+			}
+		}
 	}
+	if (n) {
+		ctx->c.bulk_batches++;
+		ctx->c.bulk_max = max_t(u64, ctx->c.bulk_max, n);
+	}
+	if (ctx->layout_walk && !ctx->layout_left) {
+		/* the layout walk is over: one FLUSH for it, before any new ADD */
+		ctx->layout_walk = false;
+		if (!list_empty(&ctx->flush_list)) {
+			ctx->flush_pending = true;
+			ctx->flush_reason = VNIC_R_FLUSH;
+			ctx->c.layout_flush_frames++;
+		}
+	}
+	return ctx->layout_left || ctx->replay_left ||
+	       (ntuple_off && !list_empty(&ctx->live_list));
+}
+
+/**
+ * vnic_flt_bulk - work on every live filter, in batches
+ * @ctx: an active context (the work item, before the pass takes the lock)
+ *
+ * A layout change's FLUSH (vnic_flt_layout_changed_locked()), a replay
+ * after the device lost its table (vnic_flt_replay_locked()) and the
+ * NTUPLE-off delete each visit every live filter. They run here in holds
+ * of VNIC_BULK_BATCH filters with ctx->lock, and BHs, released between
+ * them: steer calls, ACKs and other netdevs' work go on meanwhile. Nothing
+ * is sent until the walk is done (the pass that sends runs after it), so
+ * the device sees the same frames as with one long hold.
+ */
+void vnic_flt_bulk(struct vnic_ctx *ctx)
+{
+	bool ntuple_off = !(READ_ONCE(ctx->dev->features) & NETIF_F_NTUPLE);
+	bool more;
+
+	spin_lock_bh(&ctx->lock);
+	if (ntuple_off && ctx->nr_live)
+		ctx->c.ntuple_flushes++;
+	do {
+		more = vnic_flt_bulk_step_locked(ctx);
+		spin_unlock_bh(&ctx->lock);
+		if (more)
+			cond_resched();
+		spin_lock_bh(&ctx->lock);
+	} while (more);
+	spin_unlock_bh(&ctx->lock);
 }
 
 /**
@@ -361,22 +459,20 @@ void vnic_flt_flush_lost_locked(struct vnic_ctx *ctx)
 }
 
 /**
- * vnic_flt_replay_locked - queue an ADD for every live filter
- * @ctx: the context, whose device lost its table (new generation)
+ * vnic_flt_replay_locked - the device lost its table (new generation)
+ * @ctx: the context
+ *
+ * Every live filter's ADD goes again; vnic_flt_bulk() queues them in
+ * batches (softirq: the CAPS that told us). Until then a live filter still
+ * reads as on the device, which nothing acts on before the walk ends: ADDs
+ * and DELs go out only from the pass after it, and expiry runs there.
  */
 void vnic_flt_replay_locked(struct vnic_ctx *ctx)
 {
-	struct vnic_filter *f;
-
 	ctx->c.replays++;
 	ctx->table_full = false;
-	list_for_each_entry(f, &ctx->live_list, node) {
-		f->on_dev = false;
-		f->sent = false;
-		f->add_inflight = false;
-		vnic_flt_queue_add_locked(ctx, f);
-		ctx->c.replayed++;
-	}
+	ctx->replay_epoch++;
+	ctx->replay_left = ctx->nr_live;
 }
 
 static bool vnic_flt_held_off(unsigned long now, unsigned long since)
@@ -516,6 +612,8 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 	f->last_seen = now;
 	f->since = now;
 	f->state = VF_LIVE;
+	f->layout_epoch = ctx->layout_epoch;
+	f->replay_epoch = ctx->replay_epoch;
 	list_add_tail(&f->node, &ctx->live_list);
 	vnic_flt_queue_add_locked(ctx, f);
 	ctx->nr_ids++;

@@ -652,9 +652,10 @@ bool vnic_mgmt_probe(struct vnic_ctx *ctx, unsigned long *delay)
  * vnic_mgmt_pass - one pass of an active session
  * @ctx: the context, in VS_ACTIVE
  *
- * Work item. NTUPLE-off flush, refused-flow reaping, the expiry pass, stall
- * detection, HELLO (resync or keepalive), go-back-N retransmission and new
- * request frames; the frames are sent after ctx->lock is dropped.
+ * Work item. The bulk walk (replay, layout FLUSH, NTUPLE off), refused-flow
+ * reaping, the expiry pass, stall detection, HELLO (resync or keepalive),
+ * go-back-N retransmission and new request frames; the frames are sent after
+ * ctx->lock is dropped.
  *
  * Return: when the next pass should run (jiffies from now).
  */
@@ -666,14 +667,13 @@ unsigned long vnic_mgmt_pass(struct vnic_ctx *ctx)
 	unsigned int keepalive = READ_ONCE(vnic_keepalive_ms);
 	u32 tosend[VNIC_WINDOW];
 
+	/* replay, layout FLUSH, NTUPLE off: before anything is sent */
+	vnic_flt_bulk(ctx);
+
 	now = jiffies;
 	spin_lock_bh(&ctx->lock);
 	rto = vnic_mgmt_rto(ctx);
 
-	if (!(READ_ONCE(dev->features) & NETIF_F_NTUPLE) && ctx->nr_live) {
-		ctx->c.ntuple_flushes++;
-		vnic_flt_del_all_locked(ctx, VNIC_R_FLUSH);
-	}
 	vnic_flt_reap_rejected_locked(ctx, now);
 	vnic_flt_expire_locked(ctx, now);
 

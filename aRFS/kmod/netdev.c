@@ -483,8 +483,9 @@ static void vnic_dev_work(struct work_struct *work)
 	case VS_ACTIVE:
 		/* the session goes on while RTNL is busy; the layout is retried soon */
 		retry = !vnic_dev_work_layout(ctx);
-		vnic_rmap_reset_if_due(ctx);
 		delay = vnic_mgmt_pass(ctx);
+		/* after the pass: its bulk walk may have ended a layout change */
+		vnic_rmap_reset_if_due(ctx);
 		if (retry)
 			delay = min(delay, msecs_to_jiffies(10));
 		vnic_work_queue(ctx, delay);

@@ -230,7 +230,7 @@ void vnic_rmap_check(struct vnic_ctx *ctx)
 
 	spin_lock_bh(&ctx->lock);
 	ctx->c.rmap_rebuilds++;
-	vnic_flt_layout_changed_locked(ctx, nq);
+	vnic_flt_layout_changed_locked(ctx);
 	vnic_work_kick_locked(ctx);
 	spin_unlock_bh(&ctx->lock);
 	vnic_rmap_warn_no_table(ctx, nq);
@@ -248,7 +248,8 @@ void vnic_rmap_reset_if_due(struct vnic_ctx *ctx)
 	bool due;
 
 	spin_lock_bh(&ctx->lock);
-	due = ctx->rfs_reset_due && !ctx->nr_flushing;
+	/* the layout walk is over and its FLUSH acknowledged */
+	due = ctx->rfs_reset_due && !ctx->layout_walk && !ctx->nr_flushing;
 	if (due) {
 		ctx->rfs_reset_due = false;
 		ctx->c.rfs_resets++;

@@ -91,6 +91,12 @@ enum {
 #define VNIC_EXPIRY_SWEEP_MS	10000
 /* Extra filters examined after the table was found full (sfc: 100). */
 #define VNIC_EXPIRY_PRESSURE	100
+/*
+ * Filters one lock hold of vnic_flt_bulk() handles (a replay, a layout
+ * change's FLUSH, the NTUPLE-off delete) before it lets ctx->lock and the
+ * CPU go: 65,535 filters take 256 holds of some tens of microseconds each.
+ */
+#define VNIC_BULK_BATCH		256
 
 extern char *vnic_ifnames;
 extern unsigned int vnic_interval_ms;
@@ -152,6 +158,9 @@ struct vnic_filter {
 	bool on_dev;			/* an ADD of this id was ACKed ok */
 	bool sent;			/* an ADD went out in this generation */
 	bool resteer_blocked;		/* a re-steer was refused at @since */
+	/* the walks of vnic_flt_bulk() this filter still waits for, see there */
+	u32 layout_epoch;
+	u32 replay_epoch;
 };
 
 /* Flow table size: every id (0..0xFFFE) plus the refused flows in hold-off. */
@@ -205,6 +214,8 @@ struct vnic_counters {
 	u64 layout_flush_frames;	/* FLUSH frames a layout change sent */
 	u64 rfs_resets;			/* resets of the kernel's RFS records */
 	u64 expiry_pressure;		/* extra expiry passes after a full table */
+	u64 bulk_batches;		/* lock holds of vnic_flt_bulk() */
+	u64 bulk_max;			/* most filters one of them handled */
 	u64 max_chain;			/* longest flow-table chain walked by a lookup */
 	u64 steer_walked;		/* flow-table entries compared by steer lookups */
 	/* ADD/DEL requests ACKed ok: first transmission to ACK, in us */
@@ -343,6 +354,18 @@ struct vnic_ctx {
 	u32 flush_wait_seq;
 	unsigned int nr_flushing;
 	bool rfs_reset_due;
+	/*
+	 * Work on every live filter is done by vnic_flt_bulk() in batches of
+	 * VNIC_BULK_BATCH, ctx->lock dropped between them. A walk's filters
+	 * are those whose epoch differs from the context's (filters created
+	 * since carry the new one); *_left counts them exactly (see
+	 * vnic_flt_unlink_live_locked()).
+	 */
+	u32 layout_epoch;
+	u32 replay_epoch;
+	unsigned int layout_left;	/* live filters placed for the old layout */
+	unsigned int replay_left;	/* live filters the device lost */
+	bool layout_walk;		/* a layout change's walk is not over */
 	struct vnic_counters c;
 	struct vnic_reset_log rlog;	/* debugfs resets */
 
@@ -436,8 +459,8 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 		   u16 rxq_index, u32 flow_id);
 void vnic_flt_queue_add_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
 void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
-void vnic_flt_del_all_locked(struct vnic_ctx *ctx, u8 reason);
-void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx, unsigned int nq);
+void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx);
+void vnic_flt_bulk(struct vnic_ctx *ctx);
 void vnic_flt_flush_sent_locked(struct vnic_ctx *ctx, u32 seq);
 void vnic_flt_flush_acked_locked(struct vnic_ctx *ctx, u32 seq);
 void vnic_flt_flush_lost_locked(struct vnic_ctx *ctx);

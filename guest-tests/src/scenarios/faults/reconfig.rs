@@ -392,9 +392,22 @@ pub(in crate::scenarios) fn relayout_4k(s: &mut Session, c: &mut Checks) -> Resu
     c.check(busy == 0, || {
         format!("{busy} steer calls answered -EBUSY across the layout changes")
     });
+    // Each layout change walks the filters its FLUSH removes in holds of at
+    // most 256 (VNIC_BULK_BATCH), the lock let go between them.
+    let batches = super::delta(&m1, &m0, "bulk_batches");
+    let min_batches: u64 = flushes.iter().map(|n| u64::from(*n).div_ceil(256)).sum();
+    let bulk_max = m1.get("bulk_max");
+    c.check(
+        batches >= min_batches && (1..=256).contains(&bulk_max),
+        || {
+            format!(
+                "the layout changes' walks over {flushes:?} filters took {batches} lock holds (want >= {min_batches}) of at most {bulk_max} filters (want 1..=256)"
+            )
+        },
+    );
     let flush_dev = dev_delta(&s1, &s0, "/table/flushes");
     Ok(format!(
-        "filters={want} (synthetic {SYNTHETIC}) flush_frames={frames} device_flushes={flush_dev} flushed={flushes:?} del_ops={del_ops} busy={busy} settled {} rfs_resets={}",
+        "filters={want} (synthetic {SYNTHETIC}) flush_frames={frames} device_flushes={flush_dev} flushed={flushes:?} del_ops={del_ops} busy={busy} bulk_batches={batches} bulk_max={bulk_max} settled {} rfs_resets={}",
         figures.join(" "),
         super::delta(&m1, &m0, "rfs_resets")
     ))
