@@ -434,7 +434,7 @@ fn guest_checks(s: &Session, sp: &Span, i: usize, c: &mut Checks) {
 /// window without it.
 fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
     s.ensure_module()?;
-    let flows = s.make_flows(s.settings.flows);
+    let flows = s.steering_flows(s.settings.flows)?;
     s.udp_start(&flows)?;
     s.flows = flows;
     s.start_mark()?;

@@ -91,13 +91,14 @@ fn add_account(trace: &[TraceRecord], unacked: &[ResetOp]) -> AddAccount {
 pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.ensure_module()?;
     s.guest.ctl.set("mgmt_loss_rate", &json!(0.2))?;
+    // Before the baselines: the port probe sends packets (no filter asked).
+    let flows = s.steering_flows(s.settings.flows)?;
     let m0 = s.module_counters()?;
     let s0 = s.guest.ctl.stats()?;
     let resets_path = ResetLog::path(crate::scenarios::IFNAME);
     let r0 = ResetLog::parse(&s.guest.agent.read_file(&resets_path)?)?;
     // The trace from here on is this scenario's (no flow yet: no ADD).
     let _ = s.trace_since_mark()?;
-    let flows = s.make_flows(s.settings.flows);
     s.fault_start(flows)?;
     let warm = s.wait_steered(&BTreeSet::new())?;
     // The module packs many ops per frame: one round of 64 flows is a
@@ -277,13 +278,13 @@ pub(in crate::scenarios) fn slow_hw(s: &mut Session, c: &mut Checks) -> Result<S
     c.check(lat == 10_000, || {
         format!("module learned latency {lat} us from CAPS, device has 10000")
     });
+    let all = s.steering_flows(s.settings.flows)?;
     let s0 = s.guest.ctl.stats()?;
     // 12 flows that all need a filter, sharing the whole rate: a packet
     // every 6 ms per flow, so packets keep arriving on the RSS queue
     // while an ADD is pending (10 ms + the work item + the frame's way):
     // on 6.12 each of them makes a steer call the module must dedup.
-    let flows: Vec<Flow> = s
-        .make_flows(s.settings.flows)
+    let flows: Vec<Flow> = all
         .into_iter()
         .filter(Flow::needs_filter)
         .take(12)
@@ -367,9 +368,10 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     let s_pre = s.guest.ctl.stats()?;
     s.ensure_module()?;
     s.guest.ctl.set("add_fail_rate", &json!(0.1))?;
+    // Before the baselines: the port probe sends packets (no filter asked).
+    let flows = s.steering_flows(s.settings.flows)?;
     let m0 = s.module_counters()?;
     let s0 = s.guest.ctl.stats()?;
-    let flows = s.make_flows(s.settings.flows);
     let need = flows.iter().filter(|f| f.needs_filter()).count();
     s.fault_start(flows)?;
     // Refused flows are asked for again after the hold-off; give them

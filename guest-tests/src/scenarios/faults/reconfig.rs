@@ -24,8 +24,8 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
     s.ensure_module()?;
     let full_q = s.settings.queues;
     let low_q: u16 = 2;
+    let flows = s.steering_flows(s.settings.flows)?;
     let s0 = s.guest.ctl.stats()?;
-    let flows = s.make_flows(s.settings.flows);
     s.fault_start(flows)?;
     s.wait_steered(&BTreeSet::new())?;
     let before = table_of(&s.guest.ctl.table()?)?;
@@ -329,7 +329,7 @@ pub(in crate::scenarios) fn relayout_4k(s: &mut Session, c: &mut Checks) -> Resu
         .write_file(&format!("{}/expire_quota", crate::module::PARAMS_DIR), "0")?;
     let full_q = s.settings.queues;
     let low = 3u16.min(full_q - 1);
-    let flows = s.make_flows(s.settings.flows);
+    let flows = s.steering_flows(s.settings.flows)?;
     s.fault_start(flows)?;
     s.wait_steered(&BTreeSet::new())?;
     let flowgen = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
@@ -453,7 +453,7 @@ fn misplaced(s: &Session, t: &DevTable, map: &BTreeMap<usize, usize>) -> (Vec<St
 pub(in crate::scenarios) fn relayout(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.ensure_module()?;
     let full_q = s.settings.queues;
-    let flows = s.make_flows(s.settings.flows);
+    let flows = s.steering_flows(s.settings.flows)?;
     s.fault_start(flows)?;
     s.wait_steered(&BTreeSet::new())?;
     let mut figures = Vec::new();

@@ -30,6 +30,8 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
     s.settings.module.extra = extra;
     loaded?;
     s.guest.ctl.set("table_capacity", &json!(CAP))?;
+    // Before the baselines: the port probe sends packets (no filter asked).
+    let flows = s.steering_flows(s.settings.flows)?;
     let m0 = s.module_counters()?;
     let believed = m0.get("capacity");
     ensure!(
@@ -38,7 +40,6 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
         s.boot_capacity
     );
     let s0 = s.guest.ctl.stats()?;
-    let flows = s.make_flows(s.settings.flows);
     let need = flows.iter().filter(|f| f.needs_filter()).count() as u64;
     ensure!(
         need > CAP,
