@@ -10,13 +10,14 @@
 //! docs/experiments.md. These are measurements, not scenarios of the suite:
 //! the only verdicts are the acceptance check of the binary.
 
-use super::slots::{self, SlotCounts, SlotRule};
+use super::slots::{self, AtEnd, SlotCounts, SlotRule};
+use super::workload::{napi_queues, queue_delta, Flow};
 use super::{Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module::{self, ModuleCounters};
 use crate::procfs;
-use crate::proto::{Request, UdpFlowSpec, UdpSpec, UdpStats};
+use crate::proto::{FlowCounters, Request, RxQueueNapi, UdpFlowSpec, UdpSpec, UdpStats};
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey};
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,24 @@ pub const RPS_PORT: u16 = 30000;
 /// Time for vnic's trace writer to flush what it has (it flushes after
 /// 50 ms without a new line).
 const TRACE_SETTLE: Duration = Duration::from_millis(500);
+/// How many flows that did not hold their queue a point names.
+pub const MAX_MISSES: usize = 20;
+/// The guest-side window at the end of each iteration of a collision
+/// point (the lower bound: >= 95% of a flow's packets in it on its queue),
+/// and the shortest iteration it is taken from whole.
+pub const END_WINDOW: Duration = Duration::from_secs(10);
+const END_WINDOW_MIN_ITERATION: Duration = Duration::from_secs(15);
+
+/// The end window for iterations of `per_iter`: [`END_WINDOW`], or the
+/// second half of a shorter one; and whether it is the half.
+pub fn end_window(per_iter: Duration) -> (Duration, bool) {
+    if per_iter >= END_WINDOW_MIN_ITERATION {
+        (END_WINDOW, false)
+    } else {
+        (per_iter / 2, true)
+    }
+}
+
 /// First source address of the RPS workload (`10.0.2.100` onwards).
 pub const RPS_SRC_BASE: u8 = 100;
 
@@ -164,8 +183,21 @@ pub struct CollisionPoint {
     /// compare).
     pub slot_rule: Option<SlotRule>,
     /// Flows needing a filter that kept their slot (no other such flow
-    /// into the same queue shares it), and how many of them got a filter.
+    /// into the same queue shares it), how many of them got a filter (an
+    /// ADD in the trace), and how many hold their queue at the end: a live
+    /// filter to it in the device table and >= 95% of the last window's
+    /// packets there, guest-side ([`slots::held_at_end`]).
     pub slots: SlotCounts,
+    /// The guest-side window of `slots.own_slot_on_queue`, as measured
+    /// between its two snapshots (the last 10 s of each iteration, or its
+    /// second half when the iteration is shorter than 15 s); `None` in
+    /// points from before that count.
+    pub end_window_s: Option<f64>,
+    /// The iteration was shorter than 15 s: the window is its second half.
+    pub end_window_half: bool,
+    /// Why flows that kept their slot did not hold their queue at the end
+    /// (the first [`MAX_MISSES`]).
+    pub end_misses: Vec<String>,
     /// Packets of flows `vnic_flowhash` had no room for (must be 0).
     pub flowhash_full: u64,
 }
@@ -459,6 +491,8 @@ pub fn collision_point(
     let mut needing = 0u64;
     let mut traffic = Duration::ZERO;
     let mut iteration_flows = Vec::new();
+    let mut iteration_ends = Vec::new();
+    let (mut end_window_s, mut end_window_half) = (None, false);
     let mut filters = Vec::new();
     for k in 0..w.iterations {
         let base = COLLISION_PORT + (k as usize * w.flows) as u16;
@@ -490,9 +524,26 @@ pub fn collision_point(
         }
         // Each iteration gets its full share of traffic time; setting up
         // hundreds of receivers takes seconds under TCG and is not counted.
+        // The guest's per-queue counts are read at the start of the end
+        // window and at the end, the device's live table at the end (the
+        // traffic time includes the reads).
         let t_it = Instant::now();
-        std::thread::sleep(per_iter);
+        let (win, half) = end_window(per_iter);
+        std::thread::sleep(per_iter.saturating_sub(win));
+        let napi: RxQueueNapi = s.guest.agent.req(Request::RxQueueNapi {
+            ifname: IFNAME.into(),
+        })?;
+        let a0 = s.udp_stats()?;
+        // The whole window after the first snapshot (reading it under TCG
+        // takes a moment): the point runs that much longer.
+        let t_win = Instant::now();
+        std::thread::sleep(win);
+        let a1 = s.udp_stats()?;
+        let live = s.device_filters()?;
+        end_window_s = Some(t_win.elapsed().as_secs_f64());
+        end_window_half = half;
         traffic += t_it.elapsed();
+        iteration_ends.push(at_end(&flows, &napi, &a0, &a1, &live)?);
         // The slots the kernel gave this iteration's filters.
         filters.extend(
             s.module_filters()?
@@ -581,12 +632,56 @@ pub fn collision_point(
     let log = slots::table_log(flow_cnt);
     p.flowhash_full = flowhash_full;
     p.slot_rule = slots::infer_rule(&filters, &hashes, log)?;
+    p.end_window_s = end_window_s;
+    p.end_window_half = end_window_half;
     if let Some(rule) = p.slot_rule {
-        for flows in &iteration_flows {
-            p.slots += slots::slot_counts(flows, &hashes, &added, rule, log);
+        for (flows, end) in iteration_flows.iter().zip(&iteration_ends) {
+            let (c, misses) = slots::slot_counts(flows, &hashes, &added, end, rule, log);
+            p.slots += c;
+            let room = MAX_MISSES.saturating_sub(p.end_misses.len());
+            p.end_misses.extend(misses.into_iter().take(room));
         }
     }
     Ok(p)
+}
+
+/// The end of an iteration as the lower bound reads it: each flow's live
+/// filter queue (device table `live`) and its packets by rx queue between
+/// the agent's snapshots `a0` and `a1` (NAPI ids mapped through `napi`).
+fn at_end<'a>(
+    flows: &[Flow],
+    napi: &RxQueueNapi,
+    a0: &'a UdpStats,
+    a1: &'a UdpStats,
+    live: &BTreeMap<FlowKey, (u64, usize, u64)>,
+) -> Result<AtEnd> {
+    let map = napi_queues(napi);
+    let mut end = AtEnd::default();
+    for f in flows {
+        let find = |st: &'a UdpStats| -> Result<&'a FlowCounters> {
+            Ok(st
+                .flows
+                .iter()
+                .find(|c| c.local_port == f.local_port)
+                .ok_or_else(|| {
+                    format!("the agent has no receiver for guest port {}", f.local_port)
+                })?)
+        };
+        let (c0, c1) = (find(a0)?, find(a1)?);
+        end.last.insert(
+            f.key,
+            queue_delta(
+                &c1.by_napi,
+                &c0.by_napi,
+                c1.napi_unknown.saturating_sub(c0.napi_unknown),
+                &map,
+            ),
+        );
+        if let Some(&(_, q, _)) = live.get(&f.key) {
+            end.live_q.insert(f.key, q);
+        }
+    }
+    Ok(end)
 }
 
 /// Round-trip times over a window, from two snapshots of the device's

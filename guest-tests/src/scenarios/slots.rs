@@ -14,7 +14,7 @@
 //! fix, each of those must get a filter (a collision may cost the loser
 //! its filter; nothing else should).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::net::IpAddr;
 
@@ -164,13 +164,35 @@ pub fn infer_rule<S: BuildHasher>(
 }
 
 /// Slot figures of one set of concurrent flows (one iteration).
+///
+/// The lower bound of the acceptance check is `own_slot_on_queue /
+/// own_slot`: a flow that kept its slot counts only when, at the end, the
+/// device holds a live filter sending it to its receiver's queue *and* the
+/// guest saw at least [`ON_QUEUE_BAR`] of its last window's packets arrive
+/// there. `own_slot_added` (any ADD in the trace, to any queue, surviving
+/// or not) is kept for the record: the old kernel scores 100% on it too.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SlotCounts {
     /// Flows needing a filter whose (target queue, slot) no other such
     /// flow shares.
     pub own_slot: u64,
-    /// Of those, flows that got a filter.
+    /// Of those, flows with at least one ADD in the trace (any queue).
     pub own_slot_added: u64,
+    /// Of those, flows the device's live table (dumped at the end of the
+    /// point) holds a filter for whose rx queue is the flow's receiver's
+    /// queue (0 in points from before this count).
+    pub own_slot_live: u64,
+    /// Of `own_slot_live`, flows of which the guest saw >= [`ON_QUEUE_BAR`]
+    /// of the packets of the point's last window arrive on that queue
+    /// (SO_INCOMING_NAPI_ID): the lower bound's numerator.
+    pub own_slot_on_queue: u64,
+    /// Flows needing a filter that share their (target queue, slot) with
+    /// another such flow, and how many of those hold their queue at the
+    /// end as above (no bar: with the 2025 fix one flow per shared slot
+    /// is expected to, without it the flows of a slot take turns).
+    pub shared_slot: u64,
+    pub shared_slot_held: u64,
     /// Flows needing a filter with no recorded hash (not counted above).
     pub hash_unknown: u64,
 }
@@ -179,20 +201,89 @@ impl std::ops::AddAssign for SlotCounts {
     fn add_assign(&mut self, o: Self) {
         self.own_slot += o.own_slot;
         self.own_slot_added += o.own_slot_added;
+        self.own_slot_live += o.own_slot_live;
+        self.own_slot_on_queue += o.own_slot_on_queue;
+        self.shared_slot += o.shared_slot;
+        self.shared_slot_held += o.shared_slot_held;
         self.hash_unknown += o.hash_unknown;
     }
 }
 
-/// Counts, for flows that run at the same time, which keep their slot and
-/// which of those got a filter.
+/// The share of a flow's last-window packets that must have arrived on its
+/// receiver's queue, guest-side, for it to count in the lower bound.
+pub const ON_QUEUE_BAR: f64 = 0.95;
+
+/// What the end of one iteration shows, per flow of it.
+#[derive(Debug, Clone, Default)]
+pub struct AtEnd {
+    /// The rx queue of the flow's filter in the device's live table, read
+    /// at the end (absent: no live filter, e.g. deleted).
+    pub live_q: HashMap<FlowKey, usize>,
+    /// The flow's packets of the last window by the rx queue the guest
+    /// kernel says delivered them (SO_INCOMING_NAPI_ID through the NAPI ->
+    /// queue map; `usize::MAX`: an unknown NAPI). Deltas of two snapshots.
+    pub last: HashMap<FlowKey, BTreeMap<usize, u64>>,
+}
+
+/// Share of the packets of `by_queue` that arrived on queue `q` (0 without
+/// a packet). Unknown NAPIs count against it.
+pub fn share_on(by_queue: &BTreeMap<usize, u64>, q: usize) -> f64 {
+    let total: u64 = by_queue.values().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    by_queue.get(&q).copied().unwrap_or(0) as f64 / total as f64
+}
+
+/// Whether flow `f` holds its queue at the end: `Ok` when the device's
+/// live table has a filter for it to `f.rx_q` and >= [`ON_QUEUE_BAR`] of
+/// its last window's packets arrived there guest-side; else `Err((live,
+/// why))`, `live` telling whether the first half holds.
+pub fn held_at_end(f: &Flow, end: &AtEnd) -> std::result::Result<(), (bool, String)> {
+    let empty = BTreeMap::new();
+    let last = end.last.get(&f.key).unwrap_or(&empty);
+    let total: u64 = last.values().sum();
+    let share = share_on(last, f.rx_q);
+    let port = f.key.dst_port();
+    match end.live_q.get(&f.key) {
+        None => Err((
+            false,
+            format!(
+                ":{port} no live filter at the end (expected q{}; {:.0}% of {total} packets there)",
+                f.rx_q,
+                100.0 * share
+            ),
+        )),
+        Some(&q) if q != f.rx_q => Err((
+            false,
+            format!(":{port} live filter to q{q}, expected q{}", f.rx_q),
+        )),
+        Some(_) if share < ON_QUEUE_BAR => Err((
+            true,
+            format!(
+                ":{port} filter to q{} but the guest saw {:.1}% of its {total} packets there",
+                f.rx_q,
+                100.0 * share
+            ),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Counts, for flows that run at the same time, which keep their slot, and
+/// which of those got a filter (`added`: ADD in the trace) and hold their
+/// queue at the end ([`held_at_end`]). Also returns why each flow that kept
+/// its slot but does not hold its queue fails.
 pub fn slot_counts<S: BuildHasher, T: BuildHasher>(
     flows: &[Flow],
     hashes: &HashMap<FlowKey, u32, S>,
     added: &HashSet<FlowKey, T>,
+    end: &AtEnd,
     rule: SlotRule,
     log: u32,
-) -> SlotCounts {
+) -> (SlotCounts, Vec<String>) {
     let mut c = SlotCounts::default();
+    let mut misses = Vec::new();
     let mut users: HashMap<(usize, u32), u64> = HashMap::new();
     let mut placed = Vec::new();
     for f in flows.iter().filter(|f| f.needs_filter()) {
@@ -206,14 +297,27 @@ pub fn slot_counts<S: BuildHasher, T: BuildHasher>(
         }
     }
     for (f, at) in placed {
-        if users[&at] == 1 {
+        if users[&at] > 1 {
+            c.shared_slot += 1;
+            c.shared_slot_held += u64::from(held_at_end(f, end).is_ok());
+        } else {
             c.own_slot += 1;
             if added.contains(&f.key) {
                 c.own_slot_added += 1;
             }
+            match held_at_end(f, end) {
+                Ok(()) => {
+                    c.own_slot_live += 1;
+                    c.own_slot_on_queue += 1;
+                }
+                Err((live, why)) => {
+                    c.own_slot_live += u64::from(live);
+                    misses.push(why);
+                }
+            }
         }
     }
-    c
+    (c, misses)
 }
 
 #[cfg(test)]
@@ -285,15 +389,30 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_shared_slot_is_not_owned() {
-        let flow = |sport: u16, rx_q: usize| Flow {
+    fn flow(sport: u16, rx_q: usize) -> Flow {
+        Flow {
             local_port: 5001,
             cpu: rx_q,
             key: key(sport),
             rss_q: 0,
             rx_q,
-        };
+        }
+    }
+
+    /// Every flow of `flows` with a live filter to its queue and all of its
+    /// 100 last-window packets there.
+    fn all_held(flows: &[Flow]) -> AtEnd {
+        AtEnd {
+            live_q: flows.iter().map(|f| (f.key, f.rx_q)).collect(),
+            last: flows
+                .iter()
+                .map(|f| (f.key, [(f.rx_q, 100)].into_iter().collect()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_shared_slot_is_not_owned() {
         // Flows 1 and 2 share queue 1's slot 0x34; flow 3 has queue 2's
         // slot 0x34 to itself; flow 4 stays on RSS (no filter needed).
         let flows = vec![flow(1, 1), flow(2, 1), flow(3, 2), flow(4, 0), flow(5, 3)];
@@ -306,14 +425,89 @@ mod tests {
         .into_iter()
         .collect();
         let added: HashSet<FlowKey> = [key(1), key(3)].into_iter().collect();
-        let c = slot_counts(&flows, &hashes, &added, SlotRule::Mask, 8);
+        // Flow 2 lost the shared slot: no live filter at the end.
+        let mut end = all_held(&flows);
+        end.live_q.remove(&key(2));
+        let (c, misses) = slot_counts(&flows, &hashes, &added, &end, SlotRule::Mask, 8);
         assert_eq!(
             c,
             SlotCounts {
                 own_slot: 1,
                 own_slot_added: 1,
+                own_slot_live: 1,
+                own_slot_on_queue: 1,
+                shared_slot: 2,
+                shared_slot_held: 1,
                 hash_unknown: 1
             }
+        );
+        assert!(misses.is_empty(), "{misses:?}");
+    }
+
+    #[test]
+    fn only_a_live_filter_to_the_queue_with_the_packets_there_counts() {
+        // Seven flows to queue 1, each in a slot of its own, every one with
+        // an ADD in the trace; only flow 1 holds its queue at the end.
+        let flows: Vec<Flow> = (1..=7).map(|p| flow(p, 1)).collect();
+        let hashes: HashMap<FlowKey, u32> = (1..=7).map(|p| (key(p), u32::from(p))).collect();
+        let added: HashSet<FlowKey> = (1..=7).map(key).collect();
+        let mut end = all_held(&flows);
+        let q = |v: &[(usize, u64)]| v.iter().copied().collect::<BTreeMap<usize, u64>>();
+        // 2: its live filter names queue 3, and its packets went there.
+        end.live_q.insert(key(2), 3);
+        end.last.insert(key(2), q(&[(3, 100)]));
+        // 3: filter to queue 1, but only 94 of 100 packets arrived there.
+        end.last.insert(key(3), q(&[(1, 94), (0, 6)]));
+        // 4: its filter was deleted before the end (ADD and DEL in the
+        // trace, not in the table), though the window's packets were on q1.
+        end.live_q.remove(&key(4));
+        // 5: filter to queue 1, packets there, but 6 of 100 from an unknown
+        // NAPI: they count against it.
+        end.last.insert(key(5), q(&[(1, 94), (usize::MAX, 6)]));
+        // 6: filter to queue 1, no packet at all in the window.
+        end.last.remove(&key(6));
+        // 7: exactly the bar (95 of 100) counts.
+        end.last.insert(key(7), q(&[(1, 95), (0, 5)]));
+        let (c, misses) = slot_counts(&flows, &hashes, &added, &end, SlotRule::Mask, 8);
+        assert_eq!(
+            c,
+            SlotCounts {
+                own_slot: 7,
+                own_slot_added: 7,
+                own_slot_live: 5,
+                own_slot_on_queue: 2,
+                shared_slot: 0,
+                shared_slot_held: 0,
+                hash_unknown: 0
+            },
+            "{misses:?}"
+        );
+        assert_eq!(misses.len(), 5, "{misses:?}");
+        assert!(misses
+            .iter()
+            .any(|m| m.contains(":5001 live filter to q3, expected q1")));
+        assert!(misses.iter().any(|m| m.contains("no live filter")));
+        assert!(misses
+            .iter()
+            .any(|m| m.contains("94.0% of its 100 packets")));
+        assert!(misses.iter().any(|m| m.contains("0.0% of its 0 packets")));
+        // The verdict per flow, as the check reads it.
+        assert_eq!(held_at_end(&flows[0], &end), Ok(()));
+        assert!(matches!(held_at_end(&flows[1], &end), Err((false, _))));
+        assert!(matches!(held_at_end(&flows[2], &end), Err((true, _))));
+        assert!(matches!(held_at_end(&flows[3], &end), Err((false, _))));
+        assert!((share_on(&q(&[(1, 3), (2, 1)]), 1) - 0.75).abs() < 1e-12);
+        assert!(share_on(&BTreeMap::new(), 1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn old_points_without_the_end_counts_read_as_zero() {
+        let c: SlotCounts =
+            serde_json::from_str(r#"{"own_slot": 187, "own_slot_added": 187, "hash_unknown": 0}"#)
+                .unwrap();
+        assert_eq!(
+            (c.own_slot, c.own_slot_live, c.own_slot_on_queue),
+            (187, 0, 0)
         );
     }
 }
