@@ -409,7 +409,7 @@ fn mgmt_json(sh: &Shared, s: &Snapshot) -> Value {
         "naks_sent": c.naks_sent,
         "dropped_by_loss": c.dropped_by_loss,
         "replies_dropped_by_loss": c.replies_dropped_by_loss,
-        "replies_dropped_no_buffers": sh.stats.replies_dropped_no_buffers.load(Ordering::Relaxed),
+        "replies_dropped_no_buffers": sh.stats.replies_dropped_no_buffers.get(),
         "out_of_order": c.out_of_order,
         "duplicates": c.duplicates,
         "duplicate_reacks": c.duplicate_reacks,

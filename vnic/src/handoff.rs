@@ -27,7 +27,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::PathFaults;
 use crate::pairs::Pairs;
-use crate::stats::{add, add_owned, Hits, Stats};
+use crate::stats::{add, Hits, HitsOwner, QueueOwner, QueueWriter, SharedCounter, Stats};
 use crate::trace::Tracer;
 use crate::virtq::rx::{RxBatch, RxOutcome};
 use crate::virtq::NET_HDR_LEN;
@@ -372,7 +372,9 @@ pub struct Router {
     lanes: Arc<Lanes>,
     pairs: Arc<Pairs>,
     stats: Arc<Stats>,
-    hits: Arc<Hits>,
+    /// The one writer of this worker's queue counters and hit row.
+    owner: QueueOwner,
+    hits: HitsOwner,
     tracer: Arc<Tracer>,
     generation: Arc<AtomicU32>,
     faults: Arc<PathFaults>,
@@ -413,7 +415,7 @@ pub struct BatchFlags {
 /// This worker's own rx queue, as [`Local::deliver`] needs it (borrowed
 /// field by field, so a caller may hold other parts of the router).
 struct Local<'a> {
-    q: &'a crate::stats::QueueStats,
+    q: QueueWriter<'a>,
     starved: &'a AtomicBool,
     mrg: bool,
     id: usize,
@@ -429,7 +431,8 @@ impl Local<'_> {
         filter: Option<bool>,
         fake_drop: bool,
     ) -> bool {
-        let q = self.q;
+        let w = &self.q;
+        let q = w.queue();
         if !b.ready() {
             add(&q.rx_drops_disabled, 1);
             return false;
@@ -437,26 +440,26 @@ impl Local<'_> {
         if fake_drop {
             // The `drop_rate` fault: counted as a filter delivery, never
             // written (a NIC that loses frames it reports delivered).
-            add_owned(&q.rx_packets, 1);
-            add_owned(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
-            add_owned(&q.rx_filter, 1);
+            w.add(|q| &q.rx_packets, 1);
+            w.add(|q| &q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
+            w.add(|q| &q.rx_filter, 1);
             return true;
         }
         let mut bad = 0;
         let out = b.deliver(pkt, self.mrg, &mut bad);
         if bad > 0 {
-            add_owned(&q.rx_bad_chains, bad);
+            w.add(|q| &q.rx_bad_chains, bad);
             flags.added = true;
             log::debug!("pair {}: {bad} unusable rx chain(s) consumed", self.id);
         }
         match out {
             RxOutcome::Delivered { .. } => {
                 flags.added = true;
-                add_owned(&q.rx_packets, 1);
-                add_owned(&q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
+                w.add(|q| &q.rx_packets, 1);
+                w.add(|q| &q.rx_bytes, (pkt.len() - NET_HDR_LEN) as u64);
                 match filter {
-                    Some(true) => add_owned(&q.rx_filter, 1),
-                    Some(false) => add_owned(&q.rx_rss, 1),
+                    Some(true) => w.add(|q| &q.rx_filter, 1),
+                    Some(false) => w.add(|q| &q.rx_rss, 1),
                     None => {}
                 }
                 true
@@ -467,12 +470,14 @@ impl Local<'_> {
                     self.starved.store(true, Ordering::Relaxed);
                 }
                 if filter.is_some() {
-                    add_owned(&q.rx_drops_no_buffers, 1);
+                    // Shared: the other workers count their frames for
+                    // this queue here too (`Router::starved_drops`).
+                    add(&q.rx_drops_no_buffers, 1);
                 }
                 false
             }
             RxOutcome::TooBig => {
-                add_owned(&q.rx_drops_too_big, 1);
+                w.add(|q| &q.rx_drops_too_big, 1);
                 false
             }
         }
@@ -496,8 +501,9 @@ impl Router {
             id,
             lanes: l.lanes,
             pairs: l.pairs,
+            owner: l.stats.claim(id),
             stats: l.stats,
-            hits: l.hits,
+            hits: l.hits.claim(id),
             tracer: l.tracer,
             generation: l.generation,
             faults: l.faults,
@@ -514,6 +520,12 @@ impl Router {
             mrg: true,
             flags: BatchFlags::default(),
         }
+    }
+
+    /// This worker's queue counters, as their one writer.
+    #[inline]
+    pub fn stats(&self) -> QueueWriter<'_> {
+        self.owner.writer()
     }
 
     /// This worker's inbox.
@@ -570,7 +582,7 @@ impl Router {
         fake_drop: bool,
     ) -> bool {
         let local = Local {
-            q: &self.stats.queues[self.id],
+            q: self.owner.writer(),
             starved: &self.lanes.inbox[self.id].starved,
             mrg: self.mrg,
             id: self.id,
@@ -602,7 +614,7 @@ impl Router {
                 .then(|| self.index.lookup(k))
                 .flatten()
             {
-                self.hits.count(self.id, id);
+                self.hits.count(id);
                 let mut q = usize::from(q);
                 let mut f = 0;
                 if self.fault != [0; 4] {
@@ -777,7 +789,7 @@ impl Router {
 
     /// The counter of frames dropped because queue `q` was out of buffers
     /// (or, if it was disabled since, because it is disabled).
-    fn starved_drops(&self, q: usize) -> &AtomicU64 {
+    fn starved_drops(&self, q: usize) -> &SharedCounter {
         let st = &self.stats.queues[q];
         if self.mask & (1 << q) == 0 {
             &st.rx_drops_disabled
@@ -821,7 +833,7 @@ impl Router {
         let lanes = &*self.lanes;
         let ib = &lanes.inbox[self.id];
         let local = Local {
-            q: &self.stats.queues[self.id],
+            q: self.owner.writer(),
             starved: &ib.starved,
             mrg: self.mrg,
             id: self.id,
@@ -857,7 +869,7 @@ impl Router {
         }
         self.backlog.extend(own.drain(..));
         let local = Local {
-            q: &self.stats.queues[self.id],
+            q: self.owner.writer(),
             starved: &ib.starved,
             mrg: self.mrg,
             id: self.id,

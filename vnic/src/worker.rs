@@ -21,7 +21,7 @@ use crate::handoff::{Reply, Router, RouterLinks};
 use crate::peer::gen::GenPeer;
 use crate::peer::tap::TapPeer;
 use crate::peer::{AnyPeer, Peer};
-use crate::stats::{add, add_owned};
+use crate::stats::add;
 use crate::virtq::rx::RxBatch;
 use crate::virtq::tx::avail_ahead;
 use crate::virtq::tx::{gather_tx, TxChain, TxRing};
@@ -260,13 +260,14 @@ impl Worker {
                 used = true;
                 match r {
                     TxChain::Bad(why) => {
-                        q.count_bad_tx(why);
+                        self.router.stats().count_bad_tx(why);
                         log::trace!("pair {id}: unusable tx chain consumed ({})", why.name());
                     }
                     TxChain::Ok { len } if len < NET_HDR_LEN + 14 => add(&q.tx_drops, 1),
                     TxChain::Ok { len } => {
-                        add_owned(&q.tx_packets, 1);
-                        add_owned(&q.tx_bytes, (len - NET_HDR_LEN) as u64);
+                        let w = self.router.stats();
+                        w.add(|q| &q.tx_packets, 1);
+                        w.add(|q| &q.tx_bytes, (len - NET_HDR_LEN) as u64);
                         let pkt = &mut self.txbuf[..len];
                         let frame = &pkt[NET_HDR_LEN..];
                         if u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {

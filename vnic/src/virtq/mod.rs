@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::stats::add;
+use crate::stats::{add, SharedCounter};
 
 use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
 use virtio_queue::{Error as VirtQueError, QueueT};
@@ -107,7 +107,7 @@ impl StopLatch {
         &mut self,
         restarts: u32,
         why: RingStop,
-        stops: &[AtomicU64; 2],
+        stops: &[SharedCounter; 2],
         now: &AtomicU64,
         pair: usize,
         dir: &str,
