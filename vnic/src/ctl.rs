@@ -314,8 +314,10 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
 
 /// The `stats` object (shape in CTL.md).
 pub fn stats_json(sh: &Shared) -> Value {
-    let conn = sh.current_conn();
-    let snap = sh.lock_mgmt().snapshot(false);
+    let (conn, snap) = {
+        let m = sh.lock_mgmt();
+        (m.conn(), m.snapshot(false))
+    };
     let kind = match &sh.cfg.peer {
         PeerKind::Gen => "gen".to_string(),
         PeerKind::Tap(n) => format!("tap:{n}"),
@@ -533,5 +535,47 @@ mod tests {
             let e = check_request(bad).expect_err(bad);
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    /// The connection as the control socket (`enabled_pairs` in `stats`)
+    /// and the management path (CAPS, preload, op checks) see it: the
+    /// same, while connected and after the frontend went away.
+    #[test]
+    fn stats_and_management_agree_on_the_connection_after_a_disconnect() {
+        use clap::Parser;
+        let crate::cli::Command::Serve(a) = crate::cli::Cli::try_parse_from([
+            "vnic",
+            "serve",
+            "--socket",
+            "/nonexistent/vnic.sock",
+            "--queues",
+            "2",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!()
+        };
+        let sh = crate::daemon::Shared::build(a.into_config()).unwrap();
+        let conn = std::sync::Arc::new(crate::conn::Conn::new(2).unwrap());
+        conn.pairs.observe(0, true, true);
+        conn.pairs.observe(1, true, true);
+        // As serve_one installs a connection ...
+        sh.lock_mgmt().reset(Some(conn.clone()), "connect");
+        let views = |sh: &crate::daemon::Shared| {
+            (
+                super::stats_json(sh)["enabled_pairs"].as_u64().unwrap(),
+                u64::from(sh.lock_mgmt().enabled_pairs()),
+            )
+        };
+        assert_eq!(views(&sh), (2, 2));
+        // ... and ends it once its workers are gone.
+        sh.lock_mgmt().disconnect();
+        let (stats, mgmt) = views(&sh);
+        assert_eq!(
+            stats, mgmt,
+            "after the disconnect: ctl stats says {stats} enabled pairs, the management path {mgmt}"
+        );
+        assert_eq!(stats, 0);
     }
 }

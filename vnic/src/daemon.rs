@@ -1,6 +1,7 @@
 //! Daemon-wide state: what lives as long as `vnic serve` (configuration,
 //! counters, the management state behind its mutex, the generator's flow
-//! sets, the trace writer, the tap queues, the current connection).
+//! sets, the trace writer, the tap queues; the current connection is the
+//! management state's, [`Mgmt::conn`]).
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -33,8 +34,6 @@ pub struct Shared {
     pub tracer: Arc<Tracer>,
     /// Tap queues, one per pair (tap peer only).
     pub taps: Arc<[File]>,
-    /// The current connection, if any.
-    pub conn: Mutex<Option<Arc<Conn>>>,
 }
 
 impl Shared {
@@ -92,7 +91,6 @@ impl Shared {
             gen: Arc::new(GenControl::default()),
             tracer,
             taps,
-            conn: Mutex::new(None),
             cfg,
         });
         sh.tracer
@@ -108,18 +106,9 @@ impl Shared {
         usize::from(self.cfg.queues)
     }
 
+    /// The current connection (its one owner is the management state).
     pub fn current_conn(&self) -> Option<Arc<Conn>> {
-        self.conn
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    pub fn set_conn(&self, c: Option<Arc<Conn>>) {
-        *self
-            .conn
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = c;
+        self.lock_mgmt().conn()
     }
 
     pub fn lock_mgmt(&self) -> MutexGuard<'_, Mgmt> {

@@ -26,7 +26,7 @@ use crate::clock::{next_generation, now_ns};
 use crate::config::{Knob, Preload};
 use crate::conn::Conn;
 use crate::handoff::Reply;
-use crate::stats::ID_SPACE;
+use crate::stats::{Hits, ID_SPACE};
 use crate::trace::Tracer;
 use crate::virtq::NET_HDR_LEN;
 
@@ -91,7 +91,16 @@ pub struct Mgmt {
     pending: HashMap<u32, Route>,
     pub c: MgmtCounters,
     hits_base: Box<[u64]>,
+    /// The current connection, if any: its one owner. The control socket
+    /// (`enabled_pairs`, rings), the 50 ms poll and the management path
+    /// (CAPS, preload, op checks, replies, replica events) all read it
+    /// here. Set by [`Mgmt::reset`] for a new connection, cleared by
+    /// [`Mgmt::disconnect`].
     conn: Option<Arc<Conn>>,
+    /// The hit counters of the connection that steered by this table:
+    /// kept after a disconnect, so that the evictions of the next reset
+    /// still report their hits.
+    hits: Option<Arc<Hits>>,
     timer: TimerFd,
     armed_for: Option<u64>,
     pub max_ops: u16,
@@ -136,6 +145,7 @@ impl Mgmt {
             c: MgmtCounters::default(),
             hits_base: vec![0; ID_SPACE].into_boxed_slice(),
             conn: None,
+            hits: None,
             timer,
             armed_for: None,
             max_ops: proto::MAX_ADD_OPS,
@@ -229,13 +239,25 @@ impl Mgmt {
     }
 
     /// Enabled queue pairs of the current connection.
-    fn enabled_pairs(&self) -> u16 {
+    pub fn enabled_pairs(&self) -> u16 {
         self.conn.as_ref().map_or(0, |c| c.pairs.count())
+    }
+
+    /// The current connection.
+    pub fn conn(&self) -> Option<Arc<Conn>> {
+        self.conn.clone()
+    }
+
+    /// The frontend went away and the connection's workers are gone: no
+    /// current connection until the next one (its reset). The table and
+    /// its hit counters stay until then.
+    pub fn disconnect(&mut self) {
+        self.conn = None;
     }
 
     /// Hits of filter `id` since it was (re)installed.
     pub fn hits(&self, id: u16) -> u64 {
-        let h = self.conn.as_ref().map_or(0, |c| c.hits.sum(id));
+        let h = self.hits.as_ref().map_or(0, |h| h.sum(id));
         h.saturating_sub(self.hits_base[usize::from(id)])
     }
 
@@ -255,12 +277,13 @@ impl Mgmt {
             self.publish(now, e);
         }
         if let Some(c) = conn {
+            self.hits = Some(c.hits.clone());
             self.conn = Some(c);
         }
         self.hits_base.fill(0);
-        if let Some(c) = &self.conn {
+        if let Some(h) = &self.hits {
             for i in 0..ID_SPACE {
-                self.hits_base[i] = c.hits.sum(i as u16);
+                self.hits_base[i] = h.sum(i as u16);
             }
         }
         self.expected = None;
@@ -501,7 +524,7 @@ impl Mgmt {
     }
 
     fn rebase(&mut self, id: u16) {
-        let cur = self.conn.as_ref().map_or(0, |c| c.hits.sum(id));
+        let cur = self.hits.as_ref().map_or(0, |h| h.sum(id));
         self.hits_base[usize::from(id)] = cur;
     }
 

@@ -232,16 +232,16 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
     backend
         .register(&handlers)
         .map_err(Error::io("register worker fds"))?;
-    // Install the connection state and move to a new generation (empty
-    // table, no session) before accepting: from its first message on, the
-    // frontend meets a fresh device, with no window where frames could reach
-    // the previous connection's state.
+    // Install the connection state (its one owner: the management state)
+    // and move to a new generation (empty table, no session) before
+    // accepting: from its first message on, the frontend meets a fresh
+    // device, with no window where frames could reach the previous
+    // connection's state.
     let n = sh.connections.load(Ordering::Relaxed) + 1;
     sh.lock_mgmt().reset(
         Some(conn.clone()),
         if n == 1 { "connect" } else { "reconnect" },
     );
-    sh.set_conn(Some(conn.clone()));
     let (frontend, _) = public.accept().map_err(Error::io("accept"))?;
     // The relay tells the enabled-pairs owner about every SET_VRING_ENABLE.
     let pairs = conn.pairs.clone();
@@ -275,9 +275,10 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
     } else {
         log::warn!("worker threads still running 5 s after the connection ended; their exit events stay open");
     }
-    // The management state keeps this connection until the next reset,
-    // so the evictions of that reset still report their hits.
-    sh.set_conn(None);
+    // No current connection for the control socket, the poll and the
+    // management path alike (the table's hit counters stay until the next
+    // reset, so the evictions of that reset still report their hits).
+    sh.lock_mgmt().disconnect();
     match r {
         Ok(())
         | Err(vhost_user_backend::Error::HandleRequest(
