@@ -782,7 +782,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                 match experiments::collision_point(&mut s, &w, cnt) {
                     Ok(p) => {
                         eprintln!(
-                            "[experiment]   Latency {} Add {} Del {} Steer-C {} Steer-L {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received){}",
+                            "[experiment]   Latency {} Add {} Del {} Steer-C {} Steer-L {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received, host load {}){}",
                             p.latency.as_ref().map_or_else(
                                 || "-".into(),
                                 |l| format!(
@@ -801,6 +801,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                             if p.reset_used_idle { ", idle backstop used" } else { "" },
                             p.sent,
                             p.received,
+                            p.host_load.map_or("?".into(), |l| format!("{l:.1}")),
                             if p.kernel_problems.is_empty() {
                                 String::new()
                             } else {

@@ -169,6 +169,11 @@ pub struct CollisionPoint {
     pub received: u64,
     /// Time spent resetting the table before the point.
     pub reset_s: f64,
+    /// The host's 1-minute load average at the end of the point
+    /// (/proc/loadavg; `None` in points from before it was recorded). Under
+    /// TCG a loaded host starves the vCPUs and the Latency column grows on
+    /// every kernel: read latencies beside it.
+    pub host_load: Option<f64>,
     /// The reset needed the idle backstop (rps_may_expire_flow did not
     /// expire every filter after the table was replaced).
     pub reset_used_idle: bool,
@@ -592,6 +597,9 @@ pub fn collision_point(
         sent,
         received,
         reset_s,
+        host_load: std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse().ok()),
         reset_used_idle: used_idle,
         module: module_deltas(&m0, &m1),
         device: device_deltas(&d0, &d1),
