@@ -12,6 +12,8 @@
 //! Everything here takes guest-received bytes: it never panics on them.
 
 /// Bytes of the sequence head (sequence number, tag).
+use crate::proto::Delivery;
+
 pub const SEQ_LEN: usize = 16;
 /// Bytes of the send stamp a stamped set puts before the head.
 pub const STAMP_LEN: usize = 16;
@@ -79,32 +81,21 @@ pub fn verify(payload: &[u8], sport: u16, dport: u16) -> Verdict {
 /// datagram from a duplicate).
 const WINDOW: u64 = 4096;
 
-/// One flow's accounting by sequence number.
+/// One flow's accounting by sequence number: the counts the agent reports
+/// ([`Delivery`]) and the window of sequence numbers seen.
 #[derive(Debug, Clone)]
 pub struct SeqTrack {
-    /// Highest sequence number seen + 1 (0: none yet).
-    pub next: u64,
-    /// Datagrams with a sequence number not seen before.
-    pub distinct: u64,
-    /// Datagrams with a sequence number seen before (or too far below the
-    /// highest to tell: counted here too).
-    pub duplicated: u64,
-    /// Datagrams that arrived after a higher sequence number (first time).
-    pub reordered: u64,
-    pub corrupted: u64,
-    pub short: u64,
+    /// `next` is the highest sequence number seen + 1 (0: none yet); a
+    /// datagram with a sequence number too far below it to tell is counted
+    /// as duplicated.
+    pub counts: Delivery,
     seen: Box<[u64; (WINDOW / 64) as usize]>,
 }
 
 impl Default for SeqTrack {
     fn default() -> Self {
         Self {
-            next: 0,
-            distinct: 0,
-            duplicated: 0,
-            reordered: 0,
-            corrupted: 0,
-            short: 0,
+            counts: Delivery::default(),
             seen: Box::new([0; (WINDOW / 64) as usize]),
         }
     }
@@ -121,43 +112,38 @@ impl SeqTrack {
         let seq = match v {
             Verdict::Seq(s) => s,
             Verdict::Short => {
-                self.short += 1;
+                self.counts.short += 1;
                 return;
             }
             Verdict::Corrupt => {
-                self.corrupted += 1;
+                self.counts.corrupted += 1;
                 return;
             }
         };
-        if seq >= self.next {
+        if seq >= self.counts.next {
             // Forget what falls out of the window as it moves up.
             // (At most WINDOW - 1 of them.)
-            let from = self.next.max(seq.saturating_sub(WINDOW - 1));
+            let from = self.counts.next.max(seq.saturating_sub(WINDOW - 1));
             for s in from..seq {
                 let (w, m) = self.bit(s);
                 *w &= !m;
             }
             let (w, m) = self.bit(seq);
             *w |= m;
-            self.next = seq.saturating_add(1);
-            self.distinct += 1;
-        } else if self.next - seq > WINDOW {
-            self.duplicated += 1;
+            self.counts.next = seq.saturating_add(1);
+            self.counts.distinct += 1;
+        } else if self.counts.next - seq > WINDOW {
+            self.counts.duplicated += 1;
         } else {
             let (w, m) = self.bit(seq);
             if *w & m != 0 {
-                self.duplicated += 1;
+                self.counts.duplicated += 1;
             } else {
                 *w |= m;
-                self.distinct += 1;
-                self.reordered += 1;
+                self.counts.distinct += 1;
+                self.counts.reordered += 1;
             }
         }
-    }
-
-    /// Sequence numbers below the highest one that never arrived.
-    pub fn lost(&self) -> u64 {
-        self.next.saturating_sub(self.distinct)
     }
 }
 
@@ -205,24 +191,24 @@ mod tests {
         }
         t.record(Verdict::Corrupt);
         t.record(Verdict::Short);
-        assert_eq!(t.next, 8);
-        assert_eq!(t.distinct, 7);
-        assert_eq!(t.duplicated, 2);
-        assert_eq!(t.reordered, 2);
-        assert_eq!(t.lost(), 1); // 5
-        assert_eq!((t.corrupted, t.short), (1, 1));
+        assert_eq!(t.counts.next, 8);
+        assert_eq!(t.counts.distinct, 7);
+        assert_eq!(t.counts.duplicated, 2);
+        assert_eq!(t.counts.reordered, 2);
+        assert_eq!(t.counts.lost(), 1); // 5
+        assert_eq!((t.counts.corrupted, t.counts.short), (1, 1));
         // Far ahead, then something far behind: a duplicate we cannot tell.
         t.record(Verdict::Seq(100_000));
         t.record(Verdict::Seq(3));
-        assert_eq!(t.duplicated, 3);
+        assert_eq!(t.counts.duplicated, 3);
         t.record(Verdict::Seq(100_000 - 5));
-        assert_eq!(t.reordered, 3);
+        assert_eq!(t.counts.reordered, 3);
         t.record(Verdict::Seq(100_000 - 5));
-        assert_eq!(t.duplicated, 4);
+        assert_eq!(t.counts.duplicated, 4);
         // A first datagram far from 0, and u64::MAX: no overflow.
         let mut u = SeqTrack::default();
         u.record(Verdict::Seq(1 << 40));
-        assert_eq!((u.distinct, u.lost()), (1, 1 << 40));
+        assert_eq!((u.counts.distinct, u.counts.lost()), (1, 1 << 40));
         u.record(Verdict::Seq(u64::MAX));
         u.record(Verdict::Seq(u64::MAX - 1));
     }

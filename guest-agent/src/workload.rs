@@ -426,13 +426,14 @@ impl Counters {
     }
 
     fn publish(&self, t: &SeqTrack) {
+        let d = &t.counts;
         let v = [
-            t.next,
-            t.distinct,
-            t.duplicated,
-            t.reordered,
-            t.corrupted,
-            t.short,
+            d.next,
+            d.distinct,
+            d.duplicated,
+            d.reordered,
+            d.corrupted,
+            d.short,
         ];
         for (a, v) in self.delivery.iter().zip(v) {
             a.store(v, Ordering::Relaxed);
