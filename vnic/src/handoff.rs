@@ -323,21 +323,29 @@ const FAULT_CORRUPT: u8 = 2;
 const FAULT_BAD_CSUM: u8 = 4;
 
 /// The `corrupt_rate` fault: flips every bit of the last byte of a UDP
-/// frame's payload and, with `keep_csum`, updates its checksum to match
-/// (RFC 1624), so that only a check of the payload's content can see it
-/// (without: the `bad_csum_rate` fault, a checksum error for the guest's
-/// stack). `false` (frame untouched) for anything but UDP with a payload.
+/// datagram's or TCP segment's payload and, with `keep_csum`, updates its
+/// checksum to match (RFC 1624), so that only a check of the payload's
+/// content can see it (without: the `bad_csum_rate` fault, a checksum error
+/// for the guest's stack). `false` (frame untouched) for anything but UDP
+/// or TCP with a payload.
 pub fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
-    let Some((l4, payload)) = crate::peer::flows::udp_payload(frame) else {
+    use crate::peer::flows::{tcp_payload, udp_payload};
+    // (L4 offset, payload offset in the segment, payload length, checksum
+    // offset in the segment, UDP)
+    let (l4, hdr, len, csum_at, udp) = if let Some((l4, p)) = udp_payload(frame) {
+        (l4, 8, p.len(), 6, true)
+    } else if let Some((l4, doff, p)) = tcp_payload(frame) {
+        (l4, doff, p.len(), 16, false)
+    } else {
         return false;
     };
-    if payload.is_empty() {
+    if len == 0 {
         return false;
     }
-    // The last byte of the UDP datagram: the low half of its checksum
-    // word when its offset from the UDP header is odd, else the high half
-    // of a word padded with zero.
-    let j = 8 + payload.len() - 1;
+    // The last byte of the payload: the low half of its checksum word when
+    // its offset in the segment is odd, else the high half of a word
+    // padded with zero.
+    let j = hdr + len - 1;
     let at = l4 + j;
     let b = frame[at];
     let (old, new) = if j & 1 == 1 {
@@ -350,19 +358,20 @@ pub fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
     if !keep_csum {
         return true;
     }
-    let c = u16::from_be_bytes([frame[l4 + 6], frame[l4 + 7]]);
-    if c == 0 && l4 == 34 {
-        return true; // IPv4 without a checksum
+    let cs = l4 + csum_at;
+    let c = u16::from_be_bytes([frame[cs], frame[cs + 1]]);
+    if c == 0 && udp && l4 == 34 {
+        return true; // IPv4 UDP without a checksum
     }
     let mut sum = u32::from(!c) + u32::from(!old) + u32::from(new);
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     let mut c = !(sum as u16);
-    if c == 0 {
-        c = 0xffff;
+    if c == 0 && udp {
+        c = 0xffff; // UDP sends a computed 0 as all ones (0 = none)
     }
-    frame[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+    frame[cs..cs + 2].copy_from_slice(&c.to_be_bytes());
     true
 }
 
