@@ -77,6 +77,32 @@ pub fn verify(payload: &[u8], sport: u16, dport: u16) -> Verdict {
     }
 }
 
+/// Byte `off` of the TCP test stream a client sends from port `port` (the
+/// tcp-tap scenario's host client writes it, the agent's TCP server checks
+/// every byte it reads). Not periodic: a segment lost, repeated or put at
+/// another offset leaves bytes that do not match (each with probability
+/// 255/256).
+#[inline]
+pub fn stream_byte(port: u16, off: u64) -> u8 {
+    ((off ^ (u64::from(port) << 48)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
+}
+
+/// Bytes of `chunk`, read at stream offset `off` of the stream from client
+/// port `port`, that differ from [`stream_byte`]: the count and the stream
+/// offset of the first.
+pub fn stream_mismatches(port: u16, off: u64, chunk: &[u8]) -> (u64, Option<u64>) {
+    let mut n = 0;
+    let mut first = None;
+    for (k, &b) in chunk.iter().enumerate() {
+        let at = off + k as u64;
+        if b != stream_byte(port, at) {
+            n += 1;
+            first.get_or_insert(at);
+        }
+    }
+    (n, first)
+}
+
 /// Sequence numbers remembered below the highest one (to tell a late
 /// datagram from a duplicate).
 const WINDOW: u64 = 4096;
@@ -181,6 +207,40 @@ mod tests {
         for n in 0..40 {
             let _ = verify(&vec![0xa5; n], 1, 2);
         }
+    }
+
+    #[test]
+    fn stream_pattern_catches_flips_losses_and_repeats() {
+        let port = 53730;
+        let stream: Vec<u8> = (0..4096).map(|o| stream_byte(port, o)).collect();
+        assert_eq!(stream_mismatches(port, 0, &stream), (0, None));
+        // Read in pieces at their offsets: still clean.
+        assert_eq!(
+            stream_mismatches(port, 1000, &stream[1000..1500]),
+            (0, None)
+        );
+        // One flipped byte is found where it is.
+        let mut bad = stream.clone();
+        bad[777] ^= 0x01;
+        assert_eq!(stream_mismatches(port, 0, &bad), (1, Some(777)));
+        // A lost 128-byte segment shifts what follows: nearly every byte
+        // after it mismatches.
+        let lost = [&stream[..1024], &stream[1152..]].concat();
+        let (n, first) = stream_mismatches(port, 0, &lost);
+        assert!(
+            n > 2900 && first.is_some_and(|f| (1024..1030).contains(&f)),
+            "{n} {first:?}"
+        );
+        // A repeated segment likewise.
+        let dup = [&stream[..1152], &stream[1024..]].concat();
+        let (n, first) = stream_mismatches(port, 0, &dup);
+        assert!(
+            n > 3000 && first.is_some_and(|f| (1152..1160).contains(&f)),
+            "{n} {first:?}"
+        );
+        // Another connection's stream does not pass as this one's.
+        let other: Vec<u8> = (0..4096).map(|o| stream_byte(port + 1, o)).collect();
+        assert!(stream_mismatches(port, 0, &other).0 > 4000);
     }
 
     #[test]

@@ -324,6 +324,14 @@ pub struct TcpConnCounters {
     #[serde(default)]
     pub by_napi: Vec<(u32, u64)>,
     pub closed: bool,
+    /// Bytes read that differ from the test stream's pattern
+    /// ([`crate::payload::stream_byte`], keyed by the peer's port), and the
+    /// stream offset of the first. Meaningful only for a client that sends
+    /// that pattern (tcp-tap's).
+    #[serde(default)]
+    pub pattern_errors: u64,
+    #[serde(default)]
+    pub first_bad: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -694,6 +694,9 @@ struct TcpConn {
     counters: Arc<Counters>,
     reads: Arc<AtomicU64>,
     bytes: Arc<AtomicU64>,
+    /// Pattern mismatches and the first one's offset (u64::MAX: none).
+    pattern_errors: Arc<AtomicU64>,
+    first_bad: Arc<AtomicU64>,
     closed: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -768,6 +771,8 @@ impl TcpRun {
                     by_cpu: c.counters.by_cpu(),
                     by_napi: c.counters.by_napi(),
                     closed: c.closed.load(Ordering::Relaxed),
+                    pattern_errors: c.pattern_errors.load(Ordering::Relaxed),
+                    first_bad: Some(c.first_bad.load(Ordering::Relaxed)).filter(|&o| o != u64::MAX),
                 })
                 .collect(),
         }
@@ -802,18 +807,23 @@ fn spawn_tcp_conn(
     stop: &Arc<AtomicBool>,
 ) -> Option<TcpConn> {
     let local_port = stream.local_addr().map_or(0, |a| a.port());
+    let peer_port = stream.peer_addr().map_or(0, |a| a.port());
     stream.set_nonblocking(false).ok()?;
     stream.set_read_timeout(Some(POLL)).ok()?;
     let counters = Arc::new(Counters::new(ncpu, cpu));
     let reads = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
     let closed = Arc::new(AtomicBool::new(false));
-    let (ctr, nreads, nbytes, done, stop) = (
+    let pattern_errors = Arc::new(AtomicU64::new(0));
+    let first_bad = Arc::new(AtomicU64::new(u64::MAX));
+    let (ctr, nreads, nbytes, done, stop, perr, pfirst) = (
         counters.clone(),
         reads.clone(),
         bytes.clone(),
         closed.clone(),
         stop.clone(),
+        pattern_errors.clone(),
+        first_bad.clone(),
     );
     let thread = std::thread::Builder::new()
         .name(format!("tcp-{peer}"))
@@ -827,6 +837,22 @@ fn spawn_tcp_conn(
                 match stream.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => {
+                        // This thread is the only writer of `nbytes`: its
+                        // value is this chunk's stream offset.
+                        let off = nbytes.load(Ordering::Relaxed);
+                        let (bad, first) =
+                            vnic_agent::payload::stream_mismatches(peer_port, off, &buf[..n]);
+                        if bad > 0 {
+                            perr.fetch_add(bad, Ordering::Relaxed);
+                            if let Some(f) = first {
+                                let _ = pfirst.compare_exchange(
+                                    u64::MAX,
+                                    f,
+                                    Ordering::Relaxed,
+                                    Ordering::Relaxed,
+                                );
+                            }
+                        }
                         nreads.fetch_add(1, Ordering::Relaxed);
                         nbytes.fetch_add(n as u64, Ordering::Relaxed);
                         ctr.count(
@@ -855,6 +881,8 @@ fn spawn_tcp_conn(
         counters,
         reads,
         bytes,
+        pattern_errors,
+        first_bad,
         closed,
         thread: Some(thread),
     })
