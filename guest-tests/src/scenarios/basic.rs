@@ -394,8 +394,11 @@ pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
     // ran, see ModuleParams). Switched on earlier, it deletes filters of
     // flows whose last frames are still arriving, and those frames make
     // the kernel steer (ADD) the flows again.
+    let delivery = s.delivery_window(c, false)?;
     s.guest.ctl.gen_stop_all()?;
     s.gen_running = false;
+    s.gen_sets.clear();
+    s.delivery_mark = None;
     s.wait_rx_quiet()?;
     s.guest.agent.write_file(
         &module::expiry_param(),
@@ -457,8 +460,14 @@ pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
         c.failures.push(msg.clone());
     }
     s.guest.collect("expiry", Some(module::DEBUGFS_DIR));
+    // The workload is over (its generator stopped above): the next shared
+    // scenario starts its own, with a fresh delivery mark.
+    s.guest
+        .agent
+        .call_value(&Request::UdpStop, Duration::from_secs(30))?;
+    s.flows.clear();
     Ok(format!(
-        "filters={} emptied_in={:.1}s bound={:.1}s dels={} by_reason={by_reason:?} device_add_ops={dev_adds} module={}",
+        "filters={} emptied_in={:.1}s bound={:.1}s dels={} by_reason={by_reason:?} device_add_ops={dev_adds} module={} {delivery}",
         ids.len(),
         took.as_secs_f64(),
         bound.as_secs_f64(),

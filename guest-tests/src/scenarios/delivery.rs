@@ -40,7 +40,28 @@ const SNMP: &[(&str, &str, &str)] = &[
     ("/proc/net/snmp6", "", "Udp6InErrors"),
     ("/proc/net/snmp6", "", "Udp6InCsumErrors"),
     ("/proc/net/snmp6", "", "Udp6RcvbufErrors"),
+    ("/proc/net/snmp", "Tcp", "InErrs"),
+    ("/proc/net/snmp", "Tcp", "InCsumErrors"),
 ];
+
+/// The error counters that moved from `a` to `b` (two reads of [`SNMP`]),
+/// with how much.
+pub(super) fn snmp_moved(a: &[u64], b: &[u64]) -> Vec<(String, u64)> {
+    SNMP.iter()
+        .zip(a.iter().zip(b))
+        .filter(|(_, (x, y))| y > x)
+        .map(|(&(_, sec, f), (x, y))| {
+            (
+                if sec.is_empty() {
+                    f.to_string()
+                } else {
+                    format!("{sec} {f}")
+                },
+                y - x,
+            )
+        })
+        .collect()
+}
 
 /// `Section: a b c` / `Section: 1 2 3` pairs (snmp, netstat) or `Name
 /// value` lines (snmp6): the value of `field`.
@@ -193,7 +214,7 @@ impl Span {
 }
 
 impl Session {
-    fn read_snmp(&mut self) -> Result<Vec<u64>> {
+    pub(super) fn read_snmp(&mut self) -> Result<Vec<u64>> {
         let mut files: BTreeMap<&str, String> = BTreeMap::new();
         let mut out = Vec::with_capacity(SNMP.len());
         for &(file, section, field) in SNMP {
@@ -211,7 +232,7 @@ impl Session {
     }
 
     /// Generator sets of the workload: `pause` or `resume`.
-    fn gen_op(&mut self, op: &str) -> Result<()> {
+    pub(super) fn gen_op(&mut self, op: &str) -> Result<()> {
         for id in self.gen_sets.clone() {
             self.guest
                 .ctl
@@ -305,21 +326,7 @@ impl Session {
             a.sent.len() == n && b.sent.len() == n,
             "the workload changed between two quiet points"
         );
-        let snmp_moved = SNMP
-            .iter()
-            .zip(a.snmp.iter().zip(&b.snmp))
-            .filter(|(_, (x, y))| y > x)
-            .map(|(&(_, sec, f), (x, y))| {
-                (
-                    if sec.is_empty() {
-                        f.to_string()
-                    } else {
-                        format!("{sec} {f}")
-                    },
-                    y - x,
-                )
-            })
-            .collect();
+        let snmp_moved = snmp_moved(&a.snmp, &b.snmp);
         Ok(Span {
             sent: (0..n)
                 .map(|i| b.sent[i].saturating_sub(a.sent[i]))
@@ -358,13 +365,21 @@ impl Session {
     /// flow since the last one (or since the workload started) checked,
     /// the generator resumed. Returns the report's figures.
     pub(super) fn check_delivery(&mut self, c: &mut Checks) -> Result<String> {
+        self.delivery_window(c, true)
+    }
+
+    /// [`Self::check_delivery`], the generator resumed after it when
+    /// `resume`, else left paused (a scenario's last window).
+    pub(super) fn delivery_window(&mut self, c: &mut Checks, resume: bool) -> Result<String> {
         let Some(a) = self.delivery_mark.take() else {
-            bail!("no delivery mark: the workload was not started by setup_steering");
+            bail!("no delivery mark: the workload was not started with one (start_mark)");
         };
         let b = self.quiet_point()?;
         let sp = self.span(&a, &b);
         self.delivery_mark = Some(b);
-        self.resume_gen()?;
+        if resume {
+            self.resume_gen()?;
+        }
         let sp = sp?;
         for (i, f) in self.flows.iter().enumerate() {
             sp.check_flow(i, f.local_port, 0, c);

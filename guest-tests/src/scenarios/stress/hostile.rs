@@ -503,8 +503,10 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     if let Err(e) = &agree {
         c.check(false, || e.clone());
     }
+    // No data frame lost, repeated or damaged under the blast.
+    let delivery = s.check_delivery(c)?;
     Ok(format!(
-        "{phase1}; under load: {total} frames in {:.1}s ({:.0}/s, {} retries) by reason sent/counted: {counted}out_of_order={} naks=0 traced={traced} module gen_changes/replays/stalls +0, tables agree ({} entries); steering {fig} ping {}/{}",
+        "{phase1}; under load: {total} frames in {:.1}s ({:.0}/s, {} retries) by reason sent/counted: {counted}out_of_order={} naks=0 traced={traced} module gen_changes/replays/stalls +0, tables agree ({} entries); steering {fig} ping {}/{} {delivery}",
         rep.elapsed_ms as f64 / 1000.0,
         total as f64 * 1000.0 / rep.elapsed_ms.max(1) as f64,
         rep.retries,

@@ -17,9 +17,10 @@ use serde_json::Value;
 use std::net::{SocketAddr, SocketAddrV6, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use vnic_agent::payload::stream_byte;
 
 /// A host network namespace holding vnic's tap peer. The daemon runs in it
 /// (`ip netns exec`), so it creates its tap there; the tap gets the peer's
@@ -84,9 +85,15 @@ impl Drop for TapNet {
 /// The host-side TCP client: one connection per server address, from
 /// inside the namespace, a paced writer thread, TCP_INFO read back per
 /// connection.
+/// Each connection carries the test stream of its local port
+/// (`vnic_agent::payload::stream_byte`), which the agent checks byte by
+/// byte; `written` counts what each connection's socket took.
 struct TcpClient {
     conns: Arc<Vec<TcpStream>>,
     stop: Arc<AtomicBool>,
+    /// While set the writer writes nothing (pacing goes on, no burst after).
+    paused: Arc<AtomicBool>,
+    written: Arc<Vec<AtomicU64>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -126,11 +133,18 @@ impl TcpClient {
         })
         .join()
         .map_err(|_| "the client thread panicked")??;
+        let ports: Vec<u16> = conns
+            .iter()
+            .map(|c| c.local_addr().map_or(0, |a| a.port()))
+            .collect();
         let conns = Arc::new(conns);
         let stop = Arc::new(AtomicBool::new(false));
-        let (cs, st) = (conns.clone(), stop.clone());
+        let paused = Arc::new(AtomicBool::new(false));
+        let written: Arc<Vec<AtomicU64>> =
+            Arc::new((0..conns.len()).map(|_| AtomicU64::new(0)).collect());
+        let (cs, st, pz, wr) = (conns.clone(), stop.clone(), paused.clone(), written.clone());
         let writer = std::thread::spawn(move || {
-            let buf = [0x5au8; 128];
+            let mut buf = [0u8; 128];
             let start = Instant::now();
             let mut k: u64 = 0;
             while !st.load(Ordering::Relaxed) {
@@ -140,14 +154,26 @@ impl TcpClient {
                     std::thread::sleep(due - now);
                 }
                 let i = (k % cs.len() as u64) as usize;
-                // WouldBlock (a full send buffer) just skips this write.
-                let _ = std::io::Write::write(&mut &cs[i], &buf);
                 k += 1;
+                if pz.load(Ordering::Acquire) {
+                    continue;
+                }
+                let off = wr[i].load(Ordering::Relaxed);
+                for (j, b) in buf.iter_mut().enumerate() {
+                    *b = stream_byte(ports[i], off + j as u64);
+                }
+                // WouldBlock (a full send buffer) just skips this write; a
+                // short write goes on from where it stopped next time.
+                if let Ok(n) = std::io::Write::write(&mut &cs[i], &buf) {
+                    wr[i].fetch_add(n as u64, Ordering::Release);
+                }
             }
         });
         Ok(TcpClient {
             conns,
             stop,
+            paused,
+            written,
             writer: Some(writer),
         })
     }
@@ -177,6 +203,25 @@ impl TcpClient {
                     0
                 }
             })
+            .collect()
+    }
+
+    /// Stop writing; once this returns no write is under way (the writer
+    /// checks the flag before each write, and writes take microseconds).
+    fn pause(&self) {
+        self.paused.store(true, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    fn resume(&self) {
+        self.paused.store(false, Ordering::Release);
+    }
+
+    /// Bytes each connection's socket took.
+    fn written(&self) -> Vec<u64> {
+        self.written
+            .iter()
+            .map(|w| w.load(Ordering::Acquire))
             .collect()
     }
 
@@ -408,6 +453,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             }
         })
         .collect();
+    let snmp0 = s.read_snmp()?;
     let client = TcpClient::start(ns, servers, s.settings.rate)?;
     let agent = &mut s.guest.agent;
     let stats: TcpStats = wait_for(
@@ -653,12 +699,50 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             want.len()
         )
     });
+    // Every byte of every stream arrived, intact and in order, and the
+    // guest's error counters stood still.
+    let clean = stream_check(s, &client, &flows);
+    for (ci, f) in &flows {
+        let (got, sent) = (clean.read[*ci], clean.written[*ci]);
+        c.check(got == sent, || {
+            format!(
+                "TCP {}: the guest read {got} of the {sent} bytes the client wrote",
+                client_addr(f)
+            )
+        });
+        c.check(clean.errors[*ci].0 == 0, || {
+            format!(
+                "TCP {}: {} bytes of its stream differ from the pattern, the first at offset {:?}",
+                client_addr(f),
+                clean.errors[*ci].0,
+                clean.errors[*ci].1
+            )
+        });
+    }
+    let snmp1 = s.read_snmp()?;
+    let moved = super::super::delivery::snmp_moved(&snmp0, &snmp1);
+    c.check(moved.is_empty(), || {
+        format!("the guest's error counters moved: {moved:?}")
+    });
+    let stream_fig = format!(
+        "stream: written={} read={} pattern_errors={} snmp_errors={}",
+        clean.written.iter().sum::<u64>(),
+        clean.read.iter().sum::<u64>(),
+        clean.errors.iter().map(|e| e.0).sum::<u64>(),
+        moved.iter().map(|(_, n)| n).sum::<u64>()
+    );
+    // The check bites: the device's corrupt fault (one payload byte of 30%
+    // of the steered segments flipped, TCP checksum kept valid) for 2 s
+    // shows in the stream of every steered connection and of no other. A
+    // connection writes ~62 segments in 2 s at the default rate: missed
+    // with probability 0.7^62 < 3e-10, < 2e-8 for 64 connections.
+    let bite = corrupt_bites(s, c, &client, &flows, &clean)?;
     let st = s.guest.ctl.stats()?;
     let tap_rx = counter(&st, "/peer/tap_rx");
     c.check(tap_rx > 0, || "the device read nothing from the tap".into());
     drop(client);
     Ok(format!(
-        "conns={} (v6 {}, ports shared by a v4 and a v6 conn {shared_ports}) steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tcp_dels rps={dels_rps} ice(15s)={dels_ice} kept={kept}/{} tap_rx={tap_rx} tap_tx={}",
+        "conns={} (v6 {}, ports shared by a v4 and a v6 conn {shared_ports}) steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tcp_dels rps={dels_rps} ice(15s)={dels_ice} kept={kept}/{} tap_rx={tap_rx} tap_tx={} {stream_fig} {bite}",
         flows.len(),
         flows.iter().filter(|(_, f)| f.key.src_ip().is_ipv6()).count(),
         want.len(),
@@ -669,6 +753,100 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         100.0 * min_guest_q,
         want.len(),
         counter(&st, "/peer/tap_tx")
+    ))
+}
+
+/// Per client connection: bytes written, bytes the agent read, pattern
+/// errors (count, first offset).
+struct StreamCounts {
+    written: Vec<u64>,
+    read: Vec<u64>,
+    errors: Vec<(u64, Option<u64>)>,
+}
+
+/// Pause the client and wait (up to 30 s) until the agent has read every
+/// byte it wrote, on every connection; what each side counted.
+fn stream_check(s: &mut Session, client: &TcpClient, flows: &[(usize, Flow)]) -> StreamCounts {
+    client.pause();
+    let written = client.written();
+    let mut last: Option<TcpStats> = None;
+    let agent = &mut s.guest.agent;
+    let r = wait_for(
+        Duration::from_secs(30),
+        "the guest to read every byte written",
+        || {
+            let st: TcpStats = agent.req(Request::TcpStats)?;
+            let done = flows.iter().all(|(ci, f)| {
+                conn_of(&st, client_addr(f)).is_some_and(|c| c.bytes >= written[*ci])
+            });
+            last = Some(st);
+            Ok(done.then_some(()))
+        },
+    );
+    let st = last.unwrap_or_default();
+    // A shortfall is reported by the caller's per-connection check.
+    drop(r);
+    let mut read = vec![0; written.len()];
+    let mut errors = vec![(0, None); written.len()];
+    for (ci, f) in flows {
+        if let Some(c) = conn_of(&st, client_addr(f)) {
+            read[*ci] = c.bytes;
+            errors[*ci] = (c.pattern_errors, c.first_bad);
+        }
+    }
+    StreamCounts {
+        written,
+        read,
+        errors,
+    }
+}
+
+/// The corrupt fault over 2 s of traffic, then the stream check again:
+/// pattern errors in every steered connection's stream (those the fault
+/// can reach: it hits only filter hits) and in no other.
+fn corrupt_bites(
+    s: &mut Session,
+    c: &mut Checks,
+    client: &TcpClient,
+    flows: &[(usize, Flow)],
+    before: &StreamCounts,
+) -> Result<String> {
+    let f0 = counter(&s.guest.ctl.stats()?, "/peer/fault_corrupted");
+    s.guest.ctl.set("corrupt_rate", &serde_json::json!(0.3))?;
+    client.resume();
+    std::thread::sleep(Duration::from_secs(2));
+    client.pause();
+    s.guest.ctl.set("corrupt_rate", &serde_json::json!(0))?;
+    let after = stream_check(s, client, flows);
+    let corrupted = counter(&s.guest.ctl.stats()?, "/peer/fault_corrupted").saturating_sub(f0);
+    let mut caught = 0;
+    let mut steered = 0;
+    for (ci, f) in flows {
+        let new = after.errors[*ci].0 - before.errors[*ci].0.min(after.errors[*ci].0);
+        if f.needs_filter() {
+            steered += 1;
+            caught += usize::from(new > 0);
+            c.check(new > 0, || {
+                format!(
+                    "corrupt_rate 0.3: the stream check missed steered connection {} ({} bytes written meanwhile)",
+                    client_addr(f),
+                    after.written[*ci] - before.written[*ci]
+                )
+            });
+        } else {
+            c.check(new == 0, || {
+                format!(
+                    "corrupt_rate 0.3: connection {} (no filter, RSS) shows {new} pattern errors",
+                    client_addr(f)
+                )
+            });
+        }
+    }
+    c.check(corrupted > 0, || {
+        "corrupt_rate 0.3: the device corrupted no segment".into()
+    });
+    Ok(format!(
+        "corrupt_rate 0.3 for 2s: device corrupted {corrupted} segments, caught on {caught}/{steered} steered conns, 0 on the others"
     ))
 }
 
