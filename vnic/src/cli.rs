@@ -99,12 +99,12 @@ pub struct ServeArgs {
     /// delivered by their queue (peer.fault_dropped counts the lie). `vnic ctl set drop_rate=P`.
     #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
     pub drop_rate: f64,
-    /// Fault: flip the last payload byte of this fraction (0.0..=1.0) of the UDP frames that hit
-    /// a filter, keeping their UDP checksum valid (peer.fault_corrupted). `vnic ctl set
+    /// Fault: flip the last payload byte of this fraction (0.0..=1.0) of the UDP and TCP frames
+    /// that hit a filter, keeping their checksum valid (peer.fault_corrupted). `vnic ctl set
     /// corrupt_rate=P`.
     #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
     pub corrupt_rate: f64,
-    /// Fault: as --corrupt-rate, but the UDP checksum is left stale, so that the guest's stack
+    /// Fault: as --corrupt-rate, but the checksum is left stale, so that the guest's stack
     /// drops the frame as a checksum error (peer.fault_bad_csum). `vnic ctl set bad_csum_rate=P`.
     #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
     pub bad_csum_rate: f64,

@@ -48,8 +48,8 @@ fn ping(s: &mut Session, count: u32) -> Result<PingResult> {
     )
 }
 
-/// Stop the workload and unload the module (the table must then be empty).
-fn drop_module(s: &mut Session) -> Result<()> {
+/// Stop the workload: generator sets and receivers gone, no delivery mark.
+fn stop_workload(s: &mut Session) -> Result<()> {
     if s.gen_running {
         s.guest.ctl.gen_stop_all()?;
         s.gen_running = false;
@@ -60,8 +60,14 @@ fn drop_module(s: &mut Session) -> Result<()> {
             .agent
             .call_value(&Request::UdpStop, Duration::from_secs(30))?;
         s.flows.clear();
-        s.delivery_mark = None;
     }
+    s.delivery_mark = None;
+    Ok(())
+}
+
+/// Stop the workload and unload the module (the table must then be empty).
+fn drop_module(s: &mut Session) -> Result<()> {
+    stop_workload(s)?;
     if s.module_loaded {
         s.rmmod(Duration::from_mins(1))?;
     }
@@ -476,16 +482,7 @@ fn light_workload(s: &mut Session) -> Result<()> {
     if s.gen_running && !s.flows.is_empty() && s.delivery_mark.is_some() {
         return Ok(());
     }
-    if s.gen_running {
-        s.guest.ctl.gen_stop_all()?;
-        s.gen_running = false;
-        s.gen_sets.clear();
-    }
-    if !s.flows.is_empty() {
-        s.guest
-            .agent
-            .call_value(&Request::UdpStop, Duration::from_secs(30))?;
-    }
+    stop_workload(s)?;
     let flows = s.make_flows(16.min(s.settings.flows));
     s.udp_start(&flows)?;
     s.flows = flows;
