@@ -89,7 +89,7 @@ for i, line in enumerate(ctl):
     write("ctl_request", f"line-{i:02}", line.encode())
 write("ctl_request", "session", "\n".join(ctl[:6] + ctl[11:13]).encode() + b"\n")
 
-# agent_request: the guest agent's request lines (guest-agent/src/proto.rs)
+# agent_request: the guest agent's request lines (guest-tests/agent/src/proto.rs)
 # and a few replies.
 agent = [
     '{"id":1,"cmd":"hello"}',

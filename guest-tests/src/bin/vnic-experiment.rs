@@ -1,5 +1,5 @@
 //! vnic-experiment: the issue-6 experiments on real kernels under QEMU on a
-//! real `vnic serve` (docs/experiments.md).
+//! real `vnic serve` (guest-tests/docs/experiments.md).
 //!
 //! `collisions` reproduces the 2025 rps_dev_flow slot-collision measurement
 //! (Steer-C / Add / Del per rps_flow_cnt, old vs new kernel code); `rps`
@@ -97,7 +97,7 @@ COMMON:
     -h, --help            this text
 
 Progress goes to stderr, tables to stdout. Guests run under KVM when a probe boot shows it works, else TCG (VNIC_ACCEL=tcg|kvm forces):
-counts per second are a few thousand packets, far below a real NIC (docs/experiments.md).
+counts per second are a few thousand packets, far below a real NIC (guest-tests/docs/experiments.md).
 
 ENVIRONMENT:
     VNIC_BIN     vnic binary (default: built with cargo --release)
@@ -498,7 +498,7 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
 // ---- collisions ---------------------------------------------------------
 
 /// The high-rate variant's packet rate over all flows (pps), and the
-/// device's programming latency during it (docs/experiments.md: what this
+/// device's programming latency during it (guest-tests/docs/experiments.md: what this
 /// machine's TCG guests sustain).
 const FAST_RATE: u32 = 24000;
 const FAST_PROGRAM_LATENCY_MS: u32 = 100;

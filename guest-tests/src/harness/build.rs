@@ -237,7 +237,7 @@ pub fn kernel_release(kdir: &Path) -> Result<String> {
     )
 }
 
-/// Build the static guest agent (crate `vnic-agent`, `guest-agent/`) into
+/// Build the static guest agent (crate `vnic-agent`, `guest-tests/agent/`) into
 /// `target/agent` (a target dir of its own, so the host build is not
 /// invalidated by the different RUSTFLAGS). The crate depends on none of the
 /// daemon's, so a change to vnic or arfs does not rebuild the agent.

@@ -7,7 +7,7 @@
 //!   NET_RX softirqs and `/proc/net/softnet_stat` deltas for one traffic mix.
 //!
 //! The driver is the `vnic-experiment` binary; what the figures mean is in
-//! docs/experiments.md. These are measurements, not scenarios of the suite:
+//! guest-tests/docs/experiments.md. These are measurements, not scenarios of the suite:
 //! the only verdicts are the acceptance check of the binary.
 
 use super::slots::{self, AtEnd, SlotCounts, SlotRule};

@@ -470,7 +470,7 @@ pub fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
         // (cargo run sets CARGO_MANIFEST_DIR to this package's directory), so
         // the build works whatever directory `cargo run` was started from.
         if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
-            let manifest = PathBuf::from(dir).join("../vnic/Cargo.toml");
+            let manifest = PathBuf::from(dir).join("../Cargo.toml");
             if manifest.exists() {
                 cmd.arg("--manifest-path").arg(manifest);
             }
