@@ -1,7 +1,8 @@
-//! Steering and the hand-off between workers.
+//! The hand-off between workers.
 //!
-//! A frame from the peer is steered by the worker that got it ([`Router`]:
-//! a filter hit gives the filter's rx queue, otherwise RSS). A frame for
+//! A frame from the peer is steered by the worker that got it ([`Router`]
+//! asks [`crate::steer`]: a filter hit gives the filter's rx queue,
+//! otherwise RSS) and counted. A frame for
 //! the worker's own queue is written at once ([`crate::virtq::rx`]); a
 //! frame for another pair's queue is packed into a [`FrameBatch`] for that
 //! pair's [`Inbox`], sent when full and at the end of the batch, with one
@@ -20,14 +21,16 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use arfs::proto::ETHERTYPE_MGMT;
-use arfs::{FlowIndex, Rss, TableEvent, L3};
+use arfs::TableEvent;
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::config::PathFaults;
 use crate::pairs::Pairs;
 use crate::stats::{add, Hits, HitsOwner, QueueOwner, QueueWriter, SharedCounter, Stats};
+use crate::steer::{
+    corrupt_payload, Steer, FAULT_BAD_CSUM, FAULT_CORRUPT, FAULT_DROP, MISROUTED, UNPARSABLE,
+};
 use crate::trace::Tracer;
 use crate::virtq::rx::{RxBatch, RxOutcome};
 use crate::virtq::NET_HDR_LEN;
@@ -315,66 +318,6 @@ impl Lanes {
     }
 }
 
-/// [`Router::steer`]: the `drop_rate` fault chose the frame.
-const FAULT_DROP: u8 = 1;
-/// [`Router::steer`]: the `corrupt_rate` fault chose the frame.
-const FAULT_CORRUPT: u8 = 2;
-/// [`Router::steer`]: the `bad_csum_rate` fault chose the frame.
-const FAULT_BAD_CSUM: u8 = 4;
-
-/// The `corrupt_rate` fault: flips every bit of the last byte of a UDP
-/// datagram's or TCP segment's payload and, with `keep_csum`, updates its
-/// checksum to match (RFC 1624), so that only a check of the payload's
-/// content can see it (without: the `bad_csum_rate` fault, a checksum error
-/// for the guest's stack). `false` (frame untouched) for anything but UDP
-/// or TCP with a payload.
-pub fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
-    use crate::peer::flows::{tcp_payload, udp_payload};
-    // (L4 offset, payload offset in the segment, payload length, checksum
-    // offset in the segment, UDP)
-    let (l4, hdr, len, csum_at, udp) = if let Some((l4, p)) = udp_payload(frame) {
-        (l4, 8, p.len(), 6, true)
-    } else if let Some((l4, doff, p)) = tcp_payload(frame) {
-        (l4, doff, p.len(), 16, false)
-    } else {
-        return false;
-    };
-    if len == 0 {
-        return false;
-    }
-    // The last byte of the payload: the low half of its checksum word when
-    // its offset in the segment is odd, else the high half of a word
-    // padded with zero.
-    let j = hdr + len - 1;
-    let at = l4 + j;
-    let b = frame[at];
-    let (old, new) = if j & 1 == 1 {
-        let hi = u16::from(frame[at - 1]) << 8;
-        (hi | u16::from(b), hi | u16::from(!b))
-    } else {
-        (u16::from(b) << 8, u16::from(!b) << 8)
-    };
-    frame[at] = !b;
-    if !keep_csum {
-        return true;
-    }
-    let cs = l4 + csum_at;
-    let c = u16::from_be_bytes([frame[cs], frame[cs + 1]]);
-    if c == 0 && udp && l4 == 34 {
-        return true; // IPv4 UDP without a checksum
-    }
-    let mut sum = u32::from(!c) + u32::from(!old) + u32::from(new);
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let mut c = !(sum as u16);
-    if c == 0 && udp {
-        c = 0xffff; // UDP sends a computed 0 as all ones (0 = none)
-    }
-    frame[cs..cs + 2].copy_from_slice(&c.to_be_bytes());
-    true
-}
-
 /// Steering and delivery state of one worker for its rx queue.
 pub struct Router {
     pub id: usize,
@@ -387,17 +330,11 @@ pub struct Router {
     tracer: Arc<Tracer>,
     generation: Arc<AtomicU32>,
     faults: Arc<PathFaults>,
-    /// The path faults' thresholds (`faults`, see [`PathFaults`]) as of
-    /// the last [`Router::sync`] (read once per event, not per frame):
-    /// misroute, drop, corrupt, bad checksum.
-    fault: [u64; 4],
-    /// The fault draws' state (xorshift64*, seeded per worker).
-    rng: u64,
+    /// The replica, RSS and fault draws (knobs read at each
+    /// [`Router::sync`], once per event, not per frame).
+    steer: Steer,
     /// The copy of a frame the `corrupt_rate` fault damages.
     scratch: Vec<u8>,
-    index: FlowIndex<u16>,
-    rss: Rss,
-    mask: u32,
     applied: u64,
     /// Other workers to wake at the end of the batch.
     kick: u32,
@@ -516,12 +453,8 @@ impl Router {
             tracer: l.tracer,
             generation: l.generation,
             faults: l.faults,
-            fault: [0; 4],
-            rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
+            steer: Steer::new(id, capacity),
             scratch: Vec::new(),
-            index: FlowIndex::new(capacity),
-            rss: Rss::new(1),
-            mask: 0,
             applied: 0,
             kick: 0,
             out: Vec::new(),
@@ -557,24 +490,20 @@ impl Router {
         let ib = &self.lanes.inbox[self.id];
         let mut n = 0;
         while let Some(e) = ib.updates.pop() {
-            self.index.apply(&e);
+            self.steer.apply(&e);
             n += 1;
         }
         if n > 0 {
             self.applied += n;
             self.lanes.applied_by(self.id, self.applied);
         }
-        self.fault = [
+        self.steer.set_faults([
             self.faults.misroute.load(Ordering::Relaxed),
             self.faults.drop.load(Ordering::Relaxed),
             self.faults.corrupt.load(Ordering::Relaxed),
             self.faults.bad_csum.load(Ordering::Relaxed),
-        ];
-        let mask = self.pairs.mask();
-        if mask != self.mask {
-            self.mask = mask;
-            self.rss.set_enabled(mask.trailing_ones().max(1) as u16);
-        }
+        ]);
+        self.steer.set_mask(self.pairs.mask());
         self.mrg = mrg;
     }
 
@@ -599,79 +528,6 @@ impl Router {
         local.deliver(&mut self.flags, b, pkt, filter, fake_drop)
     }
 
-    /// Picks the rx queue of a frame from the peer: a filter hit gives its
-    /// queue, otherwise RSS. `None`: drop (management EtherType, spoofed).
-    /// The third value: the faults drawn for a filter hit ([`FAULT_DROP`],
-    /// [`FAULT_CORRUPT`]; a misroute is already in the queue), all drawn
-    /// after the hit is counted, so the device's counters stay blind.
-    fn steer(&mut self, frame: &[u8]) -> Option<(usize, bool, u8)> {
-        let Ok(p) = arfs::parse_frame(frame) else {
-            if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
-                self.spoofed(frame);
-                return None;
-            }
-            add(&self.stats.peer.unparsable, 1);
-            return Some((0, false, 0));
-        };
-        if p.ethertype == ETHERTYPE_MGMT {
-            self.spoofed(frame);
-            return None;
-        }
-        if let L3::Flow(k) = &p.l3 {
-            // (An empty table is not looked at: its slots are cold.)
-            if let Some((id, q)) = (!self.index.is_empty())
-                .then(|| self.index.lookup(k))
-                .flatten()
-            {
-                self.hits.count(id);
-                let mut q = usize::from(q);
-                let mut f = 0;
-                if self.fault != [0; 4] {
-                    if self.draw(self.fault[0]) {
-                        q = self.misroute(q);
-                    }
-                    if self.draw(self.fault[1]) {
-                        f |= FAULT_DROP;
-                    }
-                    if self.draw(self.fault[2]) {
-                        f |= FAULT_CORRUPT;
-                    }
-                    if self.draw(self.fault[3]) {
-                        f |= FAULT_BAD_CSUM;
-                    }
-                }
-                return Some((q, true, f));
-            }
-            return Some((usize::from(self.rss.queue_for_key(k)), false, 0));
-        }
-        Some((usize::from(self.rss.queue_for(&p)), false, 0))
-    }
-
-    /// One fault draw: true with probability `thr / 2^32` (xorshift64*).
-    #[inline]
-    fn draw(&mut self, thr: u64) -> bool {
-        if thr == 0 {
-            return false;
-        }
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) < thr
-    }
-
-    /// The `misroute` fault: the next enabled queue after `q` (`q` itself
-    /// when only one is enabled).
-    fn misroute(&self, q: usize) -> usize {
-        let n = (self.mask.trailing_ones() as usize).max(1);
-        let to = (q + 1) % n;
-        if to != q {
-            add(&self.stats.peer.misrouted, 1);
-        }
-        to
-    }
-
     /// A frame with the management EtherType arrived from the peer: dropped,
     /// counted and traced (the trace drops, and counts, what it cannot take).
     fn spoofed(&self, frame: &[u8]) {
@@ -690,23 +546,38 @@ impl Router {
     }
 
     /// Steers and delivers (or hands over) a frame from the peer: `pkt` is
-    /// the header space followed by the frame.
+    /// the header space followed by the frame. What [`Steer::decide`] says
+    /// is counted here: the hit, and the faults after it.
     #[inline]
     pub fn route(&mut self, rx: &mut RxBatch<'_>, pkt: &mut [u8]) {
-        let Some((q, filter, fault)) = self.steer(&pkt[NET_HDR_LEN..]) else {
+        let Some(d) = self.steer.decide(&pkt[NET_HDR_LEN..]) else {
+            self.spoofed(&pkt[NET_HDR_LEN..]);
             return;
         };
-        let drop = fault & FAULT_DROP != 0;
+        if let Some(id) = d.hit {
+            self.hits.count(id);
+        }
+        if d.flags == 0 {
+            self.route_to(rx, pkt, d.q, d.hit.is_some(), false);
+            return;
+        }
+        if d.flags & UNPARSABLE != 0 {
+            add(&self.stats.peer.unparsable, 1);
+        }
+        if d.flags & MISROUTED != 0 {
+            add(&self.stats.peer.misrouted, 1);
+        }
+        let drop = d.flags & FAULT_DROP != 0;
         if drop {
             add(&self.stats.peer.fault_dropped, 1);
         }
-        if fault & (FAULT_CORRUPT | FAULT_BAD_CSUM) != 0 {
+        if d.flags & (FAULT_CORRUPT | FAULT_BAD_CSUM) != 0 {
             // Corrupt a copy: the peer's buffer (the generator's template)
             // stays as it was.
             let mut copy = std::mem::take(&mut self.scratch);
             copy.clear();
             copy.extend_from_slice(pkt);
-            let keep = fault & FAULT_CORRUPT != 0;
+            let keep = d.flags & FAULT_CORRUPT != 0;
             if corrupt_payload(&mut copy[NET_HDR_LEN..], keep) {
                 add(
                     if keep {
@@ -717,11 +588,11 @@ impl Router {
                     1,
                 );
             }
-            self.route_to(rx, &mut copy, q, filter, drop);
+            self.route_to(rx, &mut copy, d.q, d.hit.is_some(), drop);
             self.scratch = copy;
             return;
         }
-        self.route_to(rx, pkt, q, filter, drop);
+        self.route_to(rx, pkt, d.q, d.hit.is_some(), drop);
     }
 
     /// Delivers (or hands over) a steered frame to rx queue `q`.
@@ -800,7 +671,7 @@ impl Router {
     /// (or, if it was disabled since, because it is disabled).
     fn starved_drops(&self, q: usize) -> &SharedCounter {
         let st = &self.stats.queues[q];
-        if self.mask & (1 << q) == 0 {
+        if self.steer.mask() & (1 << q) == 0 {
             &st.rx_drops_disabled
         } else {
             &st.rx_drops_no_buffers

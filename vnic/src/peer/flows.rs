@@ -10,11 +10,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::config::{parse_addr_range, parse_port_range, InvalidValue};
+pub use crate::frame::checksum;
 use crate::virtq::NET_HDR_LEN;
 
-pub const ETH_P_IP: u16 = 0x0800;
-pub const ETH_P_ARP: u16 = 0x0806;
-pub const ETH_P_IPV6: u16 = 0x86DD;
+pub use crate::frame::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6};
 /// Largest frame the generator builds.
 pub const MAX_FRAME: usize = 1514;
 
@@ -452,119 +451,6 @@ pub fn fold_head(frame: &mut [u8], hdr_len: usize, head: &[u8]) {
     frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
 }
 
-/// The L4 protocol and the span of the L4 segment of an Ethernet frame
-/// (IPv4 without options or IPv6 with the L4 header after the fixed
-/// header, unfragmented): (protocol, start, end). `None` for anything else
-/// or a length field past the frame (never panics on any input).
-fn ip_l4(frame: &[u8]) -> Option<(u8, usize, usize)> {
-    let et = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
-    let (proto, l4, end) = if et == ETH_P_IP {
-        let ip = frame.get(14..34)?;
-        let frag = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff;
-        if ip[0] != 0x45 || frag != 0 {
-            return None;
-        }
-        (
-            ip[9],
-            34,
-            14 + usize::from(u16::from_be_bytes([ip[2], ip[3]])),
-        )
-    } else if et == ETH_P_IPV6 {
-        let ip = frame.get(14..54)?;
-        if ip[0] >> 4 != 6 {
-            return None;
-        }
-        (
-            ip[6],
-            54,
-            54 + usize::from(u16::from_be_bytes([ip[4], ip[5]])),
-        )
-    } else {
-        return None;
-    };
-    (l4 <= end && end <= frame.len()).then_some((proto, l4, end))
-}
-
-/// The UDP payload of an Ethernet frame (see [`ip_l4`]), with the offset
-/// of its UDP header: `None` for anything else.
-pub fn udp_payload(frame: &[u8]) -> Option<(usize, &[u8])> {
-    let (proto, l4, end) = ip_l4(frame)?;
-    if proto != 17 {
-        return None;
-    }
-    let udp = &frame[l4..end];
-    let ulen = usize::from(u16::from_be_bytes([*udp.get(4)?, *udp.get(5)?]));
-    if ulen < 8 || ulen > udp.len() {
-        return None;
-    }
-    Some((l4, &udp[8..ulen]))
-}
-
-/// The TCP payload of an Ethernet frame (see [`ip_l4`]): the offset of its
-/// TCP header, the header's length (data offset) and the payload. `None`
-/// for anything else.
-pub fn tcp_payload(frame: &[u8]) -> Option<(usize, usize, &[u8])> {
-    let (proto, l4, end) = ip_l4(frame)?;
-    if proto != 6 {
-        return None;
-    }
-    let tcp = &frame[l4..end];
-    let doff = usize::from(*tcp.get(12)? >> 4) * 4;
-    if doff < 20 || doff > tcp.len() {
-        return None;
-    }
-    Some((l4, doff, &tcp[doff..]))
-}
-
-#[cfg(test)]
-/// Whether the UDP checksum of `frame` verifies (IPv4: 0 = none counts as
-/// valid; IPv6: 0 is invalid). `false` for a frame [`udp_payload`] refuses.
-pub fn udp_checksum_ok(frame: &[u8]) -> bool {
-    let Some((l4, payload)) = udp_payload(frame) else {
-        return false;
-    };
-    let ulen = 8 + payload.len();
-    let udp = &frame[l4..l4 + ulen];
-    let mut pseudo = [0u8; 40];
-    let pl = if l4 == 34 {
-        if udp[6..8] == [0, 0] {
-            return true;
-        }
-        pseudo[..8].copy_from_slice(&frame[26..34]);
-        pseudo[9] = 17;
-        pseudo[10..12].copy_from_slice(&(ulen as u16).to_be_bytes());
-        12
-    } else {
-        if udp[6..8] == [0, 0] {
-            return false;
-        }
-        pseudo[..32].copy_from_slice(&frame[22..54]);
-        pseudo[32..36].copy_from_slice(&(ulen as u32).to_be_bytes());
-        pseudo[39] = 17;
-        40
-    };
-    checksum(&[&pseudo[..pl], udp], 0) == 0
-}
-
-/// Internet checksum over the concatenation of `parts` (each even-length
-/// except possibly the last), plus `init`.
-pub fn checksum(parts: &[&[u8]], init: u32) -> u16 {
-    let mut sum = u64::from(init);
-    for p in parts {
-        let mut ch = p.chunks_exact(2);
-        for w in &mut ch {
-            sum += u64::from(u16::from_be_bytes([w[0], w[1]]));
-        }
-        if let [b] = ch.remainder() {
-            sum += u64::from(*b) << 8;
-        }
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
 /// A worker's share of one flow set.
 pub struct LocalSet {
     pub set: Arc<FlowSet>,
@@ -662,6 +548,7 @@ pub fn local_sets(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::{udp_checksum_ok, udp_payload};
 
     fn gen_ip() -> Ipv4Addr {
         Ipv4Addr::new(10, 0, 2, 1)
@@ -773,12 +660,12 @@ mod tests {
                         .all(|(k, &b)| b == fill_byte(k)));
                     let before = g.clone();
                     let mut bad = g.clone();
-                    assert!(crate::handoff::corrupt_payload(&mut bad, false));
+                    assert!(crate::steer::corrupt_payload(&mut bad, false));
                     assert!(
                         !udp_checksum_ok(&bad),
                         "{src} {size} seq {seq}: stale checksum"
                     );
-                    assert!(crate::handoff::corrupt_payload(&mut g, true));
+                    assert!(crate::steer::corrupt_payload(&mut g, true));
                     assert!(udp_checksum_ok(&g), "{src} {size} seq {seq}: corrupted");
                     let diff: Vec<usize> = (0..size).filter(|&i| g[i] != before[i]).collect();
                     assert_eq!(diff.last(), Some(&(size - 1)), "{diff:?}");
@@ -794,92 +681,7 @@ mod tests {
         // Not UDP, truncated: untouched, no panic.
         for n in 0..64 {
             let mut f = vec![0x45u8; n];
-            assert!(!crate::handoff::corrupt_payload(&mut f, true));
-        }
-    }
-
-    /// A TCP segment (20-byte header plus options `opt`, `len` payload
-    /// bytes) in an Ethernet frame, with a valid checksum.
-    fn tcp_frame(v6: bool, opt: usize, len: usize) -> Vec<u8> {
-        let (l4, et) = if v6 { (54, ETH_P_IPV6) } else { (34, ETH_P_IP) };
-        let seg = 20 + opt + len;
-        let mut f = vec![0u8; l4 + seg];
-        f[12..14].copy_from_slice(&et.to_be_bytes());
-        if v6 {
-            f[14] = 0x60;
-            f[18..20].copy_from_slice(&(seg as u16).to_be_bytes());
-            f[20] = 6;
-            f[22..38].copy_from_slice(&[0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
-            f[38..54].copy_from_slice(&[0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x15]);
-        } else {
-            f[14] = 0x45;
-            f[16..18].copy_from_slice(&((20 + seg) as u16).to_be_bytes());
-            f[23] = 6;
-            f[26..30].copy_from_slice(&[10, 0, 2, 1]);
-            f[30..34].copy_from_slice(&[10, 0, 2, 15]);
-        }
-        f[l4 + 12] = (((20 + opt) / 4) as u8) << 4;
-        for (k, b) in f[l4 + 20..].iter_mut().enumerate() {
-            *b = (k as u8).wrapping_mul(7).wrapping_add(3);
-        }
-        let c = !tcp_sum(&f);
-        f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
-        assert!(tcp_ok(&f));
-        f
-    }
-
-    /// Ones' complement sum of a frame's TCP segment with its pseudo-header.
-    fn tcp_sum(f: &[u8]) -> u16 {
-        let l4 = if f[12..14] == ETH_P_IPV6.to_be_bytes() {
-            54
-        } else {
-            34
-        };
-        let seg = &f[l4..];
-        let mut pseudo = Vec::new();
-        if l4 == 54 {
-            pseudo.extend_from_slice(&f[22..54]);
-            pseudo.extend_from_slice(&(seg.len() as u32).to_be_bytes());
-            pseudo.extend_from_slice(&[0, 0, 0, 6]);
-        } else {
-            pseudo.extend_from_slice(&f[26..34]);
-            pseudo.extend_from_slice(&[0, 6]);
-            pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
-        }
-        !checksum(&[&pseudo, seg], 0)
-    }
-
-    fn tcp_ok(f: &[u8]) -> bool {
-        tcp_sum(f) == 0xffff
-    }
-
-    /// The corrupt fault on TCP (tcp-tap's byte-stream check): the last
-    /// payload byte flips, the checksum still verifies with `keep_csum`
-    /// and no longer does without; a segment without payload is left alone.
-    #[test]
-    fn corrupt_keeps_a_tcp_segment_checksum_valid() {
-        for v6 in [false, true] {
-            for (opt, len) in [(0, 1), (0, 128), (12, 128), (12, 1447), (40, 3)] {
-                let f = tcp_frame(v6, opt, len);
-                let (_, doff, p) = tcp_payload(&f).unwrap();
-                assert_eq!((doff, p.len()), (20 + opt, len));
-                let mut bad = f.clone();
-                assert!(crate::handoff::corrupt_payload(&mut bad, false));
-                assert!(!tcp_ok(&bad), "v6 {v6} opt {opt} len {len}: stale checksum");
-                let mut g = f.clone();
-                assert!(crate::handoff::corrupt_payload(&mut g, true));
-                assert!(tcp_ok(&g), "v6 {v6} opt {opt} len {len}: corrupted");
-                let l4 = if v6 { 54 } else { 34 };
-                let diff: Vec<usize> = (0..f.len()).filter(|&i| g[i] != f[i]).collect();
-                assert_eq!(diff.last(), Some(&(f.len() - 1)), "{diff:?}");
-                assert!(diff[..diff.len() - 1]
-                    .iter()
-                    .all(|&i| i == l4 + 16 || i == l4 + 17));
-            }
-            let mut ack = tcp_frame(v6, 12, 0);
-            let before = ack.clone();
-            assert!(!crate::handoff::corrupt_payload(&mut ack, true));
-            assert_eq!(ack, before);
+            assert!(!crate::steer::corrupt_payload(&mut f, true));
         }
     }
 

@@ -173,7 +173,8 @@ impl RttHist {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peer::flows::{build_udp, udp_checksum_ok, Tuple};
+    use crate::frame::udp_checksum_ok;
+    use crate::peer::flows::{build_udp, Tuple};
 
     #[test]
     fn buckets_cover_every_value_in_order() {

@@ -1,0 +1,484 @@
+//! Steering: which rx queue a frame from the peer goes to.
+//!
+//! [`Steer`] is one worker's view: its replica of the filter table (a
+//! [`FlowIndex`] fed with the table's events), RSS over the enabled pairs,
+//! and the path-fault knobs. [`Steer::decide`] takes the frame's bytes and
+//! returns a [`Decision`]: the rx queue, the filter hit (if any) and the
+//! faults drawn for it. It touches no ring, no counter and no other
+//! thread: the worker ([`crate::handoff::Router`]) counts what the
+//! decision says and hands the frame to the queue. The path faults are
+//! drawn after the hit, so the device's own figures stay blind to them;
+//! [`corrupt_payload`] is the damage the corrupt and bad-checksum faults do.
+
+use arfs::proto::ETHERTYPE_MGMT;
+use arfs::{FlowIndex, Rss, TableEvent, L3};
+
+use crate::frame::{tcp_payload, udp_payload};
+
+/// [`Decision::flags`]: the `drop_rate` fault chose the frame.
+pub const FAULT_DROP: u8 = 1;
+/// [`Decision::flags`]: the `corrupt_rate` fault chose the frame.
+pub const FAULT_CORRUPT: u8 = 2;
+/// [`Decision::flags`]: the `bad_csum_rate` fault chose the frame.
+pub const FAULT_BAD_CSUM: u8 = 4;
+/// [`Decision::flags`]: the `misroute_rate` fault moved the frame to
+/// another queue than its filter's.
+pub const MISROUTED: u8 = 8;
+/// [`Decision::flags`]: the frame did not parse; it goes to queue 0.
+pub const UNPARSABLE: u8 = 16;
+
+/// Where a frame goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// The rx queue.
+    pub q: usize,
+    /// The filter it hit (its id), or None: RSS chose the queue.
+    pub hit: Option<u16>,
+    /// [`FAULT_DROP`], [`FAULT_CORRUPT`], [`FAULT_BAD_CSUM`],
+    /// [`MISROUTED`], [`UNPARSABLE`].
+    pub flags: u8,
+}
+
+/// One worker's steering state (see the module's doc).
+pub struct Steer {
+    index: FlowIndex<u16>,
+    rss: Rss,
+    /// Enabled pairs (bit i: pair i; always a prefix).
+    mask: u32,
+    /// The path faults' thresholds (probability * 2^32): misroute, drop,
+    /// corrupt, bad checksum.
+    fault: [u64; 4],
+    /// The fault draws' state (xorshift64*, seeded per worker).
+    rng: u64,
+}
+
+impl Steer {
+    /// Worker `id`'s steering, for a table of `capacity` filters, with no
+    /// pair enabled yet.
+    pub fn new(id: usize, capacity: usize) -> Self {
+        Self {
+            index: FlowIndex::new(capacity),
+            rss: Rss::new(1),
+            mask: 0,
+            fault: [0; 4],
+            rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
+        }
+    }
+
+    /// Applies one event of the filter table to the replica.
+    #[inline]
+    pub fn apply(&mut self, e: &TableEvent) {
+        self.index.apply(e);
+    }
+
+    /// The enabled pairs (bit i: pair i); RSS spreads over them.
+    pub fn set_mask(&mut self, mask: u32) {
+        if mask != self.mask {
+            self.mask = mask;
+            self.rss.set_enabled(mask.trailing_ones().max(1) as u16);
+        }
+    }
+
+    pub fn mask(&self) -> u32 {
+        self.mask
+    }
+
+    /// The path faults' thresholds: misroute, drop, corrupt, bad checksum
+    /// (each a probability times 2^32).
+    pub fn set_faults(&mut self, f: [u64; 4]) {
+        self.fault = f;
+    }
+
+    /// Where `frame` (an Ethernet frame, no virtio-net header) goes: a
+    /// filter hit gives the filter's queue, otherwise RSS; `None` for a
+    /// frame with the management EtherType (never delivered: a peer must
+    /// not speak for the device).
+    #[inline]
+    pub fn decide(&mut self, frame: &[u8]) -> Option<Decision> {
+        let Ok(p) = arfs::parse_frame(frame) else {
+            if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
+                return None;
+            }
+            return Some(Decision {
+                q: 0,
+                hit: None,
+                flags: UNPARSABLE,
+            });
+        };
+        if p.ethertype == ETHERTYPE_MGMT {
+            return None;
+        }
+        let L3::Flow(k) = &p.l3 else {
+            return Some(Decision {
+                q: usize::from(self.rss.queue_for(&p)),
+                hit: None,
+                flags: 0,
+            });
+        };
+        // (An empty table is not looked at: its slots are cold.)
+        let Some((id, q)) = (!self.index.is_empty())
+            .then(|| self.index.lookup(k))
+            .flatten()
+        else {
+            return Some(Decision {
+                q: usize::from(self.rss.queue_for_key(k)),
+                hit: None,
+                flags: 0,
+            });
+        };
+        let mut q = usize::from(q);
+        let mut flags = 0;
+        if self.fault != [0; 4] {
+            if self.draw(self.fault[0]) {
+                let to = self.misroute(q);
+                if to != q {
+                    flags |= MISROUTED;
+                }
+                q = to;
+            }
+            if self.draw(self.fault[1]) {
+                flags |= FAULT_DROP;
+            }
+            if self.draw(self.fault[2]) {
+                flags |= FAULT_CORRUPT;
+            }
+            if self.draw(self.fault[3]) {
+                flags |= FAULT_BAD_CSUM;
+            }
+        }
+        Some(Decision {
+            q,
+            hit: Some(id),
+            flags,
+        })
+    }
+
+    /// One fault draw: true with probability `thr / 2^32` (xorshift64*).
+    #[inline]
+    fn draw(&mut self, thr: u64) -> bool {
+        if thr == 0 {
+            return false;
+        }
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) < thr
+    }
+
+    /// The `misroute` fault: the next enabled queue after `q` (`q` itself
+    /// when only one is enabled).
+    fn misroute(&self, q: usize) -> usize {
+        let n = (self.mask.trailing_ones() as usize).max(1);
+        (q + 1) % n
+    }
+}
+
+/// The `corrupt_rate` fault: flips every bit of the last byte of a UDP
+/// datagram's or TCP segment's payload and, with `keep_csum`, updates its
+/// checksum to match (RFC 1624), so that only a check of the payload's
+/// content can see it (without: the `bad_csum_rate` fault, a checksum error
+/// for the guest's stack). `false` (frame untouched) for anything but UDP
+/// or TCP with a payload.
+pub fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
+    // (L4 offset, payload offset in the segment, payload length, checksum
+    // offset in the segment, UDP)
+    let (l4, hdr, len, csum_at, udp) = if let Some((l4, p)) = udp_payload(frame) {
+        (l4, 8, p.len(), 6, true)
+    } else if let Some((l4, doff, p)) = tcp_payload(frame) {
+        (l4, doff, p.len(), 16, false)
+    } else {
+        return false;
+    };
+    if len == 0 {
+        return false;
+    }
+    // The last byte of the payload: the low half of its checksum word when
+    // its offset in the segment is odd, else the high half of a word
+    // padded with zero.
+    let j = hdr + len - 1;
+    let at = l4 + j;
+    let b = frame[at];
+    let (old, new) = if j & 1 == 1 {
+        let hi = u16::from(frame[at - 1]) << 8;
+        (hi | u16::from(b), hi | u16::from(!b))
+    } else {
+        (u16::from(b) << 8, u16::from(!b) << 8)
+    };
+    frame[at] = !b;
+    if !keep_csum {
+        return true;
+    }
+    let cs = l4 + csum_at;
+    let c = u16::from_be_bytes([frame[cs], frame[cs + 1]]);
+    if c == 0 && udp && l4 == 34 {
+        return true; // IPv4 UDP without a checksum
+    }
+    let mut sum = u32::from(!c) + u32::from(!old) + u32::from(new);
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let mut c = !(sum as u16);
+    if c == 0 && udp {
+        c = 0xffff; // UDP sends a computed 0 as all ones (0 = none)
+    }
+    frame[cs..cs + 2].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{checksum, ETH_P_IP, ETH_P_IPV6};
+    use arfs::{FlowKey, L4Proto};
+
+    /// A UDP/IPv4 frame of flow `sport -> dport`.
+    fn udp4(sport: u16, dport: u16) -> Vec<u8> {
+        let mut f = vec![0u8; 64];
+        f[12..14].copy_from_slice(&ETH_P_IP.to_be_bytes());
+        f[14] = 0x45;
+        f[16..18].copy_from_slice(&50u16.to_be_bytes());
+        f[22] = 64;
+        f[23] = 17;
+        f[26..30].copy_from_slice(&[10, 0, 2, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 2, 15]);
+        f[34..36].copy_from_slice(&sport.to_be_bytes());
+        f[36..38].copy_from_slice(&dport.to_be_bytes());
+        f[38..40].copy_from_slice(&30u16.to_be_bytes());
+        let c = checksum(&[&f[14..34]], 0);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f
+    }
+
+    fn key(sport: u16, dport: u16) -> FlowKey {
+        FlowKey::v4(
+            L4Proto::Udp,
+            [10, 0, 2, 1].into(),
+            sport,
+            [10, 0, 2, 15].into(),
+            dport,
+        )
+    }
+
+    fn add(s: &mut Steer, id: u16, k: FlowKey, q: u16) {
+        s.apply(&TableEvent::Added {
+            seq: 0,
+            id,
+            rxq: q,
+            flow: k,
+        });
+    }
+
+    #[test]
+    fn a_hit_takes_the_filters_queue_a_miss_rss() {
+        let mut s = Steer::new(0, 64);
+        s.set_mask(0b1111);
+        let rss = Rss::new(4);
+        // Empty table: RSS.
+        let d = s.decide(&udp4(1000, 2000)).unwrap();
+        assert_eq!(
+            d,
+            Decision {
+                q: usize::from(rss.queue_for_key(&key(1000, 2000))),
+                hit: None,
+                flags: 0
+            }
+        );
+        // A filter to a queue RSS would not pick.
+        let want = (rss.queue_for_key(&key(1000, 2000)) + 1) % 4;
+        add(&mut s, 7, key(1000, 2000), want);
+        let d = s.decide(&udp4(1000, 2000)).unwrap();
+        assert_eq!(
+            d,
+            Decision {
+                q: usize::from(want),
+                hit: Some(7),
+                flags: 0
+            }
+        );
+        // Another flow still goes by RSS.
+        let d = s.decide(&udp4(1001, 2000)).unwrap();
+        assert_eq!(
+            (d.hit, d.q),
+            (None, usize::from(rss.queue_for_key(&key(1001, 2000))))
+        );
+        // Deleted: RSS again.
+        s.apply(&TableEvent::Deleted {
+            seq: 1,
+            id: 7,
+            rxq: want,
+            flow: key(1000, 2000),
+            reason: arfs::DelReason::Expired,
+            hits: 0,
+        });
+        assert_eq!(s.decide(&udp4(1000, 2000)).unwrap().hit, None);
+    }
+
+    #[test]
+    fn management_frames_are_refused_and_garbage_goes_to_queue_0() {
+        let mut s = Steer::new(0, 64);
+        s.set_mask(0b11);
+        let mut m = udp4(1, 2);
+        m[12..14].copy_from_slice(&ETHERTYPE_MGMT.to_be_bytes());
+        assert_eq!(s.decide(&m), None);
+        assert_eq!(s.decide(&m[..14]), None);
+        for n in 0..14 {
+            let d = s.decide(&vec![0xffu8; n]).unwrap();
+            assert_eq!((d.q, d.hit, d.flags), (0, None, UNPARSABLE));
+        }
+    }
+
+    #[test]
+    fn rss_follows_the_enabled_pairs() {
+        let mut s = Steer::new(0, 64);
+        for (mask, n) in [(0b1u32, 1u16), (0b11, 2), (0b111, 3), (0b1111, 4)] {
+            s.set_mask(mask);
+            let rss = Rss::new(n);
+            for sport in 1000..1100 {
+                let d = s.decide(&udp4(sport, 2000)).unwrap();
+                assert_eq!(d.q, usize::from(rss.queue_for_key(&key(sport, 2000))));
+                assert!(d.q < usize::from(n));
+            }
+        }
+    }
+
+    /// Each fault is drawn for filter hits only, at its rate (within 5
+    /// sigma over 20,000 draws), and a misroute goes to the next enabled
+    /// queue.
+    #[test]
+    fn faults_hit_filter_hits_only_at_their_rate() {
+        let rate = |p: f64| (p * f64::from(1u32 << 31) * 2.0) as u64;
+        for (i, flag) in [MISROUTED, FAULT_DROP, FAULT_CORRUPT, FAULT_BAD_CSUM]
+            .into_iter()
+            .enumerate()
+        {
+            let mut s = Steer::new(3, 64);
+            s.set_mask(0b1111);
+            add(&mut s, 1, key(1000, 2000), 2);
+            let mut f = [0; 4];
+            f[i] = rate(0.25);
+            s.set_faults(f);
+            let n = 20_000;
+            let mut hit = 0;
+            for _ in 0..n {
+                let d = s.decide(&udp4(1000, 2000)).unwrap();
+                assert_eq!(d.hit, Some(1));
+                assert_eq!(d.flags & !flag, 0);
+                if d.flags & flag != 0 {
+                    hit += 1;
+                    if flag == MISROUTED {
+                        assert_eq!(d.q, 3);
+                    }
+                } else {
+                    assert_eq!(d.q, 2);
+                }
+                // A miss never draws.
+                assert_eq!(s.decide(&udp4(1001, 2000)).unwrap().flags, 0);
+            }
+            let sigma = (f64::from(n) * 0.25 * 0.75).sqrt();
+            assert!(
+                (f64::from(hit) - f64::from(n) * 0.25).abs() < 5.0 * sigma,
+                "{flag}: {hit}"
+            );
+        }
+        // One enabled queue: a misroute has nowhere to go.
+        let mut s = Steer::new(0, 64);
+        s.set_mask(0b1);
+        add(&mut s, 1, key(1000, 2000), 0);
+        s.set_faults([rate(1.0) - 1, 0, 0, 0]);
+        assert_eq!(
+            s.decide(&udp4(1000, 2000)).unwrap(),
+            Decision {
+                q: 0,
+                hit: Some(1),
+                flags: 0
+            }
+        );
+    }
+
+    /// A TCP segment (20-byte header plus options `opt`, `len` payload
+    /// bytes) in an Ethernet frame, with a valid checksum.
+    fn tcp_frame(v6: bool, opt: usize, len: usize) -> Vec<u8> {
+        let (l4, et) = if v6 { (54, ETH_P_IPV6) } else { (34, ETH_P_IP) };
+        let seg = 20 + opt + len;
+        let mut f = vec![0u8; l4 + seg];
+        f[12..14].copy_from_slice(&et.to_be_bytes());
+        if v6 {
+            f[14] = 0x60;
+            f[18..20].copy_from_slice(&(seg as u16).to_be_bytes());
+            f[20] = 6;
+            f[22..38].copy_from_slice(&[0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+            f[38..54].copy_from_slice(&[0xfd, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x15]);
+        } else {
+            f[14] = 0x45;
+            f[16..18].copy_from_slice(&((20 + seg) as u16).to_be_bytes());
+            f[23] = 6;
+            f[26..30].copy_from_slice(&[10, 0, 2, 1]);
+            f[30..34].copy_from_slice(&[10, 0, 2, 15]);
+        }
+        f[l4 + 12] = (((20 + opt) / 4) as u8) << 4;
+        for (k, b) in f[l4 + 20..].iter_mut().enumerate() {
+            *b = (k as u8).wrapping_mul(7).wrapping_add(3);
+        }
+        let c = !tcp_sum(&f);
+        f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
+        assert!(tcp_ok(&f));
+        f
+    }
+
+    /// Ones' complement sum of a frame's TCP segment with its pseudo-header.
+    fn tcp_sum(f: &[u8]) -> u16 {
+        let l4 = if f[12..14] == ETH_P_IPV6.to_be_bytes() {
+            54
+        } else {
+            34
+        };
+        let seg = &f[l4..];
+        let mut pseudo = Vec::new();
+        if l4 == 54 {
+            pseudo.extend_from_slice(&f[22..54]);
+            pseudo.extend_from_slice(&(seg.len() as u32).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, 6]);
+        } else {
+            pseudo.extend_from_slice(&f[26..34]);
+            pseudo.extend_from_slice(&[0, 6]);
+            pseudo.extend_from_slice(&(seg.len() as u16).to_be_bytes());
+        }
+        !checksum(&[&pseudo, seg], 0)
+    }
+
+    fn tcp_ok(f: &[u8]) -> bool {
+        tcp_sum(f) == 0xffff
+    }
+
+    /// The corrupt fault on TCP (tcp-tap's byte-stream check): the last
+    /// payload byte flips, the checksum still verifies with `keep_csum`
+    /// and no longer does without; a segment without payload is left alone.
+    #[test]
+    fn corrupt_keeps_a_tcp_segment_checksum_valid() {
+        for v6 in [false, true] {
+            for (opt, len) in [(0, 1), (0, 128), (12, 128), (12, 1447), (40, 3)] {
+                let f = tcp_frame(v6, opt, len);
+                let (_, doff, p) = tcp_payload(&f).unwrap();
+                assert_eq!((doff, p.len()), (20 + opt, len));
+                let mut bad = f.clone();
+                assert!(corrupt_payload(&mut bad, false));
+                assert!(!tcp_ok(&bad), "v6 {v6} opt {opt} len {len}: stale checksum");
+                let mut g = f.clone();
+                assert!(corrupt_payload(&mut g, true));
+                assert!(tcp_ok(&g), "v6 {v6} opt {opt} len {len}: corrupted");
+                let l4 = if v6 { 54 } else { 34 };
+                let diff: Vec<usize> = (0..f.len()).filter(|&i| g[i] != f[i]).collect();
+                assert_eq!(diff.last(), Some(&(f.len() - 1)), "{diff:?}");
+                assert!(diff[..diff.len() - 1]
+                    .iter()
+                    .all(|&i| i == l4 + 16 || i == l4 + 17));
+            }
+            let mut ack = tcp_frame(v6, 12, 0);
+            let before = ack.clone();
+            assert!(!corrupt_payload(&mut ack, true));
+            assert_eq!(ack, before);
+        }
+    }
+}
