@@ -18,14 +18,12 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Size of the id space of filter ids (0..=0xFFFE).
 pub const ID_SPACE: usize = 0xFFFF;
 
 use serde_json::{json, Value};
-
-use crate::virtq::tx::BadTx;
-use crate::virtq::RingStop;
 
 /// A counter that one thread only writes (see the module doc). Relaxed:
 /// counters are statistics, not synchronisation.
@@ -254,7 +252,7 @@ pub struct PeerStats {
     /// Generator: IPv6 neighbour solicitations answered.
     pub nd_replies: SharedCounter,
     /// Generator: round trips of stamped frames the guest echoed back.
-    pub rtt: crate::peer::rtt::RttHist,
+    pub rtt: RttHist,
     /// Tap: frames written to / read from the tap device, and write errors.
     pub tap_tx: SharedCounter,
     pub tap_rx: SharedCounter,
@@ -407,6 +405,187 @@ impl Drop for HitsOwner {
     }
 }
 
+// ---- why the device refused guest input (the counters' names) --------------
+
+/// Why a tx chain was unusable (one counter each in `ctl stats`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BadTx {
+    /// The chain revisits descriptors: more links than the table has
+    /// entries.
+    Loop,
+    /// A head or `next` index outside the descriptor table.
+    BadIndex,
+    /// A buffer or a descriptor table outside guest memory.
+    OutOfRange,
+    /// More than [`MAX_TX_LEN`] bytes.
+    TooLong,
+    /// A device-writable buffer in a tx chain.
+    Writable,
+    /// Fewer bytes than a virtio-net header.
+    ShortHeader,
+    /// An indirect descriptor the spec forbids: nested, a table length
+    /// that is zero or not a multiple of 16, or a table chain longer than
+    /// the ring.
+    Indirect,
+}
+
+impl BadTx {
+    /// Every reason, in the order of their `ctl stats` fields.
+    pub const ALL: [BadTx; 7] = [
+        BadTx::Loop,
+        BadTx::BadIndex,
+        BadTx::OutOfRange,
+        BadTx::TooLong,
+        BadTx::Writable,
+        BadTx::ShortHeader,
+        BadTx::Indirect,
+    ];
+
+    /// The reason's name in `ctl stats` (`tx_bad_<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BadTx::Loop => "loop",
+            BadTx::BadIndex => "bad_index",
+            BadTx::OutOfRange => "out_of_range",
+            BadTx::TooLong => "too_long",
+            BadTx::Writable => "writable",
+            BadTx::ShortHeader => "short_header",
+            BadTx::Indirect => "indirect",
+        }
+    }
+}
+
+/// Why the device stopped using a ring. The virtio spec lets a device
+/// that meets such a ring set DEVICE_NEEDS_RESET; vhost-user has no
+/// message for that, so the ring stays stopped (counted once, logged once,
+/// named in `ctl stats`) until the frontend stops and restarts it, which
+/// it does on every guest driver reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingStop {
+    /// The avail index runs more than the ring size ahead of the device:
+    /// the driver published entries it cannot have filled.
+    AvailJump,
+    /// The avail ring cannot be read any more (guest memory changed under
+    /// it).
+    AvailUnreadable,
+}
+
+impl RingStop {
+    /// Code kept in the queue's `*_stopped` counter (0: running).
+    pub fn code(self) -> u64 {
+        match self {
+            RingStop::AvailJump => 1,
+            RingStop::AvailUnreadable => 2,
+        }
+    }
+
+    /// The name `ctl stats` shows for a code, `None` for 0 (running).
+    pub fn name_of(code: u64) -> Option<&'static str> {
+        match code {
+            0 => None,
+            1 => Some("avail_jump"),
+            2 => Some("avail_unreadable"),
+            _ => Some("unknown"),
+        }
+    }
+}
+
+impl std::fmt::Display for RingStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(Self::name_of(self.code()).unwrap_or("?"))
+    }
+}
+
+// ---- the generator's round-trip histogram ----------------------------------
+
+/// Longest round trip recorded; older stamps are `bad`.
+pub const MAX_RTT: Duration = Duration::from_mins(1);
+
+/// Sub-buckets per power of two (each 1/8 of its octave wide: a
+/// percentile read from the histogram is within 12.5% of the true value).
+const SUB: u32 = 8;
+/// Buckets: exact below 8 ns, then 8 per octave up to 2^36 ns (> MAX_RTT).
+const BUCKETS: usize = ((36 - 2) * SUB) as usize;
+
+/// The bucket of `ns`.
+fn bucket(ns: u64) -> usize {
+    if ns < u64::from(SUB) {
+        return ns as usize;
+    }
+    let e = ns.ilog2();
+    let sub = (ns >> (e - 3)) & u64::from(SUB - 1);
+    (((e - 2) * SUB) as usize + sub as usize).min(BUCKETS - 1)
+}
+
+/// The range [lo, hi) of bucket `i`, in ns.
+pub fn bucket_range(i: usize) -> (u64, u64) {
+    if i < SUB as usize {
+        return (i as u64, i as u64 + 1);
+    }
+    let e = i as u32 / SUB + 2;
+    let sub = (i as u32 % SUB) as u64;
+    ((8 + sub) << (e - 3), (9 + sub) << (e - 3))
+}
+
+/// Round trips seen by the generator (any worker records: relaxed RMW).
+pub struct RttHist {
+    buckets: Box<[AtomicU64]>,
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+    bad: AtomicU64,
+}
+
+impl Default for RttHist {
+    fn default() -> Self {
+        Self {
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+            bad: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RttHist {
+    /// Records the round trip of a stamp sent at `sent` and echoed back at
+    /// `now`; a stamp from the future or older than [`MAX_RTT`] is `bad`.
+    pub fn record(&self, sent: u64, now: u64) {
+        match now.checked_sub(sent) {
+            Some(d) if d <= MAX_RTT.as_nanos() as u64 => {
+                self.buckets[bucket(d)].fetch_add(1, Ordering::Relaxed);
+                self.sum_ns.fetch_add(d, Ordering::Relaxed);
+                self.count.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                self.bad.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// `{"replies", "sum_ns", "bad", "buckets": [[lo_ns, hi_ns, n], ...]}`
+    /// (non-empty buckets only, ascending).
+    pub fn to_json(&self) -> Value {
+        let buckets: Vec<Value> = self
+            .buckets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                let n = b.load(Ordering::Relaxed);
+                (n > 0).then(|| {
+                    let (lo, hi) = bucket_range(i);
+                    json!([lo, hi, n])
+                })
+            })
+            .collect();
+        json!({
+            "replies": self.count.load(Ordering::Relaxed),
+            "sum_ns": self.sum_ns.load(Ordering::Relaxed),
+            "bad": self.bad.load(Ordering::Relaxed),
+            "buckets": buckets,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,5 +669,45 @@ mod tests {
         h1.count(7);
         h1.count(7);
         assert_eq!(hits.sum(7), 3);
+    }
+    #[test]
+    fn buckets_cover_every_value_in_order() {
+        let mut prev_hi = 0;
+        for i in 0..BUCKETS {
+            let (lo, hi) = bucket_range(i);
+            assert_eq!(
+                lo,
+                prev_hi,
+                "bucket {i} starts where {} ended",
+                i.max(1) - 1
+            );
+            assert!(hi > lo);
+            assert_eq!(bucket(lo), i);
+            assert_eq!(bucket(hi - 1), i);
+            // At most 1/8 of the bucket's lower edge wide (beyond the exact ones).
+            if lo >= 8 {
+                assert!((hi - lo) * 8 <= lo, "bucket {i} [{lo},{hi}) too wide");
+            }
+            prev_hi = hi;
+        }
+        assert!(prev_hi > MAX_RTT.as_nanos() as u64);
+        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn record_sorts_good_and_bad() {
+        let h = RttHist::default();
+        h.record(1_000, 251_000); // 250 us
+        h.record(1_000, 1_001_000); // 1 ms
+        h.record(5_000, 4_000); // from the future
+        h.record(0, MAX_RTT.as_nanos() as u64 + 1); // too old
+        let v = h.to_json();
+        assert_eq!(v["replies"], 2);
+        assert_eq!(v["bad"], 2);
+        assert_eq!(v["sum_ns"], 1_250_000);
+        let b = v["buckets"].as_array().unwrap();
+        assert_eq!(b.len(), 2);
+        let (lo, hi) = (b[0][0].as_u64().unwrap(), b[0][1].as_u64().unwrap());
+        assert!(lo <= 250_000 && 250_000 < hi);
     }
 }

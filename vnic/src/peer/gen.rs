@@ -149,7 +149,7 @@ impl GenPeer {
                 // words' sum is folded into the template's checksum.
                 let mut sum = 0u64;
                 if stamp {
-                    let now = super::rtt::now_ns();
+                    let now = crate::clock::now_ns();
                     frame[hl..hl + 8].copy_from_slice(&super::rtt::MAGIC);
                     frame[hl + 8..hl + 16].copy_from_slice(&now.to_be_bytes());
                     sum += word_sum(u64::from_be_bytes(super::rtt::MAGIC)) + word_sum(now);
@@ -224,7 +224,7 @@ impl Peer for GenPeer {
         }
         let peer = &self.stats.peer;
         if let Some(sent) = super::rtt::echoed_stamp(frame, self.ip, self.ip6) {
-            peer.rtt.record(sent, super::rtt::now_ns());
+            peer.rtt.record(sent, crate::clock::now_ns());
             return;
         }
         let me = Me {

@@ -13,37 +13,13 @@
 //! The guest controls what it sends: a stamp from the future or older
 //! than [`MAX_RTT`] is counted as `bad` and not recorded.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
-
-use serde_json::{json, Value};
-
 use super::flows::{ETH_P_IP, ETH_P_IPV6};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Bytes of the stamp in the payload: magic, then the send time.
 pub const STAMP_LEN: usize = 16;
 /// What starts a stamped payload.
 pub const MAGIC: [u8; 8] = *b"vnic-rtt";
-/// Longest round trip recorded; older stamps are `bad`.
-pub const MAX_RTT: Duration = Duration::from_mins(1);
-
-/// Sub-buckets per power of two (each 1/8 of its octave wide: a
-/// percentile read from the histogram is within 12.5% of the true value).
-const SUB: u32 = 8;
-/// Buckets: exact below 8 ns, then 8 per octave up to 2^36 ns (> MAX_RTT).
-const BUCKETS: usize = ((36 - 2) * SUB) as usize;
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-/// Nanoseconds since the daemon's first call (monotonic).
-pub fn now_ns() -> u64 {
-    epoch().elapsed().as_nanos() as u64
-}
 
 #[cfg(test)]
 /// Writes the stamp into `frame` (an Ethernet frame with `hdr_len` bytes
@@ -91,131 +67,11 @@ pub fn echoed_stamp(frame: &[u8], ip: Ipv4Addr, ip6: Ipv6Addr) -> Option<u64> {
     Some(u64::from_be_bytes(s[8..16].try_into().ok()?))
 }
 
-/// The bucket of `ns`.
-fn bucket(ns: u64) -> usize {
-    if ns < u64::from(SUB) {
-        return ns as usize;
-    }
-    let e = ns.ilog2();
-    let sub = (ns >> (e - 3)) & u64::from(SUB - 1);
-    (((e - 2) * SUB) as usize + sub as usize).min(BUCKETS - 1)
-}
-
-/// The range [lo, hi) of bucket `i`, in ns.
-pub fn bucket_range(i: usize) -> (u64, u64) {
-    if i < SUB as usize {
-        return (i as u64, i as u64 + 1);
-    }
-    let e = i as u32 / SUB + 2;
-    let sub = (i as u32 % SUB) as u64;
-    ((8 + sub) << (e - 3), (9 + sub) << (e - 3))
-}
-
-/// Round trips seen by the generator (any worker records: relaxed RMW).
-pub struct RttHist {
-    buckets: Box<[AtomicU64]>,
-    count: AtomicU64,
-    sum_ns: AtomicU64,
-    bad: AtomicU64,
-}
-
-impl Default for RttHist {
-    fn default() -> Self {
-        Self {
-            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-            count: AtomicU64::new(0),
-            sum_ns: AtomicU64::new(0),
-            bad: AtomicU64::new(0),
-        }
-    }
-}
-
-impl RttHist {
-    /// Records the round trip of a stamp sent at `sent` and echoed back at
-    /// `now`; a stamp from the future or older than [`MAX_RTT`] is `bad`.
-    pub fn record(&self, sent: u64, now: u64) {
-        match now.checked_sub(sent) {
-            Some(d) if d <= MAX_RTT.as_nanos() as u64 => {
-                self.buckets[bucket(d)].fetch_add(1, Ordering::Relaxed);
-                self.sum_ns.fetch_add(d, Ordering::Relaxed);
-                self.count.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {
-                self.bad.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// `{"replies", "sum_ns", "bad", "buckets": [[lo_ns, hi_ns, n], ...]}`
-    /// (non-empty buckets only, ascending).
-    pub fn to_json(&self) -> Value {
-        let buckets: Vec<Value> = self
-            .buckets
-            .iter()
-            .enumerate()
-            .filter_map(|(i, b)| {
-                let n = b.load(Ordering::Relaxed);
-                (n > 0).then(|| {
-                    let (lo, hi) = bucket_range(i);
-                    json!([lo, hi, n])
-                })
-            })
-            .collect();
-        json!({
-            "replies": self.count.load(Ordering::Relaxed),
-            "sum_ns": self.sum_ns.load(Ordering::Relaxed),
-            "bad": self.bad.load(Ordering::Relaxed),
-            "buckets": buckets,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::frame::udp_checksum_ok;
     use crate::peer::flows::{build_udp, Tuple};
-
-    #[test]
-    fn buckets_cover_every_value_in_order() {
-        let mut prev_hi = 0;
-        for i in 0..BUCKETS {
-            let (lo, hi) = bucket_range(i);
-            assert_eq!(
-                lo,
-                prev_hi,
-                "bucket {i} starts where {} ended",
-                i.max(1) - 1
-            );
-            assert!(hi > lo);
-            assert_eq!(bucket(lo), i);
-            assert_eq!(bucket(hi - 1), i);
-            // At most 1/8 of the bucket's lower edge wide (beyond the exact ones).
-            if lo >= 8 {
-                assert!((hi - lo) * 8 <= lo, "bucket {i} [{lo},{hi}) too wide");
-            }
-            prev_hi = hi;
-        }
-        assert!(prev_hi > MAX_RTT.as_nanos() as u64);
-        assert_eq!(bucket(u64::MAX), BUCKETS - 1);
-    }
-
-    #[test]
-    fn record_sorts_good_and_bad() {
-        let h = RttHist::default();
-        h.record(1_000, 251_000); // 250 us
-        h.record(1_000, 1_001_000); // 1 ms
-        h.record(5_000, 4_000); // from the future
-        h.record(0, MAX_RTT.as_nanos() as u64 + 1); // too old
-        let v = h.to_json();
-        assert_eq!(v["replies"], 2);
-        assert_eq!(v["bad"], 2);
-        assert_eq!(v["sum_ns"], 1_250_000);
-        let b = v["buckets"].as_array().unwrap();
-        assert_eq!(b.len(), 2);
-        let (lo, hi) = (b[0][0].as_u64().unwrap(), b[0][1].as_u64().unwrap());
-        assert!(lo <= 250_000 && 250_000 < hi);
-    }
 
     /// A stamped frame is found again in its echo (addresses swapped, as a
     /// guest's reply has them), over IPv4 and IPv6, and the UDP checksum

@@ -33,46 +33,7 @@ pub type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 /// without MRG_RXBUF).
 pub const NET_HDR_LEN: usize = 12;
 
-/// Why the device stopped using a ring. The virtio spec lets a device
-/// that meets such a ring set DEVICE_NEEDS_RESET; vhost-user has no
-/// message for that, so the ring stays stopped (counted once, logged once,
-/// named in `ctl stats`) until the frontend stops and restarts it, which
-/// it does on every guest driver reset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RingStop {
-    /// The avail index runs more than the ring size ahead of the device:
-    /// the driver published entries it cannot have filled.
-    AvailJump,
-    /// The avail ring cannot be read any more (guest memory changed under
-    /// it).
-    AvailUnreadable,
-}
-
-impl RingStop {
-    /// Code kept in the queue's `*_stopped` counter (0: running).
-    pub fn code(self) -> u64 {
-        match self {
-            RingStop::AvailJump => 1,
-            RingStop::AvailUnreadable => 2,
-        }
-    }
-
-    /// The name `ctl stats` shows for a code, `None` for 0 (running).
-    pub fn name_of(code: u64) -> Option<&'static str> {
-        match code {
-            0 => None,
-            1 => Some("avail_jump"),
-            2 => Some("avail_unreadable"),
-            _ => Some("unknown"),
-        }
-    }
-}
-
-impl std::fmt::Display for RingStop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(Self::name_of(self.code()).unwrap_or("?"))
-    }
-}
+pub use crate::stats::RingStop;
 
 /// A ring's stop as its worker keeps it: the frontend's restart count of
 /// the ring (see `Conn::ring_restarts`) when the device stopped it.

@@ -19,53 +19,7 @@ use super::{RingStop, NET_HDR_LEN};
 /// Largest tx chain accepted (header + 64 KiB frame).
 pub const MAX_TX_LEN: usize = NET_HDR_LEN + 65_536;
 
-/// Why a tx chain was unusable (one counter each in `ctl stats`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BadTx {
-    /// The chain revisits descriptors: more links than the table has
-    /// entries.
-    Loop,
-    /// A head or `next` index outside the descriptor table.
-    BadIndex,
-    /// A buffer or a descriptor table outside guest memory.
-    OutOfRange,
-    /// More than [`MAX_TX_LEN`] bytes.
-    TooLong,
-    /// A device-writable buffer in a tx chain.
-    Writable,
-    /// Fewer bytes than a virtio-net header.
-    ShortHeader,
-    /// An indirect descriptor the spec forbids: nested, a table length
-    /// that is zero or not a multiple of 16, or a table chain longer than
-    /// the ring.
-    Indirect,
-}
-
-impl BadTx {
-    /// Every reason, in the order of their `ctl stats` fields.
-    pub const ALL: [BadTx; 7] = [
-        BadTx::Loop,
-        BadTx::BadIndex,
-        BadTx::OutOfRange,
-        BadTx::TooLong,
-        BadTx::Writable,
-        BadTx::ShortHeader,
-        BadTx::Indirect,
-    ];
-
-    /// The reason's name in `ctl stats` (`tx_bad_<name>`).
-    pub fn name(self) -> &'static str {
-        match self {
-            BadTx::Loop => "loop",
-            BadTx::BadIndex => "bad_index",
-            BadTx::OutOfRange => "out_of_range",
-            BadTx::TooLong => "too_long",
-            BadTx::Writable => "writable",
-            BadTx::ShortHeader => "short_header",
-            BadTx::Indirect => "indirect",
-        }
-    }
-}
+pub use crate::stats::BadTx;
 
 /// Result of gathering one tx chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
