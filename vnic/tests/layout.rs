@@ -75,13 +75,15 @@ fn ident_at(s: &str) -> Option<&str> {
 /// Top-level modules `code` (a file of module `path`) refers to.
 fn imports_of(code: &str, path: &[String]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let b = code.as_bytes();
-    let mut i = 0;
-    while i < code.len() {
+    let bytes = code.as_bytes();
+    let mut pos = 0;
+    while pos < code.len() {
         // Only at the start of a path (not `foo::crate::`, not `xsuper::`).
-        let at_start =
-            i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b':');
-        let rest = &code[i..];
+        let at_start = pos == 0 || {
+            let prev = bytes[pos - 1];
+            !(prev.is_ascii_alphanumeric() || prev == b'_' || prev == b':')
+        };
+        let rest = &code[pos..];
         if at_start {
             for root in ["crate::", "vnic::"] {
                 if let Some(id) = rest.strip_prefix(root).and_then(ident_at) {
@@ -90,12 +92,12 @@ fn imports_of(code: &str, path: &[String]) -> BTreeSet<String> {
             }
             if rest.starts_with("super::") {
                 let mut k = 0;
-                let mut r = rest;
-                while let Some(x) = r.strip_prefix("super::") {
+                let mut tail = rest;
+                while let Some(x) = tail.strip_prefix("super::") {
                     k += 1;
-                    r = x;
+                    tail = x;
                 }
-                if let Some(id) = ident_at(r) {
+                if let Some(id) = ident_at(tail) {
                     if k <= path.len() {
                         let mut p: Vec<&str> =
                             path[..path.len() - k].iter().map(String::as_str).collect();
@@ -103,22 +105,25 @@ fn imports_of(code: &str, path: &[String]) -> BTreeSet<String> {
                         out.insert(p[0].to_string());
                     }
                 }
-                i += 7 * k;
+                pos += 7 * k;
                 continue;
             }
         }
-        i += rest.chars().next().map_or(1, char::len_utf8);
+        pos += rest.chars().next().map_or(1, char::len_utf8);
     }
     out
 }
 
-/// Module -> the other modules it imports; and code lines per file.
-fn graph() -> (BTreeMap<String, BTreeSet<String>>, Vec<(PathBuf, usize)>) {
+/// Module -> the other modules it imports.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// The import graph, and the code lines of each file.
+fn graph() -> (Graph, Vec<(PathBuf, usize)>) {
     let src = src_dir();
     let mut files = Vec::new();
     rs_files(&src, &mut files);
     files.sort();
-    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut g: Graph = BTreeMap::new();
     let mut sizes = Vec::new();
     for f in files {
         let rel = f.strip_prefix(&src).unwrap().to_path_buf();
@@ -147,10 +152,10 @@ fn graph() -> (BTreeMap<String, BTreeSet<String>>, Vec<(PathBuf, usize)>) {
 }
 
 /// A cycle through `g`, if any (as a list of modules).
-fn find_cycle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+fn find_cycle(g: &Graph) -> Option<Vec<String>> {
     fn visit(
         n: &str,
-        g: &BTreeMap<String, BTreeSet<String>>,
+        g: &Graph,
         state: &mut BTreeMap<String, u8>,
         stack: &mut Vec<String>,
     ) -> Option<Vec<String>> {
@@ -308,7 +313,7 @@ fn the_checker_sees_what_it_must() {
             .map(|s| (*s).to_string())
             .collect()
     );
-    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut g: Graph = BTreeMap::new();
     g.insert("a".into(), ["b".to_string()].into());
     g.insert("b".into(), ["c".to_string()].into());
     g.insert("c".into(), BTreeSet::new());
