@@ -11,7 +11,7 @@ use virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF;
 use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 
-use crate::handoff::Lanes;
+use crate::lanes::Lanes;
 use crate::pairs::Pairs;
 use crate::stats::Hits;
 use crate::virtq::watchdog::Watchdog;

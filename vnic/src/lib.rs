@@ -15,6 +15,7 @@ mod daemon;
 mod error;
 mod frame;
 mod handoff;
+mod lanes;
 mod mgmt;
 mod pairs;
 mod peer;

@@ -25,7 +25,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use crate::clock::{next_generation, now_ns};
 use crate::config::{Knob, Preload};
 use crate::conn::Conn;
-use crate::handoff::Reply;
+use crate::lanes::Reply;
 use crate::stats::{Hits, ID_SPACE};
 use crate::trace::Tracer;
 use crate::virtq::NET_HDR_LEN;
@@ -529,7 +529,7 @@ impl Mgmt {
     }
 
     /// Sends a reply (unless the loss knob drops it) to the worker of its
-    /// route; see `handoff::Lanes::reply` for when it leaves.
+    /// route; see `lanes::Lanes::reply` for when it leaves.
     fn send(&mut self, now: u64, route: Route, pkt: Vec<u8>) {
         if self.table.mgmt_loss() {
             self.c.replies_dropped_by_loss += 1;
@@ -911,7 +911,7 @@ mod tests {
             matches!(r.as_slice(), [(11, Message::Ack(a))] if a.statuses == vec![OpStatus::Ok.code()])
         );
         assert_eq!(sh.lock_mgmt().table.len(), 1);
-        assert!(c.lanes.get(0).unwrap().updates.pop().is_some());
+        assert!(c.lanes.pop_update(0).is_some());
         // Duplicate: same ACK again, nothing applied.
         let r = decode(handle(&sh, 1, &frame(11, &add(8, 2))));
         assert!(matches!(r.as_slice(), [(11, Message::Ack(_))]));
@@ -959,7 +959,7 @@ mod tests {
         );
         assert!(queued(&c, 0).is_empty());
         assert_eq!(sh.lock_mgmt().table.len(), 0);
-        assert!(c.lanes.get(0).unwrap().updates.pop().is_none());
+        assert!(c.lanes.pop_update(0).is_none());
         // Time passes (the management timer calls advance): the ACK goes
         // to the inbox of the pair the request came on.
         let later = now_ns() + 3_700_000_000_000;
@@ -967,21 +967,21 @@ mod tests {
         let r = queued(&c, 0);
         assert!(matches!(r.as_slice(), [(1, Message::Ack(_))]));
         assert_eq!(sh.lock_mgmt().table.len(), 1);
-        assert!(c.lanes.get(1).unwrap().updates.pop().is_some());
+        assert!(c.lanes.pop_update(1).is_some());
     }
 
     #[test]
     fn reset_bumps_generation_and_empties_the_table() {
         let (sh, c) = setup(Duration::ZERO);
         let _ = handle(&sh, 0, &frame(1, &add(7, 1)));
-        while c.lanes.get(0).unwrap().updates.pop().is_some() {}
+        while c.lanes.pop_update(0).is_some() {}
         let g = sh.generation();
         sh.lock_mgmt().reset(None, "reset");
         assert_ne!(sh.generation(), g);
         assert_ne!(sh.generation(), 0);
         assert_eq!(sh.lock_mgmt().table.len(), 0);
         // The replicas hear about the eviction.
-        let e = c.lanes.get(0).unwrap().updates.pop().expect("evict event");
+        let e = c.lanes.pop_update(0).expect("evict event");
         assert!(matches!(*e, TableEvent::Evicted { id: 7, .. }));
         // A request of the old session starts a new window and carries the new generation.
         assert_eq!(handle(&sh, 0, &frame(2, &add(7, 1))).len(), 1);

@@ -17,7 +17,8 @@ use vm_memory::GuestAddressSpace;
 use crate::config::PeerKind;
 use crate::conn::Conn;
 use crate::daemon::Shared;
-use crate::handoff::{Reply, Router, RouterLinks};
+use crate::handoff::{Router, RouterLinks};
+use crate::lanes::Reply;
 use crate::peer::gen::GenPeer;
 use crate::peer::tap::TapPeer;
 use crate::peer::{AnyPeer, Peer};
@@ -322,7 +323,7 @@ impl Worker {
         if mgmt_seen {
             // Apply this worker's share of what the frames changed and
             // drain its inbox, so their replies wait only for the other
-            // workers (see handoff::Lanes::may_send).
+            // workers (see lanes::Lanes::may_send).
             self.router.sync(self.conn.mrg_rxbuf());
             self.router.drain_inbox(&mut b, &mut self.own);
         }
