@@ -19,6 +19,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use serde_json::json;
 use vnic_frontend::guest::{Guest, GUEST_MAC};
 use vnic_frontend::harness::{
@@ -26,17 +27,7 @@ use vnic_frontend::harness::{
 };
 use vnic_frontend::{build_frame, FrameSpec, Options};
 
-const USAGE: &str = "\
-vnic-soak: connect/disconnect cycles against one vnic serve; fds, threads, RSS
-
-USAGE: vnic-soak [--cycles N] [--pairs P] [--every K] [--vnic PATH]
-
-  --cycles N   connect/disconnect cycles after the warm-up (default 10000)
-  --pairs P    queue pairs of the device and of every connection (default 16)
-  --every K    print a sample every K cycles (default 1000)
-  --vnic PATH  the vnic binary (default: next to this one, built with
-               `cargo build` first when run through cargo)
-
+const AFTER_HELP: &str = "\
 Each cycle: connect, set up and enable P pairs, post rx buffers, send one
 frame on every pair and see the daemon count it, disconnect, see the daemon
 report the connection gone. The first 20 cycles are a warm-up (allocator
@@ -46,61 +37,55 @@ daemon holds the next connection's worker threads and eventfds, built
 before it accepts). Exit status 1 when fds grew by more
 than 2, threads at all, or RSS by more than 8 MiB (from the highest sample
 of the first tenth to the lower of the last two samples: glibc's per-thread
-arenas move RSS by several MiB either way).
-";
+arenas move RSS by several MiB either way).";
 
 fn fail(msg: &str) -> ! {
     eprintln!("vnic-soak: {msg}");
     std::process::exit(2)
 }
 
+// The command line. A repeated option takes its last value.
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnic-soak",
+    about = "vnic-soak: connect/disconnect cycles against one vnic serve; fds, threads, RSS",
+    after_help = AFTER_HELP,
+    args_override_self = true
+)]
 struct Args {
+    /// Connect/disconnect cycles after the warm-up.
+    #[arg(long, value_name = "N", default_value = "10000", value_parser = number)]
     cycles: u64,
+    /// Queue pairs of the device and of every connection, 1..=16.
+    #[arg(long, value_name = "P", default_value = "16", value_parser = pairs)]
     pairs: u16,
+    /// Print a sample every K cycles (0 counts as 1).
+    #[arg(long, value_name = "K", default_value = "1000", value_parser = every)]
     every: u64,
+    /// The vnic binary (default: next to this one, built with
+    /// `cargo build` first when run through cargo)
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
     vnic: Option<PathBuf>,
 }
 
-fn parse_args() -> Args {
-    let mut a = Args {
-        cycles: 10_000,
-        pairs: 16,
-        every: 1000,
-        vnic: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .unwrap_or_else(|| fail(&format!("{name} needs a value\n\n{USAGE}")))
-        };
-        let num = |name: &str, v: String| -> u64 {
-            v.parse()
-                .unwrap_or_else(|_| fail(&format!("{name}: not a number: {v}")))
-        };
-        match arg.as_str() {
-            "--cycles" => a.cycles = num("--cycles", val("--cycles")),
-            "--pairs" => {
-                let p = num("--pairs", val("--pairs"));
-                if !(1..=16).contains(&p) {
-                    fail("--pairs must be 1..=16");
-                }
-                a.pairs = p as u16;
-            }
-            "--every" => a.every = num("--every", val("--every")).max(1),
-            "--vnic" => a.vnic = Some(PathBuf::from(val("--vnic"))),
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            x => fail(&format!("unknown argument {x}\n\n{USAGE}")),
-        }
+fn number(v: &str) -> Result<u64, String> {
+    v.parse().map_err(|_| format!("not a number: {v}"))
+}
+
+fn pairs(v: &str) -> Result<u16, String> {
+    let p = number(v)?;
+    if !(1..=16).contains(&p) {
+        return Err("--pairs must be 1..=16".into());
     }
-    a
+    Ok(p as u16)
+}
+
+fn every(v: &str) -> Result<u64, String> {
+    number(v).map(|k| k.max(1))
 }
 
 fn main() {
-    let a = parse_args();
+    let a = Args::parse();
     let bin = vnic_binary(a.vnic.clone()).unwrap_or_else(|e| fail(&e));
     let pairs = a.pairs.to_string();
     let d = Daemon::start(&bin, &["--queues", pairs.as_str()])
@@ -222,5 +207,61 @@ fn main() {
     } else {
         println!("FAIL: {}", bad.join(", "));
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("vnic-soak").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(
+            (a.cycles, a.pairs, a.every, a.vnic),
+            (10_000, 16, 1000, None)
+        );
+    }
+
+    #[test]
+    fn documented_and_full_command_lines() {
+        // vnic/README.md: `vnic-soak -- --cycles 10000`
+        assert_eq!(parse(&["--cycles", "10000"]).unwrap().cycles, 10_000);
+        let a = parse(&[
+            "--cycles", "50", "--pairs", "2", "--every", "0", "--vnic", "/x/vnic", "--pairs", "3",
+        ])
+        .unwrap();
+        assert_eq!((a.cycles, a.pairs, a.every), (50, 3, 1));
+        assert_eq!(a.vnic, Some(PathBuf::from("/x/vnic")));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for bad in [
+            &["--pairs", "17"][..],
+            &["--pairs", "0"],
+            &["--cycles", "many"],
+            &["--every"],
+            &["--frobnicate"],
+        ] {
+            let e = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+        let e = parse(&["--pairs", "17"]).err().unwrap().to_string();
+        assert!(e.contains("--pairs must be 1..=16"), "{e}");
+        let e = parse(&["--cycles", "x"]).err().unwrap().to_string();
+        assert!(e.contains("not a number: x"), "{e}");
     }
 }
