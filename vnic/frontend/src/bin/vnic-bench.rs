@@ -35,45 +35,129 @@ use std::time::{Duration, Instant};
 
 use arfs::proto::AddOp;
 use arfs::{FlowKey, L4Proto, OpStatus};
+use clap::{ArgAction, CommandFactory, Parser};
 use serde_json::json;
 use vnic_frontend::guest::{Guest, GUEST_MAC};
 use vnic_frontend::harness::{counter, vnic_binary, Ctl, Daemon};
 use vnic_frontend::pump::{rx_loop, tx_loop, PumpStats};
 use vnic_frontend::{build_frame, FrameSpec, Options};
 
-const USAGE: &str = "\
-vnic-bench: RX/TX packet rate of vnic serve through its vhost-user socket
-
-USAGE: vnic-bench [--quick] [--seconds S] [--repeat N] [--slices K] [--vnic PATH]
-                  [--baseline PATH] [--only rx|tx] [--pairs N] [--size B]
-
-  --quick          1 s per case, 64 B frames only
-  --seconds S      measured seconds per case (default 3; warm-up is 1 s extra)
-  --repeat N       run the whole matrix N times, report median and min..max
-  --vnic PATH      the vnic binary (default: next to this one, built with
-                   `cargo build` first when run through cargo)
-  --baseline PATH  also run every case against this (older) vnic binary and
-                   report the new/old ratios of that run: both daemons are
-                   set up for the case, and the measured seconds alternate
-                   between them in K slices (old new, new old, ...; only
-                   one is driven at a time), so a slow phase of a shared
-                   machine falls on both alike
-  --slices K       slices per case and binary (default 6: 0.5 s each)
-  --only rx|tx     run one direction only
-  --pairs N        only the cases with N pairs (1 or 2)
-  --size B         only the cases with B-byte frames (64 or 1500)
-  --filters LIST   filter counts to run, comma-separated (default 0,65535;
-                   e.g. 0,1024,65535 for the cost curve); the first 64 of
-                   any count match the generator's flows
-
+const AFTER_HELP: &str = "\
 Cases: RX and TX, 64 B and 1500 B frames, 1 and 2 pairs, 0 and 65535
 filters. The 64 filters that match the generator's flows steer each flow
 to the queue RSS picks for it, which is the worker that generates it
 (steer \"rss\"): 0 vs 65535 filters then differs by the lookup only. RX with
 2 pairs also runs steer \"cross\": every flow's filter points at the other
 pair, so every frame is handed from the generating worker to the other
-one (the cost of aRFS moving flows between queues).
-";
+one (the cost of aRFS moving flows between queues).";
+
+// The command line. A repeated option takes its last value.
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnic-bench",
+    about = "vnic-bench: RX/TX packet rate of vnic serve through its vhost-user socket",
+    after_help = AFTER_HELP,
+    args_override_self = true
+)]
+struct Args {
+    /// 1 s per case (--seconds can only make it shorter), 64 B frames only
+    #[arg(long)]
+    quick: bool,
+    /// Measured seconds per case (warm-up is 1 s extra).
+    #[arg(long, value_name = "S", default_value = "3", allow_negative_numbers = true,
+          value_parser = seconds)]
+    seconds: f64,
+    /// Run the whole matrix N times, report median and min..max.
+    #[arg(long, value_name = "N", default_value = "1", allow_negative_numbers = true,
+          value_parser = |v: &str| positive(v, "--repeat"))]
+    repeat: usize,
+    /// The vnic binary (default: next to this one, built with
+    /// `cargo build` first when run through cargo)
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
+    vnic: Option<PathBuf>,
+    /// Also run every case against this (older) vnic binary and
+    /// report the new/old ratios of that run: both daemons are set up
+    /// for the case, and the measured seconds alternate between them
+    /// in K slices (old new, new old, ...; only one is driven at a
+    /// time), so a slow phase of a shared machine falls on both alike
+    #[arg(long, value_name = "PATH", value_parser = existing, verbatim_doc_comment)]
+    baseline: Option<PathBuf>,
+    /// Slices per case and binary (0.5 s each by default)
+    #[arg(long, value_name = "K", default_value = "6", allow_negative_numbers = true,
+          value_parser = |v: &str| positive(v, "--slices"))]
+    slices: usize,
+    /// Run one direction only.
+    #[arg(long, value_name = "rx|tx", value_parser = direction)]
+    only: Option<Dir>,
+    /// Only the cases with N pairs (1 or 2).
+    #[arg(long, value_name = "N", value_parser = pair_count)]
+    pairs: Option<u16>,
+    /// Only the cases with B-byte frames (64 or 1500).
+    #[arg(long, value_name = "B", value_parser = frame_size)]
+    size: Option<usize>,
+    /// Filter counts to run, comma-separated (e.g. 0,1024,65535 for
+    /// the cost curve); the first 64 of any count match the
+    /// generator's flows
+    #[arg(long, value_name = "LIST", default_value = "0,65535", value_delimiter = ',',
+          action = ArgAction::Set, value_parser = filter_count, verbatim_doc_comment)]
+    filters: Vec<u32>,
+}
+
+fn seconds(v: &str) -> Result<f64, String> {
+    v.parse()
+        .ok()
+        .filter(|s: &f64| *s > 0.0)
+        .ok_or_else(|| "--seconds needs a positive number".into())
+}
+
+fn positive(v: &str, name: &str) -> Result<usize, String> {
+    v.parse()
+        .ok()
+        .filter(|n: &usize| *n > 0)
+        .ok_or_else(|| format!("{name} needs a positive integer"))
+}
+
+fn existing(v: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(v);
+    if !p.exists() {
+        return Err(format!("--baseline: {} does not exist", p.display()));
+    }
+    Ok(p)
+}
+
+fn direction(v: &str) -> Result<Dir, String> {
+    match v {
+        "rx" => Ok(Dir::Rx),
+        "tx" => Ok(Dir::Tx),
+        _ => Err("--only takes rx or tx".into()),
+    }
+}
+
+fn pair_count(v: &str) -> Result<u16, String> {
+    match v {
+        "1" => Ok(1),
+        "2" => Ok(2),
+        _ => Err("--pairs takes 1 or 2".into()),
+    }
+}
+
+fn frame_size(v: &str) -> Result<usize, String> {
+    match v {
+        "64" => Ok(64),
+        "1500" => Ok(1500),
+        _ => Err("--size takes 64 or 1500".into()),
+    }
+}
+
+/// One item of `--filters`.
+fn filter_count(v: &str) -> Result<u32, String> {
+    match v.trim().parse::<u32>() {
+        Ok(n) if n <= FILTERS_FULL => Ok(n),
+        _ => Err(format!(
+            "--filters: {v:?} is not a filter count 0..={FILTERS_FULL}"
+        )),
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Dir {
@@ -443,98 +527,18 @@ fn run_case(
 }
 
 fn main() {
-    let mut quick = false;
-    let mut secs = 3.0f64;
-    let mut vnic = None;
-    let mut baseline = None;
-    let mut only = None;
-    let mut only_pairs = None;
-    let mut only_size = None;
-    let mut filter_counts = vec![0, FILTERS_FULL];
-    let mut repeat = 1usize;
-    let mut slices = 6usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--quick" => quick = true,
-            "--seconds" => {
-                secs = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|v: &f64| *v > 0.0)
-                    .unwrap_or_else(|| fail("--seconds needs a positive number"));
-            }
-            "--repeat" => {
-                repeat = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|v: &usize| *v > 0)
-                    .unwrap_or_else(|| fail("--repeat needs a positive integer"));
-            }
-            "--slices" => {
-                slices = args
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|v: &usize| *v > 0)
-                    .unwrap_or_else(|| fail("--slices needs a positive integer"));
-            }
-            "--vnic" => {
-                vnic = Some(PathBuf::from(
-                    args.next().unwrap_or_else(|| fail("--vnic needs a path")),
-                ));
-            }
-            "--baseline" => {
-                let p = PathBuf::from(
-                    args.next()
-                        .unwrap_or_else(|| fail("--baseline needs a path")),
-                );
-                if !p.exists() {
-                    fail(&format!("--baseline: {} does not exist", p.display()));
-                }
-                baseline = Some(p);
-            }
-            "--only" => {
-                only = match args.next().as_deref() {
-                    Some("rx") => Some(Dir::Rx),
-                    Some("tx") => Some(Dir::Tx),
-                    _ => fail("--only takes rx or tx"),
-                }
-            }
-            "--pairs" => {
-                only_pairs = match args.next().as_deref() {
-                    Some("1") => Some(1u16),
-                    Some("2") => Some(2),
-                    _ => fail("--pairs takes 1 or 2"),
-                }
-            }
-            "--filters" => {
-                let list = args
-                    .next()
-                    .unwrap_or_else(|| fail("--filters needs a list, e.g. 0,1024,65535"));
-                filter_counts = list
-                    .split(',')
-                    .map(|v| match v.trim().parse::<u32>() {
-                        Ok(n) if n <= FILTERS_FULL => n,
-                        _ => fail(&format!(
-                            "--filters: {v:?} is not a filter count 0..={FILTERS_FULL}"
-                        )),
-                    })
-                    .collect();
-            }
-            "--size" => {
-                only_size = match args.next().as_deref() {
-                    Some("64") => Some(64usize),
-                    Some("1500") => Some(1500),
-                    _ => fail("--size takes 64 or 1500"),
-                }
-            }
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                return;
-            }
-            x => fail(&format!("unknown argument {x:?}")),
-        }
-    }
+    let Args {
+        quick,
+        seconds: mut secs,
+        repeat,
+        vnic,
+        baseline,
+        slices,
+        only,
+        pairs: only_pairs,
+        size: only_size,
+        filters: filter_counts,
+    } = Args::parse();
     if quick {
         secs = secs.min(1.0);
     }
@@ -771,6 +775,97 @@ fn loadavg() -> String {
 }
 
 fn fail(msg: &str) -> ! {
-    eprintln!("vnic-bench: {msg}\n\n{USAGE}");
+    eprintln!(
+        "vnic-bench: {msg}\n\n{}\n\nFor more information, try '--help'.",
+        Args::command().render_usage()
+    );
     std::process::exit(2);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_argv(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("vnic-bench").chain(args.iter().copied()))
+    }
+
+    /// `line` split at white space.
+    fn parse(line: &str) -> Result<Args, clap::Error> {
+        parse_argv(&line.split_whitespace().collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let a = parse("").unwrap();
+        assert!(!a.quick);
+        assert!((a.seconds - 3.0).abs() < f64::EPSILON);
+        assert_eq!((a.repeat, a.slices), (1, 6));
+        assert_eq!((a.vnic, a.baseline), (None, None));
+        assert_eq!((a.only, a.pairs, a.size), (None, None, None));
+        assert_eq!(a.filters, [0, FILTERS_FULL]);
+    }
+
+    #[test]
+    fn documented_command_lines() {
+        // vnic/BENCH.md and vnic/README.md (OLD: any existing file)
+        let old = env!("CARGO_MANIFEST_DIR");
+        assert!(parse("--quick").unwrap().quick);
+        assert_eq!(parse("--repeat 3").unwrap().repeat, 3);
+        let a = parse(&format!("--repeat 3 --baseline {old}")).unwrap();
+        assert_eq!((a.repeat, a.baseline), (3, Some(PathBuf::from(old))));
+        let a = parse(&format!("--size 64 --repeat 3 --baseline {old}")).unwrap();
+        assert_eq!((a.size, a.repeat), (Some(64), 3));
+        let a = parse("--only rx --size 64 --filters 0,1024,65535 --repeat 3").unwrap();
+        assert_eq!((a.only, a.size, a.repeat), (Some(Dir::Rx), Some(64), 3));
+        assert_eq!(a.filters, [0, 1024, 65535]);
+        let a = parse("--only rx --pairs 1 --size 64").unwrap();
+        assert_eq!((a.only, a.pairs), (Some(Dir::Rx), Some(1)));
+    }
+
+    #[test]
+    fn every_option() {
+        let a = parse("--quick --seconds 0.5 --slices 2 --vnic v --only tx --pairs 2 --size 1500")
+            .unwrap();
+        assert!(a.quick);
+        assert!((a.seconds - 0.5).abs() < f64::EPSILON);
+        assert_eq!((a.slices, a.vnic), (2, Some(PathBuf::from("v"))));
+        assert_eq!(
+            (a.only, a.pairs, a.size),
+            (Some(Dir::Tx), Some(2), Some(1500))
+        );
+        // list items are trimmed; a repeated option takes its last value
+        assert_eq!(parse_argv(&["--filters", " 7, 8"]).unwrap().filters, [7, 8]);
+        assert_eq!(parse("--filters 7,8 --filters 9").unwrap().filters, [9]);
+        assert_eq!(parse("--repeat 2 --repeat 5").unwrap().repeat, 5);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (bad, msg) in [
+            ("--seconds 0", "--seconds needs a positive number"),
+            ("--seconds -1", "--seconds needs a positive number"),
+            ("--repeat 0", "--repeat needs a positive integer"),
+            ("--slices x", "--slices needs a positive integer"),
+            ("--only both", "--only takes rx or tx"),
+            ("--pairs 4", "--pairs takes 1 or 2"),
+            ("--size 128", "--size takes 64 or 1500"),
+            ("--filters 0,65536", "is not a filter count 0..=65535"),
+            ("--filters 0,,1", "\"\" is not a filter count"),
+            ("--baseline /nonexistent/vnic", "does not exist"),
+            ("--vnic", "a value is required"),
+            ("--fast", "unexpected argument"),
+        ] {
+            let e = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+            assert!(e.to_string().contains(msg), "{bad:?}: {e}");
+        }
+    }
 }
