@@ -22,48 +22,125 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::{ArgAction, Parser};
 use serde_json::{json, Value};
 use vnic_frontend::harness::{counter, Ctl};
 
-const USAGE: &str = "\
+const ABOUT: &str = "\
 vnic-bench-dpdk: vnic against DPDK's vhost PMD, with testpmd's net_virtio_user
-as the frontend of both (normally run through scripts/bench-dpdk)
+as the frontend of both (normally run through scripts/bench-dpdk)";
 
-USAGE: vnic-bench-dpdk --testpmd PATH --vnic PATH [--dpdk-libs DIR]
-                       [--duration SECS] [--rounds N] [--pairs LIST] [--quick]
-                       [--warmup SECS] [--frontend-cpus LIST] [--backend-cpus LIST]
-                       [--out DIR]
-
-  --duration SECS       measured seconds per case (default 15)
-  --rounds N            rounds over all cases (default 2); the backends
-                        alternate inside each round (DPDK first in odd
-                        rounds, vnic first in even ones)
-  --pairs LIST          queue pairs, comma-separated (default 1,2)
-  --quick               --duration 3 --rounds 1 (unless given)
-  --warmup SECS         traffic before the window (default 2)
-  --testpmd PATH        dpdk-testpmd (DPDK 22.11)
-  --dpdk-libs DIR       its libraries, when not installed system-wide: used as
-                        LD_LIBRARY_PATH, and the vhost, virtio and mempool-ring
-                        drivers are loaded from DIR/dpdk/pmds-23.0 with -d
-  --vnic PATH           the vnic binary
-  --baseline PATH       another (older) vnic binary, run as a third backend
-                        in every vnic case of the same rounds; a second table
-                        gives vnic/baseline per round (before/after of one run)
-  --only tx|rx          one direction only
-  --frontend-cpus LIST  CPUs of the frontend (default: the upper half of the
-                        CPUs this process may use)
-  --backend-cpus LIST   CPUs of the backend (default: the lower half)
-  --out DIR             where the JSON and the per-run logs go (default
-                        target/bench-dpdk)
-
+const AFTER_HELP: &str = "\
 Directions: TX = guest -> device (frontend txonly; vnic's gen peer or
 testpmd rxonly sinks), RX = device -> guest (frontend rxonly; vnic's generator
 sends 64 UDP flows at rate 0, or testpmd txonly). Filters (vnic only, RX only:
 the table is looked up on the device -> guest path alone): 0; 65535 of which
 64 match the generated flows; 65535 that no frame hits. They are installed as
 the device comes up with vnic serve --preload-filters (testpmd sends no
-management frames). Frames are 64 bytes.
-";
+management frames). Frames are 64 bytes.";
+
+/// A CPU list as one value (`0-3,8`), not one value per item.
+type CpuList = Vec<usize>;
+
+// The command line; `parse_args` checks what needs several options, the
+// file system or the CPU set. A repeated option takes its last value.
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnic-bench-dpdk",
+    about = ABOUT,
+    override_usage = "vnic-bench-dpdk --testpmd <PATH> --vnic <PATH> [OPTIONS]",
+    after_help = AFTER_HELP,
+    args_override_self = true
+)]
+struct Cli {
+    /// Measured seconds per case [default: 15; --quick: 3]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true, value_parser = duration)]
+    duration: Option<f64>,
+    /// Rounds over all cases [default: 2; --quick: 1]; the backends
+    /// alternate inside each round (DPDK first in odd rounds, vnic
+    /// first in even ones)
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = rounds,
+          verbatim_doc_comment)]
+    rounds: Option<usize>,
+    /// Queue pairs, comma-separated, each 1..=16
+    #[arg(long, value_name = "LIST", default_value = "1,2", value_delimiter = ',',
+          action = ArgAction::Set, value_parser = pair_count)]
+    pairs: Vec<u16>,
+    /// --duration 3 --rounds 1 (unless given)
+    #[arg(long)]
+    quick: bool,
+    /// Traffic before the window, in seconds
+    #[arg(long, value_name = "SECS", default_value = "2", allow_negative_numbers = true,
+          value_parser = warmup)]
+    warmup: f64,
+    /// dpdk-testpmd (DPDK 22.11); required
+    #[arg(long, value_name = "PATH")]
+    testpmd: Option<PathBuf>,
+    /// Its libraries, when not installed system-wide: used as
+    /// LD_LIBRARY_PATH, and the vhost, virtio and mempool-ring drivers
+    /// are loaded from DIR/dpdk/pmds-23.0 with -d
+    #[arg(long, value_name = "DIR", verbatim_doc_comment)]
+    dpdk_libs: Option<PathBuf>,
+    /// The vnic binary; required
+    #[arg(long, value_name = "PATH")]
+    vnic: Option<PathBuf>,
+    /// Another (older) vnic binary, run as a third backend in every
+    /// vnic case of the same rounds; a second table gives
+    /// vnic/baseline per round (before/after of one run)
+    #[arg(long, value_name = "PATH", verbatim_doc_comment)]
+    baseline: Option<PathBuf>,
+    /// One direction only
+    #[arg(long, value_name = "tx|rx", value_parser = direction)]
+    only: Option<Dir>,
+    /// CPUs of the frontend, e.g. 2,3 or 4-7 (default: the upper half
+    /// of the CPUs this process may use)
+    #[arg(long, value_name = "LIST", value_parser = parse_cpus, verbatim_doc_comment)]
+    frontend_cpus: Option<CpuList>,
+    /// CPUs of the backend (default: the lower half)
+    #[arg(long, value_name = "LIST", value_parser = parse_cpus)]
+    backend_cpus: Option<CpuList>,
+    /// Where the JSON and the per-run logs go
+    #[arg(long, value_name = "DIR", default_value = "target/bench-dpdk")]
+    out: PathBuf,
+}
+
+fn duration(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|v| *v > 0.0)
+        .ok_or_else(|| "--duration needs a positive number of seconds".into())
+}
+
+fn rounds(v: &str) -> Result<usize, String> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or_else(|| "--rounds needs a positive integer".into())
+}
+
+/// One item of `--pairs`.
+fn pair_count(v: &str) -> Result<u16, String> {
+    v.trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|p| (1..=16).contains(p))
+        .ok_or_else(|| format!("--pairs {v:?}: a comma-separated list of 1..=16"))
+}
+
+fn warmup(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|v| *v >= 0.0)
+        .ok_or_else(|| "--warmup needs a number of seconds".into())
+}
+
+fn direction(v: &str) -> Result<Dir, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "tx" => Ok(Dir::Tx),
+        "rx" => Ok(Dir::Rx),
+        x => Err(format!("--only {x:?}: tx or rx")),
+    }
+}
 
 /// Set by SIGINT / SIGTERM / SIGHUP: stop, clean up, exit.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -244,97 +321,23 @@ fn allowed_cpus() -> Vec<usize> {
 }
 
 fn parse_args() -> Opts {
-    let mut duration = None;
-    let mut rounds = None;
-    let mut pairs = vec![1u16, 2];
-    let mut quick = false;
-    let mut warmup = 2.0;
-    let mut testpmd = None;
-    let mut dpdk_libs = None;
-    let mut vnic = None;
-    let mut baseline = None;
-    let mut dirs = vec![Dir::Tx, Dir::Rx];
-    let mut front = None;
-    let mut back = None;
-    let mut out = PathBuf::from("target/bench-dpdk");
-    let mut args = std::env::args().skip(1);
-    let val = |args: &mut std::iter::Skip<std::env::Args>, name: &str| {
-        args.next()
-            .unwrap_or_else(|| fail(&format!("{name} needs a value")))
-    };
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--duration" => {
-                duration = Some(
-                    val(&mut args, "--duration")
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|v| *v > 0.0)
-                        .unwrap_or_else(|| fail("--duration needs a positive number of seconds")),
-                );
-            }
-            "--rounds" => {
-                rounds = Some(
-                    val(&mut args, "--rounds")
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|v| *v > 0)
-                        .unwrap_or_else(|| fail("--rounds needs a positive integer")),
-                );
-            }
-            "--pairs" => {
-                let s = val(&mut args, "--pairs");
-                pairs = s
-                    .split(',')
-                    .map(|p| {
-                        p.trim()
-                            .parse::<u16>()
-                            .ok()
-                            .filter(|p| (1..=16).contains(p))
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .unwrap_or_else(|| {
-                        fail(&format!("--pairs {s:?}: a comma-separated list of 1..=16"))
-                    });
-                pairs.dedup();
-            }
-            "--quick" => quick = true,
-            "--warmup" => {
-                warmup = val(&mut args, "--warmup")
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|v| *v >= 0.0)
-                    .unwrap_or_else(|| fail("--warmup needs a number of seconds"));
-            }
-            "--testpmd" => testpmd = Some(PathBuf::from(val(&mut args, "--testpmd"))),
-            "--dpdk-libs" => dpdk_libs = Some(PathBuf::from(val(&mut args, "--dpdk-libs"))),
-            "--vnic" => vnic = Some(PathBuf::from(val(&mut args, "--vnic"))),
-            "--baseline" => baseline = Some(PathBuf::from(val(&mut args, "--baseline"))),
-            "--only" => {
-                dirs = match val(&mut args, "--only").to_ascii_lowercase().as_str() {
-                    "tx" => vec![Dir::Tx],
-                    "rx" => vec![Dir::Rx],
-                    x => fail(&format!("--only {x:?}: tx or rx")),
-                };
-            }
-            "--frontend-cpus" => {
-                front = Some(
-                    parse_cpus(&val(&mut args, "--frontend-cpus")).unwrap_or_else(|e| fail(&e)),
-                );
-            }
-            "--backend-cpus" => {
-                back = Some(
-                    parse_cpus(&val(&mut args, "--backend-cpus")).unwrap_or_else(|e| fail(&e)),
-                );
-            }
-            "--out" => out = PathBuf::from(val(&mut args, "--out")),
-            "-h" | "--help" => {
-                print!("{USAGE}");
-                std::process::exit(0);
-            }
-            x => fail(&format!("unknown argument {x:?} (see --help)")),
-        }
-    }
+    let Cli {
+        duration,
+        rounds,
+        mut pairs,
+        quick,
+        warmup,
+        testpmd,
+        dpdk_libs,
+        vnic,
+        baseline,
+        only,
+        frontend_cpus: front,
+        backend_cpus: back,
+        out,
+    } = Cli::parse();
+    pairs.dedup();
+    let dirs = only.map_or_else(|| vec![Dir::Tx, Dir::Rx], |d| vec![d]);
     let testpmd = testpmd.unwrap_or_else(|| {
         fail("--testpmd PATH is required (scripts/bench-dpdk finds or installs it)")
     });
@@ -1597,5 +1600,110 @@ fn main() {
         }
         eprintln!("vnic-bench-dpdk: error: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `line` split at white space.
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("vnic-bench-dpdk").chain(line.split_whitespace()))
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("").unwrap();
+        assert_eq!((c.duration, c.rounds, c.quick), (None, None, false));
+        assert_eq!(c.pairs, [1, 2]);
+        assert!((c.warmup - 2.0).abs() < f64::EPSILON);
+        assert_eq!(
+            (c.testpmd, c.dpdk_libs, c.vnic, c.baseline),
+            (None, None, None, None)
+        );
+        assert_eq!(
+            (c.only, c.frontend_cpus, c.backend_cpus),
+            (None, None, None)
+        );
+        assert_eq!(c.out, PathBuf::from("target/bench-dpdk"));
+    }
+
+    #[test]
+    fn scripts_bench_dpdk_command_lines() {
+        // What scripts/bench-dpdk execs: its fixed part, then what it passes on
+        // (vnic/BENCH.md's examples).
+        let fixed =
+            "--testpmd /c/root/usr/bin/dpdk-testpmd --dpdk-libs /c/root/usr/lib/x86_64-linux-gnu \
+                     --vnic /t/release/vnic --out /t/bench-dpdk";
+        let c = parse(fixed).unwrap();
+        assert_eq!(c.testpmd, Some("/c/root/usr/bin/dpdk-testpmd".into()));
+        assert_eq!(c.dpdk_libs, Some("/c/root/usr/lib/x86_64-linux-gnu".into()));
+        assert_eq!(c.vnic, Some("/t/release/vnic".into()));
+        assert_eq!(c.out, PathBuf::from("/t/bench-dpdk"));
+        assert!(parse(&format!("{fixed} --quick")).unwrap().quick);
+        let c = parse(&format!("{fixed} --duration 3 --rounds 1 --pairs 1")).unwrap();
+        assert_eq!(
+            (c.duration, c.rounds, c.pairs),
+            (Some(3.0), Some(1), vec![1])
+        );
+        let c = parse(&format!(
+            "{fixed} --baseline /old/vnic --pairs 1 --duration 10 --rounds 2"
+        ))
+        .unwrap();
+        assert_eq!(c.baseline, Some("/old/vnic".into()));
+        assert_eq!(
+            (c.duration, c.rounds, c.pairs),
+            (Some(10.0), Some(2), vec![1])
+        );
+        let c = parse(&format!("{fixed} --only rx --pairs 1")).unwrap();
+        assert_eq!((c.only, c.pairs), (Some(Dir::Rx), vec![1]));
+        let c = parse(&format!(
+            "{fixed} --warmup 0 --frontend-cpus 2-3 --backend-cpus 0,1 --only TX --pairs 2,1,16"
+        ))
+        .unwrap();
+        assert!(c.warmup.abs() < f64::EPSILON);
+        assert_eq!(
+            (c.frontend_cpus, c.backend_cpus),
+            (Some(vec![2, 3]), Some(vec![0, 1]))
+        );
+        assert_eq!((c.only, c.pairs), (Some(Dir::Tx), vec![2, 1, 16]));
+        // a repeated option takes its last value, as before
+        assert_eq!(parse("--pairs 1,2 --pairs 2").unwrap().pairs, [2]);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (bad, msg) in [
+            (
+                "--duration 0",
+                "--duration needs a positive number of seconds",
+            ),
+            (
+                "--duration -3",
+                "--duration needs a positive number of seconds",
+            ),
+            ("--rounds 0", "--rounds needs a positive integer"),
+            ("--pairs 1,17", "a comma-separated list of 1..=16"),
+            ("--pairs 0", "a comma-separated list of 1..=16"),
+            ("--warmup -1", "--warmup needs a number of seconds"),
+            ("--only both", "--only \"both\": tx or rx"),
+            ("--frontend-cpus 3-1", "bad CPU list \"3-1\""),
+            ("--backend-cpus ,", "empty CPU list"),
+            ("--out", "a value is required"),
+            ("--baseline-cpus 1", "unexpected argument"),
+        ] {
+            let e = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+            assert!(e.to_string().contains(msg), "{bad:?}: {e}");
+        }
     }
 }
