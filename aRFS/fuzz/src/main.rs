@@ -15,10 +15,63 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arfs_fuzz::{json_dict, Target, TARGETS};
+use clap::Parser;
 
-const USAGE: &str = "usage: arfs-fuzz [--seconds N | --iters N] [--seed S] [--corpus DIR] \
-[--artifacts DIR] [--max-len N] [TARGET...]\n       arfs-fuzz --repro TARGET FILE\n       arfs-fuzz --list\n\
-targets: decode_frame parse_frame table_ops ctl_request agent_request (default: all)";
+const USAGE: &str = "arfs-fuzz [--seconds N | --iters N] [--seed S] [--corpus DIR] \
+[--artifacts DIR] [--max-len N] [TARGET...]\n       arfs-fuzz --repro TARGET FILE\n       arfs-fuzz --list";
+
+// The command line. `--list` and `--repro` leave the other options
+// unused; a repeated option takes its last value.
+#[derive(Parser)]
+#[command(
+    name = "arfs-fuzz",
+    about = "The fuzz targets of arfs-fuzz on stable Rust: the corpus, then mutants of it, per target",
+    override_usage = USAGE,
+    after_help = targets_help(),
+    args_override_self = true
+)]
+struct Cli {
+    /// Seconds per target
+    #[arg(long, value_name = "N", default_value = "60")]
+    seconds: f64,
+    /// Exactly N inputs per target, instead of --seconds
+    #[arg(long, value_name = "N")]
+    iters: Option<u64>,
+    /// Seed of the mutations, decimal or 0x hex (default: from the clock; always printed)
+    #[arg(long, value_name = "S", value_parser = seed)]
+    seed: Option<u64>,
+    /// The corpus: DIR/TARGET/ per target (plus the committed regressions/TARGET/)
+    #[arg(long, value_name = "DIR", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/corpus"))]
+    corpus: PathBuf,
+    /// Where a crashing or hanging input is saved (DIR/TARGET/)
+    #[arg(long, value_name = "DIR", default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/artifacts"))]
+    artifacts: PathBuf,
+    /// Longest mutant, in bytes
+    #[arg(long, value_name = "N", default_value = "4096")]
+    max_len: usize,
+    /// Print the targets' names and exit
+    #[arg(long)]
+    list: bool,
+    /// Run one saved input through TARGET once (a crash shows with its backtrace)
+    #[arg(long, num_args = 2, value_names = ["TARGET", "FILE"])]
+    repro: Option<Vec<String>>,
+    /// The targets to fuzz, in turn (default: all)
+    #[arg(value_name = "TARGET", value_parser = target)]
+    targets: Vec<&'static Target>,
+}
+
+fn seed(v: &str) -> Result<u64, String> {
+    match v.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => v.parse(),
+    }
+    .map_err(|e| format!("--seed {v}: {e}"))
+}
+
+fn targets_help() -> String {
+    let names: Vec<&str> = TARGETS.iter().map(|t| t.name).collect();
+    format!("targets: {} (default: all)", names.join(" "))
+}
 
 /// A hang: one input running this long.
 const HANG: Duration = Duration::from_secs(10);
@@ -37,7 +90,7 @@ fn target(name: &str) -> Result<&'static Target, String> {
     TARGETS
         .iter()
         .find(|t| t.name == name)
-        .ok_or_else(|| format!("unknown target {name:?}\n{USAGE}"))
+        .ok_or_else(|| format!("unknown target {name:?}\n{}", targets_help()))
 }
 
 fn main() -> ExitCode {
@@ -52,83 +105,38 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<bool, String> {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut o = Opts {
-        seconds: 60.0,
-        iters: None,
-        seed: 0,
-        corpus: here.join("corpus"),
-        artifacts: here.join("artifacts"),
-        max_len: 4096,
-        targets: Vec::new(),
-    };
-    let mut seed_given = false;
-    let mut args = std::env::args().skip(1);
-    let val = |a: &mut dyn Iterator<Item = String>, f: &str| {
-        a.next()
-            .ok_or_else(|| format!("{f} needs a value\n{USAGE}"))
-    };
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--seconds" => {
-                o.seconds = val(&mut args, &a)?
-                    .parse()
-                    .map_err(|e| format!("--seconds: {e}"))?;
-            }
-            "--iters" => {
-                o.iters = Some(
-                    val(&mut args, &a)?
-                        .parse()
-                        .map_err(|e| format!("--iters: {e}"))?,
-                );
-            }
-            "--seed" => {
-                let v = val(&mut args, &a)?;
-                o.seed = match v.strip_prefix("0x") {
-                    Some(h) => u64::from_str_radix(h, 16),
-                    None => v.parse(),
-                }
-                .map_err(|e| format!("--seed {v}: {e}"))?;
-                seed_given = true;
-            }
-            "--corpus" => o.corpus = val(&mut args, &a)?.into(),
-            "--artifacts" => o.artifacts = val(&mut args, &a)?.into(),
-            "--max-len" => {
-                o.max_len = val(&mut args, &a)?
-                    .parse()
-                    .map_err(|e| format!("--max-len: {e}"))?;
-            }
-            "--list" => {
-                for t in TARGETS {
-                    println!("{}", t.name);
-                }
-                return Ok(true);
-            }
-            "--repro" => {
-                let t = target(&val(&mut args, &a)?)?;
-                let file = val(&mut args, &a)?;
-                let data = std::fs::read(&file).map_err(|e| format!("{file}: {e}"))?;
-                println!("{}: running {file} ({} bytes)", t.name, data.len());
-                (t.run)(&data); // a crash shows with its backtrace
-                println!("{}: {file} passed", t.name);
-                return Ok(true);
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(true);
-            }
-            s if s.starts_with('-') => return Err(format!("unknown option {s}\n{USAGE}")),
-            name => o.targets.push(target(name)?),
+    let cli = Cli::parse();
+    if cli.list {
+        for t in TARGETS {
+            println!("{}", t.name);
         }
+        return Ok(true);
     }
-    if o.targets.is_empty() {
-        o.targets = TARGETS.iter().collect();
+    if let Some([name, file]) = cli.repro.as_deref() {
+        let t = target(name)?;
+        let data = std::fs::read(file).map_err(|e| format!("{file}: {e}"))?;
+        println!("{}: running {file} ({} bytes)", t.name, data.len());
+        (t.run)(&data); // a crash shows with its backtrace
+        println!("{}: {file} passed", t.name);
+        return Ok(true);
     }
-    if !seed_given {
-        o.seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
-    }
+    let o = Opts {
+        seconds: cli.seconds,
+        iters: cli.iters,
+        seed: cli.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        }),
+        corpus: cli.corpus,
+        artifacts: cli.artifacts,
+        max_len: cli.max_len,
+        targets: if cli.targets.is_empty() {
+            TARGETS.iter().collect()
+        } else {
+            cli.targets
+        },
+    };
     println!(
         "arfs-fuzz: seed 0x{:016x} ({}; replay: --seed 0x{:016x} --iters N)",
         o.seed,
@@ -459,4 +467,87 @@ fn mutate(
         }
     }
     d.truncate(max);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `line` split at white space.
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("arfs-fuzz").chain(line.split_whitespace()))
+    }
+
+    fn names(c: &Cli) -> Vec<&'static str> {
+        c.targets.iter().map(|t| t.name).collect()
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("").unwrap();
+        assert!((c.seconds - 60.0).abs() < f64::EPSILON);
+        assert_eq!((c.iters, c.seed, c.max_len), (None, None, 4096));
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        assert_eq!(c.corpus, here.join("corpus"));
+        assert_eq!(c.artifacts, here.join("artifacts"));
+        assert!(!c.list && c.repro.is_none() && c.targets.is_empty());
+    }
+
+    #[test]
+    fn scripts_test_and_readme_command_lines() {
+        // scripts/test: --seconds 5 (--quick) or 60, --seed $VNIC_FUZZ_SEED
+        let c = parse("--seconds 5").unwrap();
+        assert!((c.seconds - 5.0).abs() < f64::EPSILON);
+        let c = parse("--seconds 60 --seed 12345").unwrap();
+        assert!((c.seconds - 60.0).abs() < f64::EPSILON);
+        assert_eq!(c.seed, Some(12345));
+        // aRFS/fuzz/README.md
+        let c = parse("--seconds 300 ctl_request").unwrap();
+        assert_eq!(names(&c), ["ctl_request"]);
+        assert!(parse("--list").unwrap().list);
+        let c = parse("--seed 0x0000000000000001 --iters 538504 agent_request").unwrap();
+        assert_eq!((c.seed, c.iters), (Some(1), Some(538_504)));
+        assert_eq!(names(&c), ["agent_request"]);
+        let c = parse("--repro agent_request aRFS/fuzz/artifacts/agent_request/crash-1").unwrap();
+        assert_eq!(
+            c.repro.as_deref(),
+            Some(
+                &[
+                    "agent_request".into(),
+                    "aRFS/fuzz/artifacts/agent_request/crash-1".into()
+                ][..]
+            )
+        );
+        let c = parse("--corpus /c --artifacts /a --max-len 64 decode_frame table_ops --seed 0xff")
+            .unwrap();
+        assert_eq!(names(&c), ["decode_frame", "table_ops"]);
+        assert_eq!((c.max_len, c.seed), (64, Some(255)));
+        assert_eq!((c.corpus, c.artifacts), ("/c".into(), "/a".into()));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (bad, msg) in [
+            ("no_such_target", "unknown target \"no_such_target\""),
+            ("--seed 0xzz", "--seed 0xzz: invalid digit"),
+            ("--seed -1", ""),
+            ("--seconds soon", "invalid float literal"),
+            ("--iters 1.5", "invalid digit"),
+            ("--max-len", "a value is required"),
+            ("--repro decode_frame", "2 values required"),
+            ("--frobnicate", "unexpected argument"),
+        ] {
+            let e = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+            assert!(e.to_string().contains(msg), "{bad:?}: {e}");
+        }
+    }
 }
