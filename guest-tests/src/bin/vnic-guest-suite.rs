@@ -4,6 +4,7 @@
 //! Prints one line per scenario and kernel, then `N passed, M failed`;
 //! exits non-zero on any failure.
 
+use clap::{ArgAction, Parser, Subcommand};
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{parse_num as num, repo_root, timestamp, Artifacts};
 use guest_tests::scenarios::{
@@ -13,68 +14,159 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-const HELP: &str = "\
-vnic-guest-suite: the vnic guest test suite (real kernels, real QEMU, real vnic)
+const ABOUT: &str =
+    "vnic-guest-suite: the vnic guest test suite (real kernels, real QEMU, real vnic)";
 
-USAGE:
-    vnic-guest-suite [OPTIONS]          run the scenarios
-    vnic-guest-suite demo [OPTIONS]     boot a 7.3 guest, steer ~256 flows, print a summary
-
-OPTIONS:
-    --kernel LIST         kernel series to test, comma-separated (default 6.12,7.3;
-                          built into the cache by images/build-kernel when missing);
-                          6.1-deb: Debian bookworm's prebuilt 6.1 kernel and headers
-                          (images/fetch-distro-kernel; virtio drivers as modules, the
-                          module built with Debian's kbuild; no debug variant)
-    --kernel-image BZIMAGE --kdir TREE
-                          test your own kernel instead (TREE: its built source tree)
-    --scenario NAME       run only these (repeatable or comma-separated; default: all,
-                          in canonical order). Each kernel boots once for the gen-peer
-                          scenarios, once more for tcp-tap (tap peer in a network
-                          namespace, needs root) and, for the kernels of --debug-kernel,
-                          once more on the debug variant (KASAN, lockdep, kmemleak) for
-                          unload-reload. --list shows them.
-    --topology LIST       guest shapes, comma-separated QUEUESxCPUS[/chN]: QUEUES queue
-                          pairs offered by vnic and QEMU, CPUS vCPUs, /chN `ethtool -L
-                          combined N` after boot (else the guest uses virtio_net's
-                          min(QUEUES, CPUS) pairs)
-    --family LIST         address families of the steering flows: ipv4, ipv6, mixed (even
-                          flows IPv4, odd IPv6); the gen peer answers ARP/ICMP and
-                          NS/ICMPv6 echo
-                          The suite runs every (topology, family) cell of these two lists
-                          on every kernel; without either it runs the default matrix:
-                          4x4 IPv4 and 4x4/ipv6 on every kernel, 2x4, 4x2, 1x2 and
-                          2x4/mixed on one kernel each (round robin over --kernel).
-                          4x4 IPv4 runs every selected scenario; other shapes the matrix
-                          scenarios (link, steer, migrate, misroute, drop, corrupt, bad-csum with 2+
-                          pairs, rps with 1 pair); IPv6 and mixed cells link, steer,
-                          migrate, expiry, misroute, drop, corrupt, bad-csum; --scenario runs what it names wherever it
-                          can run (--list).
-    --full-matrix         every cell of the default matrix on every kernel
-    --cpus N --queues M   one topology: M queue pairs x N vCPUs (instead of --topology)
-    --channels N          with --cpus/--queues: `ethtool -L combined N` after boot
-    --debug-kernel LIST   kernels whose unload-reload runs on the debug variant (default:
-                          every --kernel; `none` for none). Other kernels run unload-reload
-                          in their default boot: same cycles and checks, without
-                          KASAN/kmemleak (the report says which). A debug build takes
-                          ~11-14 min on 2 cores the first time (cached after).
-    --flows N             flows in steer/migrate/expiry and the stress workloads (default 64; demo 256)
-    --rate PPS            generator packets per second over all flows (default 2000; demo 4000)
-    --measure SECS        measurement window after warm-up (default 5)
-    --flow-cnt N          rps_flow_cnt per rx queue (default 262144, demo 1048576: low slot-collision odds)
-    --sock-flow-entries N net.core.rps_sock_flow_entries (default 1048576; demo 4194304)
-    --idle-ms MS          the idle backstop (expiry=idle:MS) the expiry scenarios
-                          turn on once the flows stopped (default 2000)
-    --artifacts DIR       where logs, traces and snapshots go
-                          (default target/guest-tests/<UTC time>)
-    --list                the scenarios and the boot each needs
-    -h, --help            this text
+const AFTER_HELP: &str = "\
+MATRIX:
+    The suite runs every (topology, family) cell of --topology and --family
+    on every kernel; without either it runs the default matrix: 4x4 IPv4
+    and 4x4/ipv6 on every kernel, 2x4, 4x2, 1x2 and 2x4/mixed on one kernel
+    each (round robin over --kernel). 4x4 IPv4 runs every selected
+    scenario; other shapes the matrix scenarios (link, steer, migrate,
+    misroute, drop, corrupt, bad-csum with 2+ pairs, rps with 1 pair); IPv6
+    and mixed cells link, steer, migrate, expiry, misroute, drop, corrupt,
+    bad-csum; --scenario runs what it names wherever it can run (--list).
 
 ENVIRONMENT:
     VNIC_BIN     vnic binary (default: built with cargo --release)
     VNIC_AGENT   static guest agent (default: built into target/agent)
-    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=tcg|kvm (default auto: KVM if its probe boot works)
-";
+    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=tcg|kvm (default auto: KVM if its probe boot works)";
+
+// The command line: the options, either alone (run the scenarios) or after
+// `demo`. A repeated option takes its last value (--scenario adds up).
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnic-guest-suite",
+    about = ABOUT,
+    override_usage = "vnic-guest-suite [OPTIONS]          run the scenarios
+       vnic-guest-suite demo [OPTIONS]     boot a 7.3 guest, steer ~256 flows, print a summary",
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true,
+    args_override_self = true
+)]
+struct Cli {
+    #[command(flatten)]
+    opts: Opts,
+    #[command(subcommand)]
+    mode: Option<Mode>,
+}
+
+impl Cli {
+    /// Whether this is the demo, and its options.
+    fn into_parts(self) -> (bool, Opts) {
+        match self.mode {
+            Some(Mode::Demo(o)) => (true, o),
+            None => (false, self.opts),
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Mode {
+    /// Boot a 7.3 guest, steer ~256 flows, print a summary (the options
+    /// as without `demo`, some defaults differ; the first cell of the
+    /// matrix is the guest's shape)
+    #[command(after_help = AFTER_HELP, args_override_self = true, verbatim_doc_comment)]
+    Demo(Opts),
+}
+
+#[derive(clap::Args, Debug, Default)]
+struct Opts {
+    /// Kernel series to test, comma-separated (default 6.12,7.3; demo 7.3;
+    /// built into the cache by images/build-kernel when missing);
+    /// 6.1-deb: Debian bookworm's prebuilt 6.1 kernel and headers
+    /// (images/fetch-distro-kernel; virtio drivers as modules, the
+    /// module built with Debian's kbuild; no debug variant)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          verbatim_doc_comment)]
+    kernel: Option<Vec<String>>,
+    /// Test your own kernel instead (with --kdir)
+    #[arg(long, value_name = "BZIMAGE")]
+    kernel_image: Option<PathBuf>,
+    /// With --kernel-image: its built source tree
+    #[arg(long, value_name = "TREE")]
+    kdir: Option<PathBuf>,
+    /// Run only these (repeatable or comma-separated; default: all, in
+    /// canonical order). Each kernel boots once for the gen-peer
+    /// scenarios, once more for tcp-tap (tap peer in a network
+    /// namespace, needs root) and, for the kernels of --debug-kernel,
+    /// once more on the debug variant (KASAN, lockdep, kmemleak) for
+    /// unload-reload. --list shows them.
+    #[arg(long, value_name = "NAME", value_delimiter = ',', verbatim_doc_comment)]
+    scenario: Vec<String>,
+    /// Guest shapes, comma-separated QUEUESxCPUS[/chN]: QUEUES queue
+    /// pairs offered by vnic and QEMU, CPUS vCPUs, /chN `ethtool -L
+    /// combined N` after boot (else the guest uses virtio_net's
+    /// min(QUEUES, CPUS) pairs); see MATRIX below
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = topology, verbatim_doc_comment)]
+    topology: Option<Vec<Topology>>,
+    /// Address families of the steering flows: ipv4, ipv6, mixed (even
+    /// flows IPv4, odd IPv6); the gen peer answers ARP/ICMP and
+    /// NS/ICMPv6 echo; see MATRIX below
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = family, verbatim_doc_comment)]
+    family: Option<Vec<Family>>,
+    /// Every cell of the default matrix on every kernel
+    #[arg(long)]
+    full_matrix: bool,
+    /// One topology: N vCPUs (with --queues, instead of --topology)
+    #[arg(long, value_name = "N", value_parser = |v: &str| num(v, "--cpus", 1, 16).map(|n| n as u16))]
+    cpus: Option<u16>,
+    /// One topology: M queue pairs (with --cpus, instead of --topology)
+    #[arg(long, value_name = "M", value_parser = |v: &str| num(v, "--queues", 1, 16).map(|n| n as u16))]
+    queues: Option<u16>,
+    /// With --cpus/--queues: `ethtool -L combined N` after boot
+    #[arg(long, value_name = "N", value_parser = |v: &str| num(v, "--channels", 1, 16).map(|n| n as u16))]
+    channels: Option<u16>,
+    /// Kernels whose unload-reload runs on the debug variant (default:
+    /// every --kernel; `none` for none). Other kernels run unload-reload
+    /// in their default boot: same cycles and checks, without
+    /// KASAN/kmemleak (the report says which). A debug build takes
+    /// ~11-14 min on 2 cores the first time (cached after).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          verbatim_doc_comment)]
+    debug_kernel: Option<Vec<String>>,
+    /// Flows in steer/migrate/expiry and the stress workloads (default 64; demo 256)
+    #[arg(long, value_name = "N", value_parser = |v: &str| num(v, "--flows", 1, 4096).map(|n| n as usize))]
+    flows: Option<usize>,
+    /// Generator packets per second over all flows (default 2000; demo 4000)
+    #[arg(long, value_name = "PPS", value_parser = |v: &str| num(v, "--rate", 1, 1_000_000).map(|n| n as u32))]
+    rate: Option<u32>,
+    /// Measurement window after warm-up, in seconds (default 5)
+    #[arg(long, value_name = "SECS", value_parser = |v: &str| num(v, "--measure", 1, 600))]
+    measure: Option<u64>,
+    /// rps_flow_cnt per rx queue (default 262144, demo 1048576: low
+    /// slot-collision odds)
+    #[arg(long, value_name = "N", value_parser = |v: &str| num(v, "--flow-cnt", 1, 1 << 24).map(|n| n as u32),
+          verbatim_doc_comment)]
+    flow_cnt: Option<u32>,
+    /// net.core.rps_sock_flow_entries (default 1048576; demo 4194304)
+    #[arg(long, value_name = "N", value_parser = |v: &str| num(v, "--sock-flow-entries", 1, 1 << 29).map(|n| n as u32))]
+    sock_flow_entries: Option<u32>,
+    /// The idle backstop (expiry=idle:MS) the expiry scenarios turn on
+    /// once the flows stopped (default 2000)
+    #[arg(long, value_name = "MS", value_parser = |v: &str| num(v, "--idle-ms", 1, 600_000).map(|n| n as u32),
+          verbatim_doc_comment)]
+    idle_ms: Option<u32>,
+    /// Where logs, traces and snapshots go (default
+    /// target/guest-tests/<UTC time>)
+    #[arg(long, value_name = "DIR", verbatim_doc_comment)]
+    artifacts: Option<PathBuf>,
+    /// The scenarios and the boot each needs
+    #[arg(long)]
+    list: bool,
+}
+
+fn topology(v: &str) -> Result<Topology, String> {
+    Topology::parse(v).map_err(|e| e.0)
+}
+
+fn family(v: &str) -> Result<Family, String> {
+    Family::parse(v).map_err(|e| e.0)
+}
 
 struct Args {
     demo: bool,
@@ -114,7 +206,37 @@ const DEFAULT_CELLS: &[(&str, Family, bool)] = &[
     ("2x4", Family::Mixed, true),
 ];
 
-fn parse_args() -> Result<Args, String> {
+/// `--list`: the scenarios, the boot each needs and the default shapes
+/// each can run on.
+fn print_list() {
+    let shapes: Vec<Topology> = DEFAULT_TOPOLOGIES
+        .split(',')
+        .filter_map(|t| Topology::parse(t).ok())
+        .collect();
+    for s in scenarios::SCENARIOS {
+        let (name, k) = (s.name, s.boot);
+        let fits: Vec<String> = shapes
+            .iter()
+            .filter(|t| s.fits(t))
+            .map(ToString::to_string)
+            .collect();
+        println!(
+            "{name:<18} boot: {:<8} variant {:<8} {} (can run on {})",
+            format!("{k:?}"),
+            k.variant(),
+            if s.matrix {
+                "every topology"
+            } else {
+                "4x4 only"
+            },
+            fits.join(" ")
+        );
+    }
+}
+
+/// The run the options ask for (`demo`: the demo's), with the checks that
+/// take more than one option.
+fn settle(demo: bool, o: Opts) -> Result<Args, String> {
     let mut a = Args {
         demo: false,
         kernels: vec!["6.12".into(), "7.3".into()],
@@ -127,12 +249,7 @@ fn parse_args() -> Result<Args, String> {
         full_matrix: false,
         explicit: false,
     };
-    let (mut topo_list, mut cpus, mut queues, mut channels) = (None, None, None, None);
-    let mut families: Option<Vec<Family>> = None;
-    let mut debug_given = false;
-    let mut it = std::env::args().skip(1).peekable();
-    if it.peek().map(String::as_str) == Some("demo") {
-        it.next();
+    if demo {
         a.demo = true;
         a.kernels = vec!["7.3".into()];
         a.settings.flows = 256;
@@ -140,96 +257,37 @@ fn parse_args() -> Result<Args, String> {
         a.settings.sock_flow_entries = 1 << 22;
         a.settings.flow_cnt = 1 << 20;
     }
-    let (mut image, mut kdir) = (None, None);
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .ok_or_else(|| format!("{name} needs a value (see --help)"))
-        };
-        match arg.as_str() {
-            "-h" | "--help" => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            "--list" => {
-                let shapes: Vec<Topology> = DEFAULT_TOPOLOGIES
-                    .split(',')
-                    .filter_map(|t| Topology::parse(t).ok())
-                    .collect();
-                for s in scenarios::SCENARIOS {
-                    let (name, k) = (s.name, s.boot);
-                    let fits: Vec<String> = shapes
-                        .iter()
-                        .filter(|t| s.fits(t))
-                        .map(ToString::to_string)
-                        .collect();
-                    println!(
-                        "{name:<18} boot: {:<8} variant {:<8} {} (can run on {})",
-                        format!("{k:?}"),
-                        k.variant(),
-                        if s.matrix {
-                            "every topology"
-                        } else {
-                            "4x4 only"
-                        },
-                        fits.join(" ")
-                    );
-                }
-                std::process::exit(0);
-            }
-            "--debug-kernel" => {
-                let v = val("--debug-kernel")?;
-                debug_given = true;
-                a.debug_kernels = if v == "none" {
-                    Vec::new()
-                } else {
-                    v.split(',').map(str::to_string).collect()
-                };
-            }
-            "--kernel" => a.kernels = val("--kernel")?.split(',').map(str::to_string).collect(),
-            "--kernel-image" => image = Some(PathBuf::from(val("--kernel-image")?)),
-            "--kdir" => kdir = Some(PathBuf::from(val("--kdir")?)),
-            "--scenario" => a
-                .scenarios
-                .extend(val("--scenario")?.split(',').map(str::to_string)),
-            "--topology" => topo_list = Some(val("--topology")?),
-            "--full-matrix" => a.full_matrix = true,
-            "--family" => {
-                families = Some(
-                    val("--family")?
-                        .split(',')
-                        .map(|f| Family::parse(f).map_err(|e| e.0))
-                        .collect::<Result<_, _>>()?,
-                );
-            }
-            "--cpus" => cpus = Some(num(&val("--cpus")?, "--cpus", 1, 16)? as u16),
-            "--queues" => queues = Some(num(&val("--queues")?, "--queues", 1, 16)? as u16),
-            "--channels" => channels = Some(num(&val("--channels")?, "--channels", 1, 16)? as u16),
-            "--flows" => a.settings.flows = num(&val("--flows")?, "--flows", 1, 4096)? as usize,
-            "--rate" => a.settings.rate = num(&val("--rate")?, "--rate", 1, 1_000_000)? as u32,
-            "--measure" => {
-                a.settings.measure =
-                    Duration::from_secs(num(&val("--measure")?, "--measure", 1, 600)?);
-            }
-            "--flow-cnt" => {
-                a.settings.flow_cnt = num(&val("--flow-cnt")?, "--flow-cnt", 1, 1 << 24)? as u32;
-            }
-            "--sock-flow-entries" => {
-                a.settings.sock_flow_entries = num(
-                    &val("--sock-flow-entries")?,
-                    "--sock-flow-entries",
-                    1,
-                    1 << 29,
-                )? as u32;
-            }
-            "--idle-ms" => {
-                a.settings.module.idle_timeout_ms =
-                    num(&val("--idle-ms")?, "--idle-ms", 1, 600_000)? as u32;
-            }
-            "--artifacts" => a.artifacts = Some(PathBuf::from(val("--artifacts")?)),
-            other => return Err(format!("unknown argument {other:?} (see --help)")),
-        }
+    let debug_given = o.debug_kernel.is_some();
+    if let Some(v) = o.debug_kernel {
+        a.debug_kernels = if v == ["none"] { Vec::new() } else { v };
     }
+    if let Some(k) = o.kernel {
+        a.kernels = k;
+    }
+    let (image, kdir) = (o.kernel_image, o.kdir);
+    a.scenarios = o.scenario;
+    let (topo_list, cpus, queues, channels) = (o.topology, o.cpus, o.queues, o.channels);
+    a.full_matrix = o.full_matrix;
+    let families = o.family;
+    if let Some(n) = o.flows {
+        a.settings.flows = n;
+    }
+    if let Some(n) = o.rate {
+        a.settings.rate = n;
+    }
+    if let Some(n) = o.measure {
+        a.settings.measure = Duration::from_secs(n);
+    }
+    if let Some(n) = o.flow_cnt {
+        a.settings.flow_cnt = n;
+    }
+    if let Some(n) = o.sock_flow_entries {
+        a.settings.sock_flow_entries = n;
+    }
+    if let Some(n) = o.idle_ms {
+        a.settings.module.idle_timeout_ms = n;
+    }
+    a.artifacts = o.artifacts;
     match (image, kdir) {
         (Some(i), Some(k)) => a.custom = Some((i, k)),
         (None, None) => {}
@@ -245,9 +303,7 @@ fn parse_args() -> Result<Args, String> {
             if channels.is_some() {
                 return Err("--channels goes with --cpus/--queues (in --topology: 4x2/ch4)".into());
             }
-            l.split(',')
-                .map(|t| Topology::parse(t).map_err(|e| e.0))
-                .collect::<Result<_, _>>()?
+            l
         }
         (None, None, None) if channels.is_none() => {
             // Only --family given: the default shape.
@@ -313,7 +369,12 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let (is_demo, opts) = Cli::parse().into_parts();
+    if opts.list {
+        print_list();
+        return ExitCode::SUCCESS;
+    }
+    let args = match settle(is_demo, opts) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");
@@ -663,6 +724,223 @@ fn demo(args: &Args, art_root: &std::path::Path) -> ExitCode {
         Err(e) => {
             eprintln!("demo failed: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// `line` split at white space.
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("vnic-guest-suite").chain(line.split_whitespace()))
+    }
+
+    /// What `main` makes of `line` (a clap error as its text).
+    fn args(line: &str) -> Result<Args, String> {
+        let (demo, opts) = parse(line).map_err(|e| e.to_string())?.into_parts();
+        settle(demo, opts)
+    }
+
+    fn cells(a: &Args) -> Vec<String> {
+        a.cells
+            .iter()
+            .map(|(t, f, one)| format!("{t}/{f}{}", if *one { "/one" } else { "" }))
+            .collect()
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let a = args("").unwrap();
+        assert!(!a.demo && !a.full_matrix && !a.explicit);
+        assert_eq!(a.kernels, ["6.12", "7.3"]);
+        assert_eq!(a.debug_kernels, a.kernels);
+        assert_eq!((&a.custom, &a.artifacts), (&None, &None));
+        assert!(a.scenarios.is_empty());
+        assert_eq!(
+            cells(&a),
+            [
+                "4x4/ipv4",
+                "4x4/ipv6",
+                "2x4/ipv4/one",
+                "4x2/ipv4/one",
+                "1x2/ipv4/one",
+                "2x4/mixed/one"
+            ]
+        );
+        let d = Settings::default();
+        let s = &a.settings;
+        assert_eq!((s.flows, s.rate, s.flow_cnt), (d.flows, d.rate, d.flow_cnt));
+        assert_eq!(
+            (s.sock_flow_entries, s.measure),
+            (d.sock_flow_entries, d.measure)
+        );
+        assert_eq!(s.module.idle_timeout_ms, d.module.idle_timeout_ms);
+    }
+
+    #[test]
+    fn scripts_test_command_lines() {
+        // the guest suite, without and with --topologies/--families
+        let a = args("--kernel 6.12,7.3 --debug-kernel 7.3").unwrap();
+        assert_eq!(
+            (a.kernels, a.debug_kernels),
+            (vec!["6.12".into(), "7.3".into()], vec!["7.3".into()])
+        );
+        assert_eq!(a.cells.len(), DEFAULT_CELLS.len());
+        let a = args("--kernel 6.12,7.3 --debug-kernel none --topology 4x4,2x4 --family ipv4,ipv6")
+            .unwrap();
+        assert!(a.debug_kernels.is_empty());
+        assert_eq!(cells(&a), ["4x4/ipv4", "4x4/ipv6", "2x4/ipv4", "2x4/ipv6"]);
+        let a = args("--kernel 7.3 --debug-kernel 6.12,7.3 --family mixed").unwrap();
+        assert_eq!(a.debug_kernels, ["6.12", "7.3"]);
+        assert_eq!(cells(&a), ["4x4/mixed"]);
+        // the own-kernel path and the release mismatch
+        for (line, scenarios) in [
+            (
+                "--kernel-image /o/linux/arch-bzImage --kdir /o/linux --debug-kernel none \
+                 --topology 4x4 --scenario link,steer",
+                &["link", "steer"][..],
+            ),
+            (
+                "--kernel-image /k/6.12/bzImage --kdir /o/linux --debug-kernel none \
+                 --topology 4x4 --scenario link",
+                &["link"],
+            ),
+        ] {
+            let a = args(line).unwrap();
+            let (image, kdir) = a.custom.clone().unwrap();
+            assert_eq!(kdir, PathBuf::from("/o/linux"));
+            assert!(image.ends_with("bzImage") || image.ends_with("arch-bzImage"));
+            assert!(a.explicit && a.debug_kernels.is_empty());
+            assert_eq!(a.scenarios, scenarios);
+            assert_eq!(cells(&a), ["4x4/ipv4"]);
+        }
+        // the distribution kernel
+        let a = args(
+            "--kernel 6.1-deb --debug-kernel none --topology 4x4 \
+             --scenario link,steer,migrate,expiry,misroute",
+        )
+        .unwrap();
+        assert_eq!(a.kernels, ["6.1-deb"]);
+        assert_eq!(
+            a.scenarios,
+            ["link", "steer", "migrate", "expiry", "misroute"]
+        );
+    }
+
+    #[test]
+    fn demo() {
+        // scripts/demo: `demo "$@"`
+        let a = args("demo").unwrap();
+        assert!(a.demo);
+        assert_eq!(a.kernels, ["7.3"]);
+        assert_eq!(a.debug_kernels, ["7.3"]);
+        let s = &a.settings;
+        assert_eq!((s.flows, s.rate), (256, 4000));
+        assert_eq!((s.sock_flow_entries, s.flow_cnt), (1 << 22, 1 << 20));
+        assert_eq!(cells(&a), ["4x4/ipv4"]);
+        assert_eq!((s.queues, s.cpus, s.family), (4, 4, Family::Ipv4));
+        let a = args("demo --flows 64 --topology 2x4/ch2,4x4 --family ipv6 --kernel 6.12").unwrap();
+        let s = &a.settings;
+        assert_eq!(
+            (s.flows, s.rate, a.kernels),
+            (64, 4000, vec!["6.12".into()])
+        );
+        assert_eq!(
+            (s.queues, s.cpus, s.channels, s.family),
+            (2, 4, Some(2), Family::Ipv6)
+        );
+        assert!(parse("demo --list").unwrap().into_parts().1.list);
+    }
+
+    #[test]
+    fn readme_command_lines_and_every_option() {
+        let a = args("--kernel 7.3 --scenario steer").unwrap();
+        assert_eq!(
+            (a.kernels, a.scenarios),
+            (vec!["7.3".into()], vec!["steer".into()])
+        );
+        assert_eq!(cells(&args("--queues 3 --cpus 4").unwrap()), ["3x4/ipv4"]);
+        assert_eq!(
+            cells(&args("--cpus 2 --channels 2").unwrap()),
+            ["4x2/ch2/ipv4"]
+        );
+        assert_eq!(
+            cells(&args("--topology 4x2/ch4 --scenario link,steer").unwrap()),
+            ["4x2/ch4/ipv4"]
+        );
+        let a = args(
+            "--flows 10 --rate 5 --measure 7 --flow-cnt 256 --sock-flow-entries 1024 --idle-ms 500 \
+             --artifacts /a --full-matrix --scenario link --scenario steer,migrate --rate 6",
+        )
+        .unwrap();
+        let s = &a.settings;
+        assert_eq!(
+            (s.flows, s.rate, s.measure),
+            (10, 6, Duration::from_secs(7))
+        );
+        assert_eq!(
+            (s.flow_cnt, s.sock_flow_entries, s.module.idle_timeout_ms),
+            (256, 1024, 500)
+        );
+        assert_eq!(a.artifacts, Some(PathBuf::from("/a")));
+        assert!(a.full_matrix);
+        // --scenario adds up; the others take their last value
+        assert_eq!(a.scenarios, ["link", "steer", "migrate"]);
+        assert!(parse("--list").unwrap().opts.list);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (bad, msg) in [
+            ("--cpus 17", "--cpus must be in 1..=16, got 17"),
+            ("--flows x", "--flows: \"x\" is not a number"),
+            ("--topology 4x4,4", "expected QUEUESxCPUS"),
+            ("--topology 2x4/ch3", "more than the 2 queue pairs"),
+            ("--family ipv5", "expected ipv4, ipv6 or mixed"),
+            ("--kernel 7.3 demo", "cannot be used with"),
+            ("demo demo", "unexpected argument"),
+            ("help", "unrecognized subcommand"),
+            ("--nope", "unexpected argument"),
+        ] {
+            let e = parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+            assert!(e.to_string().contains(msg), "{bad:?}: {e}");
+        }
+        for (bad, msg) in [
+            ("--kdir /l", "--kernel-image and --kdir go together"),
+            (
+                "--topology 4x4 --cpus 2",
+                "--topology and --cpus/--queues are alternatives",
+            ),
+            (
+                "--channels 2 --topology 4x4",
+                "--channels goes with --cpus/--queues",
+            ),
+            ("--channels 5", "more than the 4 queue pairs"),
+            (
+                "--scenario link,nope",
+                "unknown scenario \"nope\"; known: link, steer",
+            ),
+            (
+                "--kernel 7.x",
+                "--kernel \"7.x\": expected a series like 6.12 or 7.3",
+            ),
+            ("--kernel 6.12,", "--kernel \"\": expected a series"),
+        ] {
+            let e = args(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert!(e.contains(msg), "{bad:?}: {e}");
         }
     }
 }
