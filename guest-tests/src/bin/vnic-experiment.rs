@@ -5,6 +5,7 @@
 //! (Steer-C / Add / Del per rps_flow_cnt, old vs new kernel code); `rps`
 //! shows plain RPS on one queue (per-CPU softirqs and softnet_stat).
 
+use clap::{ArgAction, CommandFactory, Parser};
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{parse_num as num, repo_root, timestamp};
 use guest_tests::scenarios::experiments::{
@@ -18,83 +19,24 @@ use std::time::{Duration, Instant};
 use vnic_trace::plot::{self, Line, Panel};
 use vnic_trace::summary::units;
 
-const HELP: &str = "\
-vnic-experiment: the vnic experiments (real kernels, real QEMU, real vnic)
+const ABOUT: &str = "vnic-experiment: the vnic experiments (real kernels, real QEMU, real vnic)";
 
-USAGE:
-    vnic-experiment collisions [OPTIONS]   rps_dev_flow slot collisions: Steer-C / Add / Del
-                                           per rps_flow_cnt, old (6.12) vs new (7.3) kernel code
-    vnic-experiment collisions --check     the short acceptance run (rps_flow_cnt 256 only)
-    vnic-experiment rps [OPTIONS]          plain RPS on one queue: per-CPU NET_RX softirqs and
-                                           softnet_stat for many sources vs one heavy flow
-    vnic-experiment rps --check            the same, 10 s per phase (the test suite's run)
+const USAGE: &str = "\
+vnic-experiment collisions [OPTIONS]   rps_dev_flow slot collisions: Steer-C / Add / Del
+                                              per rps_flow_cnt, old (6.12) vs new (7.3) kernel code
+       vnic-experiment collisions --check     the short acceptance run (rps_flow_cnt 256 only)
+       vnic-experiment rps [OPTIONS]          plain RPS on one queue: per-CPU NET_RX softirqs and
+                                              softnet_stat for many sources vs one heavy flow
+       vnic-experiment rps --check            the same, 10 s per phase (the test suite's run)";
 
-KERNELS (both commands):
-    --kernel LIST         kernel series, comma-separated, each booted once (collisions default
-                          6.12,7.3; rps default 7.3). Built into the cache by images/build-kernel
-                          when missing.
-    --kernel-image BZIMAGE --kdir TREE
-                          also run your own kernel (TREE: its built source tree; the guest module
-                          is built against it). Alone it replaces the default list; with --kernel
-                          it runs after the listed series.
-
-COLLISIONS OPTIONS:
-    --flow-cnt LIST       rps_flow_cnt values per rx queue (default
-                          256,512,1024,2048,4096,8192,16384,32768)
-    --duration SECS       workload time per point (default 60; --check: 40)
-    --variant LIST        one (flows live the whole point), five (flows replaced every
-                          duration/iterations), fast (one iteration at --fast-rate with the
-                          device programming filters --fast-program-latency after each ADD:
-                          the regime where the old kernel calls ndo_rx_flow_steer many times
-                          per filter), both (= one,five) or all (default all; --check: one)
-    --iterations N        iterations of the `five` variant (default 5)
-    --fast-rate PPS       the `fast` variant's packets per second over all flows (default 24000)
-    --fast-program-latency MS
-                          the device's programming latency in the `fast` variant (default 100)
-    --flows N             flows per iteration (default 332 = 83 per queue with 4 queues, the
-                          original's 12K flows over 144 queues)
-    --queues N            queue pairs = vCPUs (default 4)
-    --rate PPS            generator packets per second over all flows (default 2000)
-    --program-latency MS  the device's programming latency in the `one` and `five` variants
-                          (default 0: a filter takes effect when its ADD arrives)
-    --no-latency          no request/response: the guest does not echo, no Latency column
-                          (default: the device stamps every datagram, the guest's receivers
-                          echo them, the device times the round trip; `fast` echoes a sample
-                          of the same rate as the others)
-    --report DIR          also write a reader's page into DIR: report.md with our points beside
-                          the 2025 patch's published numbers at the same rps_flow_cnt, and
-                          latency.svg / add.svg / del.svg / steer-c.svg / steer-l.svg (ours solid, the
-                          patch dashed). Needs two kernels (original code first). With
-                          --render: the page of that earlier run.
-    --render POINTS.json  no guest: print the tables of an earlier run again and rewrite its
-                          tables.md / plot.svg next to it (counts from the device counters)
-    --check               acceptance: at rps_flow_cnt 256 the old kernel (first) programs at least
-                          10x the filters of the new one (second), the new one at most 1.5x
-                          the number of flows, and on the new one >= 90% of the flows needing a
-                          filter that kept their RFS slot hold their queue at the end (a live
-                          filter to their receiver's queue in the device table, and >= 95% of
-                          their packets of the last 10 s there, guest-side; the old kernel's
-                          figure is printed beside it); exits 1 with the reason otherwise
-
-RPS OPTIONS:
-    --cpus N              guest vCPUs, all in rx-0's rps_cpus (default 4)
-    --sources N           source addresses of the balanced phase (default 40)
-    --rate PPS            generator packets per second (default 20000)
-    --duration SECS       time per phase (default 20; --check: 10)
-    --check               the test suite's run: 10 s phases; exits 1 when an assertion fails
-                          (as without it)
+const AFTER_HELP: &str = "\
+RPS:
     Phases per kernel: RPS off with the balanced traffic, RPS on balanced, RPS on one flow.
     Asserted (check: lines, exit 1 when one fails): RPS off puts >= 95% of the processing
     (softnet_stat column 0) on the interrupt CPU and sends no RPS IPI; with RPS on each CPU
     processes what the flows' hashes (vnic_flowhash.ko) and the rps_map predict, within 1% + 50
-    packets, with RPS IPIs; RPS on puts one flow
-    >= 95% on one CPU. Drops (column 1) are reported per CPU.
-
-COMMON:
-    --out DIR             results: tables.md / points.json / plot.svg (collisions), rps.md /
-                          rps.json (rps). Default target/experiments/<command>-<UTC time>
-    --artifacts DIR       guest logs, traces, snapshots (default <out>/artifacts)
-    -h, --help            this text
+    packets, with RPS IPIs; RPS on puts one flow >= 95% on one CPU. Drops (column 1) are
+    reported per CPU.
 
 Progress goes to stderr, tables to stdout. Guests run under KVM when a probe boot shows it works, else TCG (VNIC_ACCEL=tcg|kvm forces):
 counts per second are a few thousand packets, far below a real NIC (guest-tests/docs/experiments.md).
@@ -102,8 +44,190 @@ counts per second are a few thousand packets, far below a real NIC (guest-tests/
 ENVIRONMENT:
     VNIC_BIN     vnic binary (default: built with cargo --release)
     VNIC_AGENT   static guest agent (default: built into target/agent)
-    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=tcg|kvm (default auto: KVM if its probe boot works)
-";
+    VNIC_QEMU    qemu-system-x86_64 to use;  VNIC_ACCEL=tcg|kvm (default auto: KVM if its probe boot works)";
+
+const KERNELS: &str = "Kernels (both commands)";
+const BOTH: &str = "Options of both commands";
+const COLLISIONS: &str = "Collisions options";
+const RPS: &str = "Rps options";
+
+/// The variants of `--variant`, as one value.
+type Variants = Vec<Variant>;
+
+// The command line: the command first, then its options (one list for both
+// commands: `settle` refuses those of the other command, as it checks what
+// takes more than one option). A repeated option takes its last value.
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnic-experiment",
+    about = ABOUT,
+    override_usage = USAGE,
+    after_help = AFTER_HELP,
+    args_override_self = true
+)]
+struct Cli {
+    /// collisions or rps
+    #[arg(value_name = "COMMAND", value_parser = command)]
+    cmd: Option<Cmd>,
+
+    /// Kernel series, comma-separated, each booted once (collisions
+    /// default 6.12,7.3; rps default 7.3). Built into the cache by
+    /// images/build-kernel when missing.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          help_heading = KERNELS, verbatim_doc_comment)]
+    kernel: Option<Vec<String>>,
+    /// Also run your own kernel (with --kdir TREE: its built source
+    /// tree; the guest module is built against it). Alone it replaces
+    /// the default list; with --kernel it runs after the listed series.
+    #[arg(long, value_name = "BZIMAGE", help_heading = KERNELS, verbatim_doc_comment)]
+    kernel_image: Option<PathBuf>,
+    /// With --kernel-image: its built source tree
+    #[arg(long, value_name = "TREE", help_heading = KERNELS)]
+    kdir: Option<PathBuf>,
+
+    /// collisions: workload time per point (default 60; --check: 40);
+    /// rps: time per phase (default 20; --check: 10)
+    #[arg(long, value_name = "SECS", value_parser = |v: &str| num(v, "--duration", 1, 3600),
+          help_heading = BOTH, verbatim_doc_comment)]
+    duration: Option<u64>,
+    /// Generator packets per second over all flows (collisions default
+    /// 2000; rps default 20000)
+    #[arg(long, value_name = "PPS",
+          value_parser = |v: &str| num(v, "--rate", 1, 1_000_000).map(|n| n as u32),
+          help_heading = BOTH, verbatim_doc_comment)]
+    rate: Option<u32>,
+    /// collisions: acceptance: at rps_flow_cnt 256 the old kernel
+    /// (first) programs at least 10x the filters of the new one
+    /// (second), the new one at most 1.5x the number of flows, and on
+    /// the new one >= 90% of the flows needing a filter that kept their
+    /// RFS slot hold their queue at the end (a live filter to their
+    /// receiver's queue in the device table, and >= 95% of their
+    /// packets of the last 10 s there, guest-side; the old kernel's
+    /// figure is printed beside it); exits 1 with the reason otherwise.
+    /// rps: the test suite's run: 10 s phases; exits 1 when an
+    /// assertion fails (as without it)
+    #[arg(long, help_heading = BOTH, verbatim_doc_comment)]
+    check: bool,
+    /// Results: tables.md / points.json / plot.svg (collisions),
+    /// rps.md / rps.json (rps). Default
+    /// target/experiments/<command>-<UTC time>
+    #[arg(long, value_name = "DIR", help_heading = BOTH, verbatim_doc_comment)]
+    out: Option<PathBuf>,
+    /// Guest logs, traces, snapshots (default <out>/artifacts)
+    #[arg(long, value_name = "DIR", help_heading = BOTH)]
+    artifacts: Option<PathBuf>,
+
+    /// rps_flow_cnt values per rx queue, comma-separated (default
+    /// 256,512,1024,2048,4096,8192,16384,32768)
+    #[arg(long, value_name = "LIST", value_delimiter = ',', action = ArgAction::Set,
+          value_parser = |v: &str| num(v.trim(), "--flow-cnt", 1, 1 << 24).map(|n| n as u32),
+          help_heading = COLLISIONS, verbatim_doc_comment)]
+    flow_cnt: Option<Vec<u32>>,
+    /// one (flows live the whole point), five (flows replaced every
+    /// duration/iterations), fast (one iteration at --fast-rate with
+    /// the device programming filters --fast-program-latency after
+    /// each ADD: the regime where the old kernel calls
+    /// ndo_rx_flow_steer many times per filter), both (= one,five) or
+    /// all (default all; --check: one); comma-separated
+    #[arg(long, value_name = "LIST", value_parser = variants, help_heading = COLLISIONS,
+          verbatim_doc_comment)]
+    variant: Option<Variants>,
+    /// Iterations of the `five` variant (default 5)
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| num(v, "--iterations", 2, 20).map(|n| n as u32),
+          help_heading = COLLISIONS)]
+    iterations: Option<u32>,
+    /// The `fast` variant's packets per second over all flows
+    /// (default 24000)
+    #[arg(long, value_name = "PPS",
+          value_parser = |v: &str| num(v, "--fast-rate", 1, 1_000_000).map(|n| n as u32),
+          help_heading = COLLISIONS, verbatim_doc_comment)]
+    fast_rate: Option<u32>,
+    /// The device's programming latency in the `fast` variant
+    /// (default 100)
+    #[arg(long, value_name = "MS",
+          value_parser = |v: &str| num(v, "--fast-program-latency", 0, 10_000).map(|n| n as u32),
+          help_heading = COLLISIONS, verbatim_doc_comment)]
+    fast_program_latency: Option<u32>,
+    /// Flows per iteration (default 332 = 83 per queue with 4 queues,
+    /// the original's 12K flows over 144 queues)
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| num(v, "--flows", 1, 8000).map(|n| n as usize),
+          help_heading = COLLISIONS, verbatim_doc_comment)]
+    flows: Option<usize>,
+    /// Queue pairs = vCPUs (default 4)
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| num(v, "--queues", 1, 16).map(|n| n as u16),
+          help_heading = COLLISIONS)]
+    queues: Option<u16>,
+    /// The device's programming latency in the `one` and `five`
+    /// variants (default 0: a filter takes effect when its ADD arrives)
+    #[arg(long, value_name = "MS",
+          value_parser = |v: &str| num(v, "--program-latency", 0, 10_000).map(|n| n as u32),
+          help_heading = COLLISIONS, verbatim_doc_comment)]
+    program_latency: Option<u32>,
+    /// No request/response: the guest does not echo, no Latency column
+    /// (default: the device stamps every datagram, the guest's
+    /// receivers echo them, the device times the round trip; `fast`
+    /// echoes a sample of the same rate as the others)
+    #[arg(long, help_heading = COLLISIONS, verbatim_doc_comment)]
+    no_latency: bool,
+    /// Also write a reader's page into DIR: report.md with our points
+    /// beside the 2025 patch's published numbers at the same
+    /// rps_flow_cnt, and latency.svg / add.svg / del.svg / steer-c.svg /
+    /// steer-l.svg (ours solid, the patch dashed). Needs two kernels
+    /// (original code first). With --render: the page of that earlier
+    /// run.
+    #[arg(long, value_name = "DIR", help_heading = COLLISIONS, verbatim_doc_comment)]
+    report: Option<PathBuf>,
+    /// No guest: print the tables of an earlier run again and rewrite
+    /// its tables.md / plot.svg next to it (counts from the device
+    /// counters)
+    #[arg(long, value_name = "POINTS.json", help_heading = COLLISIONS, verbatim_doc_comment)]
+    render: Option<PathBuf>,
+
+    /// Guest vCPUs, all in rx-0's rps_cpus (default 4)
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| num(v, "--cpus", 1, 16).map(|n| n as u16),
+          help_heading = RPS)]
+    cpus: Option<u16>,
+    /// Source addresses of the balanced phase (default 40)
+    #[arg(long, value_name = "N",
+          value_parser = |v: &str| num(v, "--sources", 2, 150).map(|n| n as u32),
+          help_heading = RPS)]
+    sources: Option<u32>,
+}
+
+fn command(v: &str) -> Result<Cmd, String> {
+    match v {
+        "collisions" => Ok(Cmd::Collisions),
+        "rps" => Ok(Cmd::Rps),
+        other => Err(format!("unknown command {other:?} (collisions or rps)")),
+    }
+}
+
+/// `--variant`: `all`, or a list of one, five, fast and both.
+fn variants(list: &str) -> Result<Variants, String> {
+    if list == "all" {
+        return Ok(vec![Variant::One, Variant::Five, Variant::Fast]);
+    }
+    let mut v = Vec::new();
+    for name in list.split(',') {
+        match name {
+            "one" => v.push(Variant::One),
+            "five" => v.push(Variant::Five),
+            "fast" => v.push(Variant::Fast),
+            "both" => v.extend([Variant::One, Variant::Five]),
+            _ => {
+                return Err(format!(
+                    "--variant {name:?}: one, five, fast, both (one,five) or all"
+                ))
+            }
+        }
+    }
+    v.dedup();
+    Ok(v)
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Cmd {
@@ -139,150 +263,80 @@ struct Args {
     argv: Vec<String>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let all: Vec<String> = std::env::args().skip(1).collect();
-    let mut it = all.iter().cloned();
-    let cmd = match it.next().as_deref() {
-        Some("collisions") => Cmd::Collisions,
-        Some("rps") => Cmd::Rps,
-        Some("-h" | "--help") | None => {
-            print!("{HELP}");
-            std::process::exit(0);
+/// The run `cli` asks for, with the checks that take more than one option;
+/// `argv`: the arguments (after the program's name) it was parsed from.
+fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
+    // The command comes first, as the usage says (argv[1..] is the record
+    // of its options).
+    let cmd = match (cli.cmd, argv.first()) {
+        (Some(cmd), Some(first)) if command(first) == Ok(cmd) => cmd,
+        (_, first) => {
+            return Err(format!(
+                "unknown command {:?} (collisions or rps)",
+                first.map_or("", String::as_str)
+            ))
         }
-        Some(other) => return Err(format!("unknown command {other:?} (collisions or rps)")),
     };
-    let argv: Vec<String> = all[1..].to_vec();
-    let mut a = Args {
-        cmd,
-        kernels: if cmd == Cmd::Rps {
-            vec!["7.3".into()]
+    let coll = |name: &str, given: bool| {
+        if given && cmd != Cmd::Collisions {
+            Err(format!("{name} belongs to `collisions` (see --help)"))
         } else {
-            vec!["6.12".into(), "7.3".into()]
-        },
-        kernels_given: false,
-        custom: None,
-        flow_cnts: vec![256, 512, 1024, 2048, 4096, 8192, 16384, 32768],
-        duration: None,
-        variants: Vec::new(),
-        iterations: 5,
-        fast_rate: FAST_RATE,
-        fast_latency_ms: FAST_PROGRAM_LATENCY_MS,
-        flows: 332,
-        queues: 4,
-        cpus: 4,
-        rate: None,
-        sources: 40,
-        check: false,
-        out: None,
-        artifacts: None,
-        render: None,
-        report: None,
-        latency: true,
-        program_latency_ms: 0,
-        argv,
+            Ok(())
+        }
     };
-    let (mut image, mut kdir) = (None, None);
-    let mut variant = None;
-    while let Some(arg) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .ok_or_else(|| format!("{name} needs a value (see --help)"))
-        };
-        let coll = |name: &str| {
-            if cmd == Cmd::Collisions {
-                Ok(())
-            } else {
-                Err(format!("{name} belongs to `collisions` (see --help)"))
-            }
-        };
-        match arg.as_str() {
-            "-h" | "--help" => {
-                print!("{HELP}");
-                std::process::exit(0);
-            }
-            "--kernel" => {
-                a.kernels = val("--kernel")?
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect();
-                a.kernels_given = true;
-            }
-            "--kernel-image" => image = Some(PathBuf::from(val("--kernel-image")?)),
-            "--kdir" => kdir = Some(PathBuf::from(val("--kdir")?)),
-            "--flow-cnt" => {
-                coll("--flow-cnt")?;
-                a.flow_cnts = val("--flow-cnt")?
-                    .split(',')
-                    .map(|v| num(v.trim(), "--flow-cnt", 1, 1 << 24).map(|n| n as u32))
-                    .collect::<Result<_, _>>()?;
-            }
-            "--duration" => a.duration = Some(num(&val("--duration")?, "--duration", 1, 3600)?),
-            "--variant" => {
-                coll("--variant")?;
-                variant = Some(val("--variant")?);
-            }
-            "--fast-rate" => {
-                coll("--fast-rate")?;
-                a.fast_rate = num(&val("--fast-rate")?, "--fast-rate", 1, 1_000_000)? as u32;
-            }
-            "--fast-program-latency" => {
-                coll("--fast-program-latency")?;
-                a.fast_latency_ms = num(
-                    &val("--fast-program-latency")?,
-                    "--fast-program-latency",
-                    0,
-                    10_000,
-                )? as u32;
-            }
-            "--iterations" => {
-                coll("--iterations")?;
-                a.iterations = num(&val("--iterations")?, "--iterations", 2, 20)? as u32;
-            }
-            "--flows" => {
-                coll("--flows")?;
-                a.flows = num(&val("--flows")?, "--flows", 1, 8000)? as usize;
-            }
-            "--queues" => {
-                coll("--queues")?;
-                a.queues = num(&val("--queues")?, "--queues", 1, 16)? as u16;
-            }
-            "--cpus" => {
-                if cmd != Cmd::Rps {
-                    return Err("--cpus belongs to `rps` (collisions: --queues)".into());
-                }
-                a.cpus = num(&val("--cpus")?, "--cpus", 1, 16)? as u16;
-            }
-            "--sources" => {
-                if cmd != Cmd::Rps {
-                    return Err("--sources belongs to `rps`".into());
-                }
-                a.sources = num(&val("--sources")?, "--sources", 2, 150)? as u32;
-            }
-            "--rate" => a.rate = Some(num(&val("--rate")?, "--rate", 1, 1_000_000)? as u32),
-            "--program-latency" => {
-                coll("--program-latency")?;
-                a.program_latency_ms =
-                    num(&val("--program-latency")?, "--program-latency", 0, 10_000)? as u32;
-            }
-            "--no-latency" => {
-                coll("--no-latency")?;
-                a.latency = false;
-            }
-            "--check" => a.check = true,
-            "--out" => a.out = Some(PathBuf::from(val("--out")?)),
-            "--render" => {
-                coll("--render")?;
-                a.render = Some(PathBuf::from(val("--render")?));
-            }
-            "--report" => {
-                coll("--report")?;
-                a.report = Some(PathBuf::from(val("--report")?));
-            }
-            "--artifacts" => a.artifacts = Some(PathBuf::from(val("--artifacts")?)),
-            other => return Err(format!("unknown argument {other:?} (see --help)")),
+    coll("--flow-cnt", cli.flow_cnt.is_some())?;
+    coll("--variant", cli.variant.is_some())?;
+    coll("--fast-rate", cli.fast_rate.is_some())?;
+    coll("--fast-program-latency", cli.fast_program_latency.is_some())?;
+    coll("--iterations", cli.iterations.is_some())?;
+    coll("--flows", cli.flows.is_some())?;
+    coll("--queues", cli.queues.is_some())?;
+    coll("--program-latency", cli.program_latency.is_some())?;
+    coll("--no-latency", cli.no_latency)?;
+    coll("--render", cli.render.is_some())?;
+    coll("--report", cli.report.is_some())?;
+    if cmd != Cmd::Rps {
+        if cli.cpus.is_some() {
+            return Err("--cpus belongs to `rps` (collisions: --queues)".into());
+        }
+        if cli.sources.is_some() {
+            return Err("--sources belongs to `rps`".into());
         }
     }
+    let kernels_given = cli.kernel.is_some();
+    let mut a = Args {
+        cmd,
+        kernels: match cli.kernel {
+            Some(list) => list.into_iter().filter(|s| !s.is_empty()).collect(),
+            None if cmd == Cmd::Rps => vec!["7.3".into()],
+            None => vec!["6.12".into(), "7.3".into()],
+        },
+        kernels_given,
+        custom: None,
+        flow_cnts: cli
+            .flow_cnt
+            .unwrap_or_else(|| vec![256, 512, 1024, 2048, 4096, 8192, 16384, 32768]),
+        duration: cli.duration,
+        variants: Vec::new(),
+        iterations: cli.iterations.unwrap_or(5),
+        fast_rate: cli.fast_rate.unwrap_or(FAST_RATE),
+        fast_latency_ms: cli.fast_program_latency.unwrap_or(FAST_PROGRAM_LATENCY_MS),
+        flows: cli.flows.unwrap_or(332),
+        queues: cli.queues.unwrap_or(4),
+        cpus: cli.cpus.unwrap_or(4),
+        rate: cli.rate,
+        sources: cli.sources.unwrap_or(40),
+        check: cli.check,
+        out: cli.out,
+        artifacts: cli.artifacts,
+        render: cli.render,
+        report: cli.report,
+        latency: !cli.no_latency,
+        program_latency_ms: cli.program_latency.unwrap_or(0),
+        argv: argv[1..].to_vec(),
+    };
+    let (image, kdir) = (cli.kernel_image, cli.kdir);
+    let variant = cli.variant;
     match (image, kdir) {
         (Some(i), Some(k)) => {
             a.custom = Some((i, k));
@@ -315,27 +369,10 @@ fn parse_args() -> Result<Args, String> {
             );
         }
     }
-    a.variants = match variant.as_deref() {
+    a.variants = match variant {
         None if a.check => vec![Variant::One],
-        None | Some("all") => vec![Variant::One, Variant::Five, Variant::Fast],
-        Some(list) => {
-            let mut v = Vec::new();
-            for name in list.split(',') {
-                match name {
-                    "one" => v.push(Variant::One),
-                    "five" => v.push(Variant::Five),
-                    "fast" => v.push(Variant::Fast),
-                    "both" => v.extend([Variant::One, Variant::Five]),
-                    _ => {
-                        return Err(format!(
-                            "--variant {name:?}: one, five, fast, both (one,five) or all"
-                        ))
-                    }
-                }
-            }
-            v.dedup();
-            v
-        }
+        None => vec![Variant::One, Variant::Five, Variant::Fast],
+        Some(v) => v,
     };
     let max_iters = if a.variants.contains(&Variant::Five) {
         a.iterations
@@ -352,7 +389,15 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.is_empty() {
+        // No command: the help, as with --help.
+        let _ = Cli::command().print_help();
+        return ExitCode::SUCCESS;
+    }
+    let cli =
+        Cli::parse_from(std::iter::once("vnic-experiment".to_string()).chain(argv.iter().cloned()));
+    let args = match settle(cli, &argv) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");
@@ -1389,5 +1434,212 @@ mod tests {
             .unwrap_or_else(|| panic!("{t}"));
         assert!(hr > t.find("Five iterations").unwrap(), "{t}");
         assert!(t.contains("| 256 | 1234 | 5678 | 3000 |"), "{t}");
+    }
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use super::*;
+
+    /// What `main` makes of `line`, split at white space (a clap error as
+    /// its text).
+    fn args(line: &str) -> Result<Args, String> {
+        let argv: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        let cli = Cli::try_parse_from(
+            std::iter::once("vnic-experiment".to_string()).chain(argv.iter().cloned()),
+        )
+        .map_err(|e| e.to_string())?;
+        settle(cli, &argv)
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let a = args("collisions").unwrap();
+        assert_eq!(a.cmd, Cmd::Collisions);
+        assert_eq!(a.kernels, ["6.12", "7.3"]);
+        assert!(!a.kernels_given && a.custom.is_none() && !a.check);
+        assert_eq!(
+            a.flow_cnts,
+            [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+        );
+        assert_eq!(a.variants, [Variant::One, Variant::Five, Variant::Fast]);
+        assert_eq!((a.duration, a.rate, a.iterations), (None, None, 5));
+        assert_eq!(
+            (a.fast_rate, a.fast_latency_ms),
+            (FAST_RATE, FAST_PROGRAM_LATENCY_MS)
+        );
+        assert_eq!(
+            (a.flows, a.queues, a.program_latency_ms, a.latency),
+            (332, 4, 0, true)
+        );
+        assert_eq!(
+            (&a.out, &a.artifacts, &a.render, &a.report),
+            (&None, &None, &None, &None)
+        );
+        assert!(a.argv.is_empty());
+        let a = args("rps").unwrap();
+        assert_eq!((a.cmd, a.kernels), (Cmd::Rps, vec!["7.3".into()]));
+        assert_eq!((a.cpus, a.sources), (4, 40));
+    }
+
+    #[test]
+    fn scripts_test_command_lines() {
+        let a = args("collisions --check").unwrap();
+        assert!(a.check);
+        assert_eq!((a.flow_cnts, a.variants), (vec![256], vec![Variant::One]));
+        assert_eq!(a.argv, ["--check"]);
+        let a = args("rps --check --kernel 7.3").unwrap();
+        assert!(a.check && a.kernels_given);
+        assert_eq!((a.cmd, a.kernels), (Cmd::Rps, vec!["7.3".into()]));
+        assert_eq!(a.argv, ["--check", "--kernel", "7.3"]);
+    }
+
+    #[test]
+    fn documented_command_lines() {
+        // guest-tests/docs: experiments.md and the results' recorded commands
+        let a = args("collisions --duration 40 --out /w/full --report /w/full/report").unwrap();
+        assert_eq!(a.duration, Some(40));
+        assert_eq!(
+            (a.out, a.report),
+            (Some("/w/full".into()), Some("/w/full/report".into()))
+        );
+        let line = "collisions --kernel 6.12,7.3 --flow-cnt 8192,16384,32768 --duration 40 \
+                    --variant one,fast --out /work/item6/run";
+        let a = args(line).unwrap();
+        assert_eq!(a.flow_cnts, [8192, 16384, 32768]);
+        assert_eq!(a.variants, [Variant::One, Variant::Fast]);
+        assert_eq!(
+            a.argv.join(" "),
+            line.split_whitespace()
+                .skip(1)
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let a = args(
+            "collisions --kernel 6.12,7.3 --flow-cnt 8192,16384,32768 --duration 60 --variant one",
+        )
+        .unwrap();
+        assert_eq!((a.duration, a.variants), (Some(60), vec![Variant::One]));
+        assert_eq!(
+            args("rps --out /tmp/exp-rps").unwrap().out,
+            Some("/tmp/exp-rps".into())
+        );
+        let a = args("collisions --render DIR/points.json").unwrap();
+        assert_eq!(a.render, Some("DIR/points.json".into()));
+        let a = args("collisions --kernel 6.12 --kernel-image /l/arch/x86/boot/bzImage --kdir /l")
+            .unwrap();
+        assert_eq!(a.kernels, ["6.12"]);
+        assert_eq!(
+            a.custom,
+            Some(("/l/arch/x86/boot/bzImage".into(), "/l".into()))
+        );
+        // alone, the own kernel replaces the default list
+        let a = args("rps --kernel-image /l/bzImage --kdir /l").unwrap();
+        assert!(a.kernels.is_empty() && a.custom.is_some());
+    }
+
+    #[test]
+    fn every_option() {
+        let a = args(
+            "collisions --kernel 7.2,,7.3 --flow-cnt 256,512 --variant both,fast,five --iterations 3 \
+             --fast-rate 1000 --fast-program-latency 0 --flows 100 --queues 2 --rate 500 \
+             --program-latency 7 --no-latency --artifacts /a --duration 9 --rate 600",
+        )
+        .unwrap();
+        assert_eq!(a.kernels, ["7.2", "7.3"]);
+        assert_eq!(a.flow_cnts, [256, 512]);
+        assert_eq!(
+            a.variants,
+            [Variant::One, Variant::Five, Variant::Fast, Variant::Five]
+        );
+        assert_eq!((a.iterations, a.fast_rate, a.fast_latency_ms), (3, 1000, 0));
+        assert_eq!(
+            (a.flows, a.queues, a.rate, a.duration),
+            (100, 2, Some(600), Some(9))
+        );
+        assert_eq!((a.program_latency_ms, a.latency), (7, false));
+        assert_eq!(a.artifacts, Some("/a".into()));
+        assert_eq!(args("collisions --variant all").unwrap().variants.len(), 3);
+        // list items are trimmed
+        let cli = Cli::try_parse_from(["vnic-experiment", "collisions", "--flow-cnt", " 256, 512"]);
+        assert_eq!(cli.unwrap().flow_cnt, Some(vec![256, 512]));
+        let a = args("rps --cpus 2 --sources 150 --rate 100").unwrap();
+        assert_eq!((a.cpus, a.sources, a.rate), (2, 150, Some(100)));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (bad, msg) in [
+            ("collide", "unknown command \"collide\" (collisions or rps)"),
+            (
+                "--check rps",
+                "unknown command \"--check\" (collisions or rps)",
+            ),
+            ("collisions rps", "unexpected argument"),
+            (
+                "rps --flow-cnt 256",
+                "--flow-cnt belongs to `collisions` (see --help)",
+            ),
+            ("rps --no-latency", "--no-latency belongs to `collisions`"),
+            ("rps --queues 2", "--queues belongs to `collisions`"),
+            ("rps --report r", "--report belongs to `collisions`"),
+            (
+                "collisions --cpus 2",
+                "--cpus belongs to `rps` (collisions: --queues)",
+            ),
+            ("collisions --sources 9", "--sources belongs to `rps`"),
+            (
+                "collisions --flow-cnt 256,0",
+                "--flow-cnt must be in 1..=16777216, got 0",
+            ),
+            (
+                "collisions --variant one,all",
+                "--variant \"all\": one, five, fast, both (one,five) or all",
+            ),
+            (
+                "collisions --iterations 1",
+                "--iterations must be in 2..=20, got 1",
+            ),
+            ("rps --sources 1", "--sources must be in 2..=150, got 1"),
+            ("rps --duration x", "--duration: \"x\" is not a number"),
+            (
+                "collisions --kdir /l",
+                "--kernel-image and --kdir go together",
+            ),
+            ("collisions --kernel 7", ""),
+            (
+                "collisions --kernel 7.x",
+                "--kernel \"7.x\": expected a series like 6.12 or 7.3",
+            ),
+            (
+                "collisions --check --variant one",
+                "--check runs the one-iteration variant only",
+            ),
+            (
+                "collisions --check --kernel 7.3",
+                "--check compares exactly two kernels",
+            ),
+            (
+                "collisions --flows 8000 --iterations 20",
+                "do not fit in the guest port range",
+            ),
+            ("rps --frobnicate", "unexpected argument"),
+        ] {
+            if let Ok(a) = args(bad) {
+                // `--kernel 7` is a series
+                assert_eq!(
+                    (bad, a.kernels),
+                    ("collisions --kernel 7", vec!["7".into()])
+                );
+                continue;
+            }
+            let e = args(bad).err().unwrap();
+            assert!(e.contains(msg), "{bad:?}: {e}");
+        }
     }
 }
