@@ -847,7 +847,9 @@ mod tests {
         assert_eq!((s.sock_flow_entries, s.flow_cnt), (1 << 22, 1 << 20));
         assert_eq!(cells(&a), ["4x4/ipv4"]);
         assert_eq!((s.queues, s.cpus, s.family), (4, 4, Family::Ipv4));
-        let a = args("demo --flows 64 --topology 2x4/ch2,4x4 --family ipv6 --kernel 6.12").unwrap();
+        let a =
+            args("demo --flows 8 --flows 64 --topology 2x4/ch2,4x4 --family ipv6 --kernel 6.12")
+                .unwrap();
         let s = &a.settings;
         assert_eq!(
             (s.flows, s.rate, a.kernels),
