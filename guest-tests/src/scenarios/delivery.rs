@@ -114,7 +114,8 @@ pub(super) struct Span {
     pub stats1: Value,
 }
 
-fn sub(a: &Delivery, b: &Delivery) -> Delivery {
+/// `a - b`, field by field (saturating): what happened between two reads.
+pub(super) fn sub(a: &Delivery, b: &Delivery) -> Delivery {
     Delivery {
         next: a.next.saturating_sub(b.next),
         distinct: a.distinct.saturating_sub(b.distinct),

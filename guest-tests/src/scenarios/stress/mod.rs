@@ -293,8 +293,8 @@ fn killed_tail(
             });
             continue;
         };
-        let (a, b) = (a.delivery, b.delivery);
-        late += b.distinct.saturating_sub(a.distinct);
+        let (b, moved) = (b.delivery, super::delivery::sub(&b.delivery, &a.delivery));
+        late += moved.distinct;
         c.check(b.lost() == 0, || {
             format!(
                 "flow :{}: {} frames missing below its highest sequence number {} after the kill (a kill may only cut the tail)",
@@ -304,10 +304,10 @@ fn killed_tail(
             )
         });
         let bad = [
-            ("duplicated", b.duplicated - a.duplicated.min(b.duplicated)),
-            ("reordered", b.reordered - a.reordered.min(b.reordered)),
-            ("corrupted", b.corrupted - a.corrupted.min(b.corrupted)),
-            ("short", b.short - a.short.min(b.short)),
+            ("duplicated", moved.duplicated),
+            ("reordered", moved.reordered),
+            ("corrupted", moved.corrupted),
+            ("short", moved.short),
         ];
         for (what, n) in bad {
             c.check(n == 0, || {

@@ -832,7 +832,7 @@ fn corrupt_bites(
     let mut reached = 0;
     let mut untouched = 0;
     for (ci, f) in flows {
-        let new = after.errors[*ci].0 - before.errors[*ci].0.min(after.errors[*ci].0);
+        let new = after.errors[*ci].0.saturating_sub(before.errors[*ci].0);
         let hits = match (d0.get(&f.key), d1.get(&f.key)) {
             (Some(&(i0, _, h0)), Some(&(i1, _, h1))) if i0 == i1 => h1.saturating_sub(h0),
             (_, Some(&(_, _, h1))) => h1,
