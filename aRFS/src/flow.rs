@@ -410,6 +410,8 @@ impl From<FlowKey> for FlowRepr {
 }
 
 impl TryFrom<FlowRepr> for FlowKey {
+    // A String: the only user is serde (`try_from = "FlowRepr"`), which makes
+    // it the message of a deserialize error.
     type Error = String;
 
     fn try_from(r: FlowRepr) -> Result<Self, String> {

@@ -91,6 +91,6 @@ pub use proto::{
     decode_frame, AddOp, DecodeError, DelOp, DelReason, FrameError, Header, Message, MsgType,
     OpStatus,
 };
-pub use rss::{Rss, Toeplitz, DEFAULT_KEY};
+pub use rss::{KeyParseError, Rss, Toeplitz, DEFAULT_KEY};
 pub use table::{ConfigError, Counters, Entry, FilterTable, Request, TableConfig, TableEvent};
 pub use trace::{DropCause, EventKind, TraceRecord};

@@ -32,21 +32,41 @@ pub fn key_to_hex(key: &[u8; KEY_LEN]) -> String {
     s
 }
 
+/// Why [`key_from_hex`] refused a text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyParseError {
+    /// Not `2 * KEY_LEN` hex digits once the `:` separators are dropped: the
+    /// number of digits found.
+    Length(usize),
+    /// A pair of digits is not text (a multi-byte character cut in two).
+    NotAscii,
+    /// A pair of digits that is not a hex byte.
+    BadByte(String),
+}
+
+impl core::fmt::Display for KeyParseError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Length(n) => write!(f, "an RSS key is {} hex digits, got {n}", KEY_LEN * 2),
+            Self::NotAscii => f.write_str("RSS key is not ASCII hex"),
+            Self::BadByte(hex) => write!(f, "RSS key: {hex:?} is not a hex byte"),
+        }
+    }
+}
+
+impl std::error::Error for KeyParseError {}
+
 /// Parses a key from 80 hex digits (`:` separators allowed, as ethtool prints).
-pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], String> {
+pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], KeyParseError> {
     let digits: Vec<u8> = text.bytes().filter(|&c| c != b':').collect();
     if digits.len() != KEY_LEN * 2 {
-        return Err(format!(
-            "an RSS key is {} hex digits, got {}",
-            KEY_LEN * 2,
-            digits.len()
-        ));
+        return Err(KeyParseError::Length(digits.len()));
     }
     let mut key = [0u8; KEY_LEN];
     for (i, pair) in digits.chunks_exact(2).enumerate() {
-        let hex = core::str::from_utf8(pair).map_err(|_| "RSS key is not ASCII hex".to_string())?;
-        key[i] = u8::from_str_radix(hex, 16)
-            .map_err(|_| format!("RSS key: {hex:?} is not a hex byte"))?;
+        let hex = core::str::from_utf8(pair).map_err(|_| KeyParseError::NotAscii)?;
+        key[i] =
+            u8::from_str_radix(hex, 16).map_err(|_| KeyParseError::BadByte(hex.to_string()))?;
     }
     Ok(key)
 }
@@ -348,5 +368,27 @@ mod tests {
         r.set_enabled(0);
         assert_eq!(r.enabled(), 1);
         assert!(r.indirection().iter().all(|&q| q == 0));
+    }
+
+    #[test]
+    fn key_from_hex_names_what_is_wrong() {
+        let hex = key_to_hex(&DEFAULT_KEY);
+        assert_eq!(key_from_hex(&hex), Ok(DEFAULT_KEY));
+        // ethtool's form: bytes separated by `:`.
+        let colons: Vec<String> = DEFAULT_KEY.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(key_from_hex(&colons.join(":")), Ok(DEFAULT_KEY));
+
+        let e = key_from_hex("6d5a").unwrap_err();
+        assert_eq!(e, KeyParseError::Length(4));
+        assert_eq!(e.to_string(), "an RSS key is 80 hex digits, got 4");
+
+        let e = key_from_hex(&format!("zz{}", &hex[2..])).unwrap_err();
+        assert_eq!(e, KeyParseError::BadByte("zz".into()));
+        assert_eq!(e.to_string(), "RSS key: \"zz\" is not a hex byte");
+
+        // A two-byte character split across two digit pairs.
+        let e = key_from_hex(&format!("0\u{e9}{}", &hex[3..])).unwrap_err();
+        assert_eq!(e, KeyParseError::NotAscii);
+        assert_eq!(e.to_string(), "RSS key is not ASCII hex");
     }
 }

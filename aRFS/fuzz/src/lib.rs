@@ -274,7 +274,7 @@ pub fn table_ops(data: &[u8]) {
     }
 }
 
-/// The daemon's control socket: each line (as `serve.rs` cuts them: at
+/// The daemon's control socket: each line (as `ctlsock.rs` cuts them: at
 /// '\n', lossy UTF-8, trimmed, empty lines skipped) through the daemon's
 /// request parser and checks (`vnic::fuzzing::ctl_check_request`): never
 /// panics, answers the same twice, an error always says something.

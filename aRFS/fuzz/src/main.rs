@@ -60,6 +60,7 @@ struct Cli {
     targets: Vec<&'static Target>,
 }
 
+// A String: a clap value_parser, whose error clap prints as the option's.
 fn seed(v: &str) -> Result<u64, String> {
     match v.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16),
@@ -86,6 +87,7 @@ struct Opts {
     targets: Vec<&'static Target>,
 }
 
+// A String: a clap value_parser too (and `--repro`'s check, printed by main).
 fn target(name: &str) -> Result<&'static Target, String> {
     TARGETS
         .iter()
@@ -104,6 +106,7 @@ fn main() -> ExitCode {
     }
 }
 
+// Errors as text here and below: they only reach main, which prints them.
 fn run() -> Result<bool, String> {
     let cli = Cli::parse();
     if cli.list {
@@ -168,7 +171,7 @@ fn install_panic_hook() {
 }
 
 /// The corpus of one target: the files of `DIR/TARGET/` and of the
-/// committed `regressions/TARGET/` (findings), by name.
+/// committed `regressions/TARGET/` (findings), by name. Errors: text for main.
 fn load_corpus(dir: &Path, regressions: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
     let rd = std::fs::read_dir(dir).map_err(|e| {
         format!(
@@ -215,7 +218,7 @@ fn save(o: &Opts, t: &Target, kind: &str, data: &[u8]) -> PathBuf {
     p
 }
 
-/// Fuzz one target; false on a crash or hang.
+/// Fuzz one target; false on a crash or hang (errors: text for main).
 fn fuzz(t: &'static Target, o: &Opts) -> Result<bool, String> {
     let regressions = Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
     let corpus = load_corpus(&o.corpus.join(t.name), &regressions.join(t.name))?;

@@ -69,6 +69,8 @@ pub struct PlotArgs {
 }
 
 /// Runs `vnic trace ...`.
+// A String: vnic's main takes this with the other subcommands' errors as
+// text and only prints it.
 pub fn run(args: &TraceArgs) -> Result<(), String> {
     match &args.cmd {
         TraceCmd::Summary(a) => {
@@ -79,7 +81,8 @@ pub fn run(args: &TraceArgs) -> Result<(), String> {
                     final_table: a.final_table.clone(),
                     top: a.top,
                 },
-            )?;
+            )
+            .map_err(|e| e.to_string())?;
             if a.json {
                 let text = serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?;
                 println!("{text}");
@@ -89,7 +92,7 @@ pub fn run(args: &TraceArgs) -> Result<(), String> {
             Ok(())
         }
         TraceCmd::Plot(a) => {
-            let msg = plot::plot(&a.file, &a.output)?;
+            let msg = plot::plot(&a.file, &a.output).map_err(|e| e.to_string())?;
             eprintln!("{msg}");
             Ok(())
         }

@@ -6,12 +6,15 @@
 //! chosen so that there are at most [`MAX_BUCKETS`] buckets.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
 
 use arfs::{EventKind, TraceRecord};
+use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 
-use super::reader::{self, LineStats};
+use super::reader::{self, LineStats, ReadError};
 
 /// Most buckets in the time axis.
 pub const MAX_BUCKETS: u64 = 200;
@@ -65,8 +68,92 @@ pub fn ns_text(ns: u64) -> String {
     }
 }
 
+/// Plotters failed to draw (into a string: it has no file to fail on).
+#[derive(Debug)]
+pub struct DrawError {
+    /// The SVG file the picture was for (named in the message).
+    pub out: PathBuf,
+    /// What plotters reported.
+    pub source: DrawingAreaErrorKind<io::Error>,
+}
+
+impl fmt::Display for DrawError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: cannot draw the plot: {}",
+            self.out.display(),
+            self.source
+        )
+    }
+}
+
+impl std::error::Error for DrawError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// For callers that report errors as text (the guest-tests' sweep plots,
+/// `?` in functions returning `Result<_, String>`).
+impl From<DrawError> for String {
+    fn from(e: DrawError) -> Self {
+        e.to_string()
+    }
+}
+
+/// Why `vnic trace plot` failed.
+#[derive(Debug)]
+pub enum PlotError {
+    /// The trace cannot be read.
+    Read(ReadError),
+    /// The trace has no valid record: nothing to plot.
+    NoRecords { path: PathBuf },
+    /// Drawing failed.
+    Draw(DrawError),
+    /// The SVG file cannot be written.
+    Write { out: PathBuf, source: io::Error },
+}
+
+impl fmt::Display for PlotError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Read(e) => e.fmt(f),
+            Self::NoRecords { path } => {
+                write!(f, "{}: no valid trace records to plot", path.display())
+            }
+            Self::Draw(e) => e.fmt(f),
+            Self::Write { out, source } => write!(f, "{}: cannot write: {source}", out.display()),
+        }
+    }
+}
+
+impl std::error::Error for PlotError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // Read and Draw are transparent: their text is this error's.
+        match self {
+            Self::Read(e) => e.source(),
+            Self::Draw(e) => e.source(),
+            Self::Write { source, .. } => Some(source),
+            Self::NoRecords { .. } => None,
+        }
+    }
+}
+
+impl From<ReadError> for PlotError {
+    fn from(e: ReadError) -> Self {
+        Self::Read(e)
+    }
+}
+
+impl From<DrawError> for PlotError {
+    fn from(e: DrawError) -> Self {
+        Self::Draw(e)
+    }
+}
+
 /// Reads `path` twice and bins it.
-pub fn bin(path: &Path) -> Result<Series, String> {
+pub fn bin(path: &Path) -> Result<Series, PlotError> {
     let mut span: Option<(u64, u64)> = None;
     reader::for_each_record(path, |r| {
         span = Some(span.map_or((r.ts_ns, r.ts_ns), |(a, b)| {
@@ -74,10 +161,9 @@ pub fn bin(path: &Path) -> Result<Series, String> {
         }));
     })?;
     let Some((t0, t1)) = span else {
-        return Err(format!(
-            "{}: no valid trace records to plot",
-            path.display()
-        ));
+        return Err(PlotError::NoRecords {
+            path: path.to_path_buf(),
+        });
     };
     let width = bucket_width(t1 - t0);
     let n = ((t1 - t0) / width + 1) as usize;
@@ -134,12 +220,15 @@ pub fn bin(path: &Path) -> Result<Series, String> {
     Ok(s)
 }
 
-fn err<E: std::fmt::Display>(out: &Path) -> impl Fn(E) -> String + '_ {
-    move |e| format!("{}: cannot draw the plot: {e}", out.display())
+fn err(out: &Path) -> impl Fn(DrawingAreaErrorKind<io::Error>) -> DrawError + '_ {
+    move |source| DrawError {
+        out: out.to_path_buf(),
+        source,
+    }
 }
 
 /// Draws `s` as SVG text.
-pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, String> {
+pub fn render(s: &Series, title: &str, out: &Path) -> Result<String, DrawError> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1000, 760)).into_drawing_area();
@@ -269,7 +358,7 @@ const PALETTE: [RGBColor; 4] = [BLUE, RED, RGBColor(0, 150, 0), BLACK];
 /// [`render`] (used by the guest-tests experiments for sweep plots). Points
 /// with a non-positive coordinate cannot be drawn on a log axis and are left
 /// out (the caller's table still shows them).
-pub fn render_panels(title: &str, panels: &[Panel], out: &Path) -> Result<String, String> {
+pub fn render_panels(title: &str, panels: &[Panel], out: &Path) -> Result<String, DrawError> {
     let mut svg = String::new();
     {
         let height = 60 + 380 * panels.len().max(1) as u32;
@@ -362,7 +451,7 @@ pub fn render_panels(title: &str, panels: &[Panel], out: &Path) -> Result<String
 }
 
 /// `vnic trace plot FILE -o OUT`: returns a one-line report.
-pub fn plot(path: &Path, out: &Path) -> Result<String, String> {
+pub fn plot(path: &Path, out: &Path) -> Result<String, PlotError> {
     let s = bin(path)?;
     let title = format!(
         "vnic trace {}",
@@ -372,7 +461,10 @@ pub fn plot(path: &Path, out: &Path) -> Result<String, String> {
         )
     );
     let svg = render(&s, &title, out)?;
-    std::fs::write(out, svg).map_err(|e| format!("{}: cannot write: {e}", out.display()))?;
+    std::fs::write(out, svg).map_err(|source| PlotError::Write {
+        out: out.to_path_buf(),
+        source,
+    })?;
     Ok(format!(
         "wrote {}: {} records, {} buckets of {} ({} malformed lines skipped)",
         out.display(),
@@ -432,5 +524,58 @@ mod tests {
         assert_eq!(svg.matches("<circle").count(), 8, "{svg}");
         // No panel at all still gives a valid (empty) picture.
         assert!(render_panels("none", &[], Path::new("x.svg")).is_ok());
+    }
+
+    #[test]
+    fn failures_are_reported_by_kind_with_the_same_text() {
+        use std::error::Error as _;
+        let dir = std::env::temp_dir().join(format!("vnic-trace-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+
+        let missing = dir.join("missing.jsonl");
+        let e = plot(&missing, &dir.join("out.svg")).unwrap_err();
+        assert!(
+            matches!(&e, PlotError::Read(ReadError::Open { .. })),
+            "{e:?}"
+        );
+        assert!(e
+            .to_string()
+            .starts_with(&format!("{}: cannot open: ", missing.display())));
+
+        let empty = dir.join("empty.jsonl");
+        std::fs::write(&empty, "\nnot json\n").unwrap();
+        let e = plot(&empty, &dir.join("out.svg")).unwrap_err();
+        assert!(
+            matches!(&e, PlotError::NoRecords { path } if *path == empty),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{}: no valid trace records to plot", empty.display())
+        );
+        assert!(e.source().is_none());
+
+        let trace = dir.join("trace.jsonl");
+        std::fs::write(&trace, "{\"ts_ns\":1,\"event\":\"reset\",\"gen\":0}\n").unwrap();
+        let out = dir.join("no-such-dir").join("out.svg");
+        let e = plot(&trace, &out).unwrap_err();
+        assert!(
+            matches!(&e, PlotError::Write { out: o, .. } if *o == out),
+            "{e:?}"
+        );
+        assert!(e
+            .to_string()
+            .starts_with(&format!("{}: cannot write: ", out.display())));
+        assert!(e.source().is_some());
+
+        let e = DrawError {
+            out: "x.svg".into(),
+            source: DrawingAreaErrorKind::LayoutError,
+        };
+        assert_eq!(e.to_string(), "x.svg: cannot draw the plot: Bad layout");
+        assert!(e.source().is_some());
+        assert_eq!(String::from(e), "x.svg: cannot draw the plot: Bad layout");
+
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

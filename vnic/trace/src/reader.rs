@@ -4,9 +4,10 @@
 //! truncated last line) are counted and skipped, never fatal; only I/O errors
 //! stop the read.
 
+use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use arfs::{EventKind, TraceRecord};
@@ -54,9 +55,76 @@ impl LineStats {
     }
 }
 
+/// Why a trace file could not be read (a malformed line is not an error: it
+/// is counted in [`LineStats`]).
+#[derive(Debug)]
+pub enum ReadError {
+    /// The file cannot be opened.
+    Open { path: PathBuf, source: io::Error },
+    /// The path is a directory.
+    IsDir { path: PathBuf },
+    /// Reading failed after `after_line` lines.
+    Read {
+        path: PathBuf,
+        after_line: u64,
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Open { path, source } => write!(f, "{}: cannot open: {source}", path.display()),
+            Self::IsDir { path } => {
+                write!(f, "{}: is a directory, not a trace file", path.display())
+            }
+            Self::Read {
+                path,
+                after_line,
+                source,
+            } => write!(
+                f,
+                "{}: read error after line {after_line}: {source}",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Open { source, .. } | Self::Read { source, .. } => Some(source),
+            Self::IsDir { .. } => None,
+        }
+    }
+}
+
+/// A record without a field its event needs (from [`validate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MissingField {
+    /// The record's event.
+    pub event: EventKind,
+    /// The first missing field, as named in the trace.
+    pub field: &'static str,
+}
+
+impl fmt::Display for MissingField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` record without `{}`",
+            event_name(self.event),
+            self.field
+        )
+    }
+}
+
+impl std::error::Error for MissingField {}
+
 /// Checks that a record carries the fields its event needs to be counted
 /// (TRACE.md, table "Events"). Other fields are optional here.
-pub fn validate(r: &TraceRecord) -> Result<(), String> {
+pub fn validate(r: &TraceRecord) -> Result<(), MissingField> {
     let need: &[(&str, bool)] = match r.event {
         EventKind::Add => &[
             ("id", r.id.is_some()),
@@ -90,10 +158,10 @@ pub fn validate(r: &TraceRecord) -> Result<(), String> {
         EventKind::Reset | EventKind::Ack | EventKind::GenChange => &[],
     };
     match need.iter().find(|(_, present)| !present) {
-        Some((field, _)) => Err(format!(
-            "`{}` record without `{field}`",
-            event_name(r.event)
-        )),
+        Some(&(field, _)) => Err(MissingField {
+            event: r.event,
+            field,
+        }),
         None => Ok(()),
     }
 }
@@ -168,26 +236,29 @@ impl Progress {
 
 /// Reads `path` line by line, calling `f` with every valid record in file
 /// order. Memory use does not depend on the file size.
-pub fn for_each_record(path: &Path, mut f: impl FnMut(&TraceRecord)) -> Result<LineStats, String> {
-    let file = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+pub fn for_each_record(
+    path: &Path,
+    mut f: impl FnMut(&TraceRecord),
+) -> Result<LineStats, ReadError> {
+    let file = File::open(path).map_err(|source| ReadError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let size = file.metadata().ok().map(|m| m.len());
     if file.metadata().is_ok_and(|m| m.is_dir()) {
-        return Err(format!(
-            "{}: is a directory, not a trace file",
-            path.display()
-        ));
+        return Err(ReadError::IsDir {
+            path: path.to_path_buf(),
+        });
     }
     let mut r = BufReader::with_capacity(1 << 16, file);
     let mut stats = LineStats::default();
     let mut progress = Progress::new(size);
     let mut buf = Vec::with_capacity(1024);
     loop {
-        let (n, too_long) = read_line(&mut r, &mut buf).map_err(|e| {
-            format!(
-                "{}: read error after line {}: {e}",
-                path.display(),
-                stats.total
-            )
+        let (n, too_long) = read_line(&mut r, &mut buf).map_err(|source| ReadError::Read {
+            path: path.to_path_buf(),
+            after_line: stats.total,
+            source,
         })?;
         if n == 0 {
             break;
@@ -206,7 +277,7 @@ pub fn for_each_record(path: &Path, mut f: impl FnMut(&TraceRecord)) -> Result<L
                         stats.records += 1;
                         f(&rec);
                     }
-                    Err(e) => stats.malformed(line, e),
+                    Err(e) => stats.malformed(line, e.to_string()),
                 },
                 Err(e) => stats.malformed(line, e.to_string()),
             }
@@ -274,5 +345,65 @@ mod tests {
         assert_eq!(read_line(&mut r, &mut buf).unwrap(), (4, false));
         assert_eq!(buf, b"last");
         assert_eq!(read_line(&mut r, &mut buf).unwrap(), (0, false));
+    }
+
+    #[test]
+    fn a_record_without_a_needed_field_names_it() {
+        let r: TraceRecord =
+            serde_json::from_str(r#"{"ts_ns":1,"event":"replace","gen":0,"id":3,"rxq":1}"#)
+                .unwrap();
+        let e = validate(&r).unwrap_err();
+        assert_eq!(
+            e,
+            MissingField {
+                event: EventKind::Replace,
+                field: "flow"
+            }
+        );
+        assert_eq!(e.to_string(), "`replace` record without `flow`");
+        let r: TraceRecord =
+            serde_json::from_str(r#"{"ts_ns":1,"event":"reset","gen":0}"#).unwrap();
+        assert_eq!(validate(&r), Ok(()));
+    }
+
+    #[test]
+    fn read_errors_name_the_file_and_what_failed() {
+        use std::error::Error as _;
+        let dir = std::env::temp_dir().join(format!("vnic-trace-reader-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("no-such-trace.jsonl");
+
+        let e = for_each_record(&missing, |_| {}).unwrap_err();
+        assert!(
+            matches!(&e, ReadError::Open { path, source }
+                if *path == missing && source.kind() == io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("{}: cannot open: ", missing.display())),
+            "{text}"
+        );
+        assert!(e.source().is_some());
+
+        let e = for_each_record(&dir, |_| {}).unwrap_err();
+        assert!(
+            matches!(&e, ReadError::IsDir { path } if *path == dir),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("{}: is a directory, not a trace file", dir.display())
+        );
+        assert!(e.source().is_none());
+
+        let e = ReadError::Read {
+            path: "t.jsonl".into(),
+            after_line: 7,
+            source: io::Error::other("disk gone"),
+        };
+        assert_eq!(e.to_string(), "t.jsonl: read error after line 7: disk gone");
+        assert!(e.source().is_some());
+        std::fs::remove_dir(&dir).unwrap();
     }
 }

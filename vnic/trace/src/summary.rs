@@ -4,13 +4,14 @@
 //! `vnic/TRACE-TOOLS.md` and only grows (fields keep their meaning).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use arfs::{DelReason, EventKind, FlowKey, OpStatus, TraceRecord};
 use serde::Serialize;
 
-use super::reader::{self, LineStats};
+use super::reader::{self, LineStats, ReadError};
 
 /// Value of [`Summary::format`].
 pub const FORMAT: &str = "vnic-trace-summary";
@@ -365,10 +366,122 @@ impl Acc {
     }
 }
 
+/// Why [`summarize`] failed: a `--module-stats` or `--final-table` file is
+/// not what it should be, or the trace cannot be read.
+#[derive(Debug)]
+pub enum SummaryError {
+    /// A `--module-stats` file cannot be read.
+    ModuleStatsRead { path: PathBuf, source: io::Error },
+    /// A `--module-stats` line (1-based) is not `name value`.
+    ModuleStatsLine {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
+    /// A `--module-stats` value is not a decimal integer.
+    ModuleStatsValue {
+        path: PathBuf,
+        line: usize,
+        name: String,
+        value: String,
+    },
+    /// A `--module-stats` file has no `steer_calls` line.
+    ModuleStatsNoSteerCalls { path: PathBuf },
+    /// The `--final-table` file cannot be read.
+    FinalTableRead { path: PathBuf, source: io::Error },
+    /// The `--final-table` file is not JSON.
+    FinalTableJson {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    /// The `--final-table` JSON has no `filters`.
+    FinalTableNoFilters { path: PathBuf },
+    /// The `--final-table` `filters` are not filters.
+    FinalTableFilters {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    /// The trace file cannot be read.
+    Trace(ReadError),
+}
+
+impl fmt::Display for SummaryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ModuleStatsRead { path, source } => {
+                write!(f, "--module-stats {}: cannot read: {source}", path.display())
+            }
+            Self::ModuleStatsLine { path, line, text } => write!(
+                f,
+                "--module-stats {}:{line}: expected `name value`, got {text:?}",
+                path.display()
+            ),
+            Self::ModuleStatsValue {
+                path,
+                line,
+                name,
+                value,
+            } => write!(
+                f,
+                "--module-stats {}:{line}: value of {name} is not a decimal integer: {value:?} \
+                 (is this the `counters` file?)",
+                path.display()
+            ),
+            Self::ModuleStatsNoSteerCalls { path } => write!(
+                f,
+                "--module-stats {}: no steer_calls line (expected the vnic_arfs debugfs `counters` file)",
+                path.display()
+            ),
+            Self::FinalTableRead { path, source } => {
+                write!(f, "--final-table {}: cannot read: {source}", path.display())
+            }
+            Self::FinalTableJson { path, source } => {
+                write!(f, "--final-table {}: not JSON: {source}", path.display())
+            }
+            Self::FinalTableNoFilters { path } => write!(
+                f,
+                "--final-table {}: no `filters` array (expected the output of `vnic ctl table`)",
+                path.display()
+            ),
+            Self::FinalTableFilters { path, source } => {
+                write!(f, "--final-table {}: bad `filters`: {source}", path.display())
+            }
+            Self::Trace(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SummaryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::ModuleStatsRead { source, .. } | Self::FinalTableRead { source, .. } => {
+                Some(source)
+            }
+            Self::FinalTableJson { source, .. } | Self::FinalTableFilters { source, .. } => {
+                Some(source)
+            }
+            // The trace's own error names the file and carries the io error.
+            Self::Trace(e) => e.source(),
+            Self::ModuleStatsLine { .. }
+            | Self::ModuleStatsValue { .. }
+            | Self::ModuleStatsNoSteerCalls { .. }
+            | Self::FinalTableNoFilters { .. } => None,
+        }
+    }
+}
+
+impl From<ReadError> for SummaryError {
+    fn from(e: ReadError) -> Self {
+        Self::Trace(e)
+    }
+}
+
 /// Reads a guest module `counters` file (debugfs, `name value` lines).
-fn read_module_stats(path: &Path, into: &mut BTreeMap<String, u64>) -> Result<(), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--module-stats {}: cannot read: {e}", path.display()))?;
+fn read_module_stats(path: &Path, into: &mut BTreeMap<String, u64>) -> Result<(), SummaryError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SummaryError::ModuleStatsRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut saw_steer = false;
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -377,29 +490,26 @@ fn read_module_stats(path: &Path, into: &mut BTreeMap<String, u64>) -> Result<()
         }
         let mut it = line.split_whitespace();
         let (Some(name), Some(value), None) = (it.next(), it.next(), it.next()) else {
-            return Err(format!(
-                "--module-stats {}:{}: expected `name value`, got {line:?}",
-                path.display(),
-                i + 1
-            ));
+            return Err(SummaryError::ModuleStatsLine {
+                path: path.to_path_buf(),
+                line: i + 1,
+                text: line.to_string(),
+            });
         };
-        let v: u64 = value.parse().map_err(|_| {
-            format!(
-                "--module-stats {}:{}: value of {name} is not a decimal integer: {value:?} \
-                 (is this the `counters` file?)",
-                path.display(),
-                i + 1
-            )
+        let v: u64 = value.parse().map_err(|_| SummaryError::ModuleStatsValue {
+            path: path.to_path_buf(),
+            line: i + 1,
+            name: name.to_string(),
+            value: value.to_string(),
         })?;
         saw_steer |= name == "steer_calls";
         let slot = into.entry(name.to_string()).or_default();
         *slot = slot.saturating_add(v);
     }
     if !saw_steer {
-        return Err(format!(
-            "--module-stats {}: no steer_calls line (expected the vnic_arfs debugfs `counters` file)",
-            path.display()
-        ));
+        return Err(SummaryError::ModuleStatsNoSteerCalls {
+            path: path.to_path_buf(),
+        });
     }
     Ok(())
 }
@@ -411,20 +521,30 @@ struct TableFilter {
 }
 
 /// Reads a `vnic ctl table` dump: the whole reply or its `table` object.
-fn read_final_table(path: &Path) -> Result<Vec<TableFilter>, String> {
-    let ctx = |e: String| format!("--final-table {}: {e}", path.display());
-    let text = std::fs::read_to_string(path).map_err(|e| ctx(format!("cannot read: {e}")))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| ctx(format!("not JSON: {e}")))?;
-    let table = v.get("table").unwrap_or(&v);
-    let filters = table.get("filters").cloned().ok_or_else(|| {
-        ctx("no `filters` array (expected the output of `vnic ctl table`)".to_string())
+fn read_final_table(path: &Path) -> Result<Vec<TableFilter>, SummaryError> {
+    let path_buf = || path.to_path_buf();
+    let text = std::fs::read_to_string(path).map_err(|source| SummaryError::FinalTableRead {
+        path: path_buf(),
+        source,
     })?;
-    serde_json::from_value(filters).map_err(|e| ctx(format!("bad `filters`: {e}")))
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| SummaryError::FinalTableJson {
+            path: path_buf(),
+            source,
+        })?;
+    let table = v.get("table").unwrap_or(&v);
+    let filters = table
+        .get("filters")
+        .cloned()
+        .ok_or_else(|| SummaryError::FinalTableNoFilters { path: path_buf() })?;
+    serde_json::from_value(filters).map_err(|source| SummaryError::FinalTableFilters {
+        path: path_buf(),
+        source,
+    })
 }
 
 /// Summarises `path`.
-pub fn summarize(path: &Path, opts: &Options) -> Result<Summary, String> {
+pub fn summarize(path: &Path, opts: &Options) -> Result<Summary, SummaryError> {
     // Read the small inputs first so that their errors come before a long read.
     let module = if opts.module_stats.is_empty() {
         None
@@ -806,5 +926,135 @@ mod tests {
         assert_eq!(units(12_100), "12.1 K");
         assert_eq!(units(644_400), "644.4 K");
         assert_eq!(units(3_500_000), "3.5 M");
+    }
+
+    #[test]
+    fn bad_inputs_are_reported_by_kind_with_the_same_text() {
+        use std::error::Error as _;
+        let dir = std::env::temp_dir().join(format!("vnic-trace-summary-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let trace = dir.join("trace.jsonl");
+        std::fs::write(&trace, "{\"ts_ns\":1,\"event\":\"reset\",\"gen\":0}\n").unwrap();
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let missing = dir.join("missing");
+        let run = |module_stats: &[&PathBuf], final_table: Option<&PathBuf>, path: &Path| {
+            summarize(
+                path,
+                &Options {
+                    module_stats: module_stats.iter().map(|p| (*p).clone()).collect(),
+                    final_table: final_table.cloned(),
+                    top: 10,
+                },
+            )
+            .unwrap_err()
+        };
+        let d = |p: &PathBuf| p.display().to_string();
+
+        let e = run(&[&missing], None, &trace);
+        assert!(matches!(&e, SummaryError::ModuleStatsRead { path, .. } if *path == missing));
+        assert!(e
+            .to_string()
+            .starts_with(&format!("--module-stats {}: cannot read: ", d(&missing))));
+        assert!(e.source().is_some());
+
+        let bad = file("line", "steer_calls 1\nsteer_calls 2 3\n");
+        let e = run(&[&bad], None, &trace);
+        assert!(
+            matches!(&e, SummaryError::ModuleStatsLine { line: 2, .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--module-stats {}:2: expected `name value`, got \"steer_calls 2 3\"",
+                d(&bad)
+            )
+        );
+
+        let bad = file("value", "steer_calls x1\n");
+        let e = run(&[&bad], None, &trace);
+        assert!(
+            matches!(&e, SummaryError::ModuleStatsValue { line: 1, name, value, .. }
+                if name == "steer_calls" && value == "x1"),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--module-stats {}:1: value of steer_calls is not a decimal integer: \"x1\" \
+                 (is this the `counters` file?)",
+                d(&bad)
+            )
+        );
+
+        let bad = file("nosteer", "adds 1\n");
+        let e = run(&[&bad], None, &trace);
+        assert!(
+            matches!(&e, SummaryError::ModuleStatsNoSteerCalls { .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--module-stats {}: no steer_calls line (expected the vnic_arfs debugfs \
+                 `counters` file)",
+                d(&bad)
+            )
+        );
+        assert!(e.source().is_none());
+
+        let e = run(&[], Some(&missing), &trace);
+        assert!(matches!(&e, SummaryError::FinalTableRead { .. }), "{e:?}");
+        assert!(e
+            .to_string()
+            .starts_with(&format!("--final-table {}: cannot read: ", d(&missing))));
+
+        let bad = file("notjson", "table?");
+        let e = run(&[], Some(&bad), &trace);
+        assert!(matches!(&e, SummaryError::FinalTableJson { .. }), "{e:?}");
+        assert!(e
+            .to_string()
+            .starts_with(&format!("--final-table {}: not JSON: ", d(&bad))));
+        assert!(e.source().is_some());
+
+        let bad = file("nofilters", r#"{"table":{"capacity":4}}"#);
+        let e = run(&[], Some(&bad), &trace);
+        assert!(
+            matches!(&e, SummaryError::FinalTableNoFilters { .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--final-table {}: no `filters` array (expected the output of `vnic ctl table`)",
+                d(&bad)
+            )
+        );
+
+        let bad = file("badfilters", r#"{"filters":[{"rxq":"one"}]}"#);
+        let e = run(&[], Some(&bad), &trace);
+        assert!(
+            matches!(&e, SummaryError::FinalTableFilters { .. }),
+            "{e:?}"
+        );
+        assert!(e
+            .to_string()
+            .starts_with(&format!("--final-table {}: bad `filters`: ", d(&bad))));
+
+        let e = run(&[], None, &missing);
+        assert!(
+            matches!(&e, SummaryError::Trace(ReadError::Open { path, .. }) if *path == missing),
+            "{e:?}"
+        );
+        assert!(e
+            .to_string()
+            .starts_with(&format!("{}: cannot open: ", d(&missing))));
+        assert!(e.source().is_some());
+
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
