@@ -1,9 +1,9 @@
 //! What the suite knows about the guest module `vnic_arfs.ko`: its name,
 //! parameters and debugfs files (aRFS/kmod/README.md).
 
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
+use vnic_ctl_proto::Stats;
 
 pub const NAME: &str = "vnic_arfs";
 pub const DEBUGFS_DIR: &str = "/sys/kernel/debug/vnic_arfs";
@@ -164,11 +164,13 @@ impl ModuleCounters {
         .join(",")
     }
 
-    /// Compare with the device's `stats` (vnic/CTL.md); returns every
-    /// disagreement. Exact equalities that hold when no management frame
+    /// Compare with the device's `stats` (vnic/CTL.md), counted since
+    /// `since` when given; returns every disagreement. Exact equalities that hold when no management frame
     /// was lost (the suite's scenarios inject no loss).
-    pub fn compare(&self, stats: &Value) -> Vec<String> {
-        let dev = |p: &str| stats.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    pub fn compare(&self, stats: &Stats, since: Option<&Stats>) -> Vec<String> {
+        // The device's count since `since` (gauges such as `live` come out
+        // right when they were 0 then).
+        let dev = |f: fn(&Stats) -> u64| f(stats).saturating_sub(since.map_or(0, f));
         let mut out = Vec::new();
         let mut eq = |what: &str, m: u64, d: u64| {
             if m != d {
@@ -180,19 +182,25 @@ impl ModuleCounters {
         eq(
             "ADD ops applied (module add_ok vs device adds+replaces)",
             self.get("add_ok"),
-            dev("/table/adds") + dev("/table/replaces"),
+            dev(|s| s.table.adds) + dev(|s| s.table.replaces),
         );
-        for r in ["expired", "idle", "flush", "unload"] {
+        let deletes: [(&str, crate::scenarios::Counter); 4] = [
+            ("expired", |s| s.table.deletes.expired),
+            ("idle", |s| s.table.deletes.idle),
+            ("flush", |s| s.table.deletes.flush),
+            ("unload", |s| s.table.deletes.unload),
+        ];
+        for (r, d) in deletes {
             eq(
                 &format!("deletes by reason {r}"),
                 self.get(&format!("deletes_{r}")),
-                dev(&format!("/table/deletes/{r}")),
+                dev(d),
             );
         }
         eq(
             "DELs of unknown ids",
             self.get("deletes_unknown_id"),
-            dev("/table/unknown_deletes"),
+            dev(|s| s.table.unknown_deletes),
         );
         let m_rej: u64 = [
             "table_full",
@@ -205,16 +213,18 @@ impl ModuleCounters {
         .iter()
         .map(|r| self.get(&format!("reject_{r}")))
         .sum();
-        let d_rej: u64 = stats
-            .pointer("/table/rejects")
-            .and_then(Value::as_object)
-            .map_or(0, |o| o.values().filter_map(Value::as_u64).sum());
+        let d_rej: u64 = dev(|s| s.table.rejects.table_full)
+            + dev(|s| s.table.rejects.bucket_full)
+            + dev(|s| s.table.rejects.bad_queue)
+            + dev(|s| s.table.rejects.bad_key)
+            + dev(|s| s.table.rejects.injected_failure)
+            + dev(|s| s.table.rejects.bad_id);
         eq("rejected ADD ops", m_rej, d_rej);
-        eq("live filters", self.get("live"), dev("/table/live"));
+        eq("live filters", self.get("live"), dev(|s| s.table.live));
         eq(
             "ACKs (module acks vs device acks_sent)",
             self.get("acks"),
-            dev("/mgmt/acks_sent"),
+            dev(|s| s.mgmt.acks_sent),
         );
         out
     }
@@ -257,15 +267,30 @@ mod tests {
         );
         f.insert("eth0/state".to_string(), "live 0\n".to_string());
         let c = ModuleCounters::parse(&f);
-        let stats = serde_json::json!({
-            "table": {"adds": 8, "replaces": 2, "deletes": {"expired": 0, "idle": 10, "flush": 0, "unload": 0},
-                      "unknown_deletes": 0, "rejects": {"table_full": 1}, "live": 0},
-            "mgmt": {"acks_sent": 12}
-        });
-        assert!(c.compare(&stats).is_empty(), "{:?}", c.compare(&stats));
-        let stats2 =
-            serde_json::json!({"table": {"adds": 9, "live": 1}, "mgmt": {"acks_sent": 12}});
-        let d = c.compare(&stats2);
+        let mut stats = Stats::default();
+        stats.table.adds = 8;
+        stats.table.replaces = 2;
+        stats.table.deletes.idle = 10;
+        stats.table.rejects.table_full = 1;
+        stats.mgmt.acks_sent = 12;
+        assert!(
+            c.compare(&stats, None).is_empty(),
+            "{:?}",
+            c.compare(&stats, None)
+        );
+        // Since an earlier look: the same counts on top of it.
+        let mut base = Stats::default();
+        base.table.adds = 100;
+        base.mgmt.acks_sent = 7;
+        let mut later = stats.clone();
+        later.table.adds += 100;
+        later.mgmt.acks_sent += 7;
+        assert!(c.compare(&later, Some(&base)).is_empty());
+        let mut stats2 = Stats::default();
+        stats2.table.adds = 9;
+        stats2.table.live = 1;
+        stats2.mgmt.acks_sent = 12;
+        let d = c.compare(&stats2, None);
         assert!(d.iter().any(|m| m.contains("ADD ops")), "{d:?}");
         assert!(d.iter().any(|m| m.contains("live")), "{d:?}");
     }

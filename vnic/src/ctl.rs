@@ -1,18 +1,17 @@
 //! The control protocol (newline-delimited JSON over a unix stream socket,
-//! documented in `vnic/CTL.md`): request handling for the daemon and a
-//! small client.
+//! documented in `vnic/CTL.md`, typed in the `vnic-ctl-proto` crate):
+//! request handling for the daemon, replies built from `mgmt::Snapshot`
+//! after the lock is released. The socket itself is `ctlsock.rs`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
+use vnic_ctl_proto::{self as wire, GenOp, Reply, Request, RequestError};
 
-use arfs::proto::FrameError;
+use arfs::proto::{DelReason, FrameError, OpStatus};
 
 use crate::clock::now_ns;
 use crate::config::{rate_threshold, threshold_rate, Knob, PeerKind, RATE_ONE};
@@ -20,71 +19,34 @@ use crate::conn::Conn;
 use crate::daemon::Shared;
 use crate::mgmt::Snapshot;
 use crate::peer::flows::{FlowSet, FlowSpec, MAX_FLOWS_TOTAL, MAX_SETS};
-use crate::virtq::watchdog::RingView;
+use crate::virtq::watchdog::{RingView, Seen};
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Req {
-    cmd: String,
-    #[serde(default)]
-    key: Option<String>,
-    #[serde(default)]
-    value: Option<Value>,
-    #[serde(default)]
-    op: Option<String>,
-    #[serde(default)]
-    id: Option<u32>,
-    #[serde(default)]
-    flow: Option<FlowSpec>,
+/// An error reply.
+pub(crate) fn err(msg: impl Into<String>) -> Value {
+    to_value(&Reply::error(msg))
 }
 
-fn err(msg: impl Into<String>) -> Value {
-    json!({"ok": false, "error": msg.into()})
+/// An `ok` reply with `body`'s fields.
+fn ok<T: Serialize>(body: T) -> Value {
+    to_value(&Reply::ok(body))
 }
 
-/// The request object of a line.
-fn parse(line: &str) -> Result<Req, String> {
-    serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))
+/// A reply as a JSON value: serde_json's maps sort their keys, so the
+/// bytes on the wire are those of the replies `json!` built before the
+/// protocol had types (tests `*_are_pinned`).
+fn to_value<T: Serialize>(r: &T) -> Value {
+    serde_json::to_value(r).unwrap_or_else(|e| {
+        // (An error reply of a string always encodes.)
+        serde_json::to_value(Reply::error(format!("cannot encode the reply: {e}")))
+            .unwrap_or(Value::Null)
+    })
 }
 
 /// `set`'s key, its value as text and the knob they name.
-fn set_args(key: Option<String>, value: Option<Value>) -> Result<(String, String, Knob), String> {
-    let Some(key) = key else {
-        return Err("set needs \"key\"".into());
-    };
-    let value = match value {
-        Some(Value::String(s)) => s,
-        Some(Value::Number(n)) => n.to_string(),
-        _ => return Err("set needs \"value\" (string or number)".into()),
-    };
-    let knob = Knob::parse(&key, &value).map_err(|e| e.to_string())?;
-    Ok((key, value, knob))
-}
-
-/// A `gen` request's op.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum GenOp {
-    List,
-    Start,
-    Set,
-    Pause,
-    Resume,
-    Stop,
-}
-
-fn gen_op(op: Option<&str>) -> Result<GenOp, String> {
-    match op {
-        Some("list") => Ok(GenOp::List),
-        Some("start") => Ok(GenOp::Start),
-        Some("set") => Ok(GenOp::Set),
-        Some("pause") => Ok(GenOp::Pause),
-        Some("resume") => Ok(GenOp::Resume),
-        Some("stop") => Ok(GenOp::Stop),
-        Some(o) => Err(format!(
-            "unknown gen op {o:?}: expected start, set, pause, resume, stop or list"
-        )),
-        None => Err("gen needs \"op\"".into()),
-    }
+fn set_args(key: &str, value: &wire::SetValue) -> Result<(String, Knob), String> {
+    let value = value.as_text();
+    let knob = Knob::parse(key, &value).map_err(|e| e.to_string())?;
+    Ok((value, knob))
 }
 
 /// Checks one request line as far as that needs no daemon: the JSON
@@ -94,69 +56,62 @@ fn gen_op(op: Option<&str>) -> Result<GenOp, String> {
 /// functions); this is the fuzz target's entry (crate `arfs-fuzz`).
 /// Returns the command name.
 pub fn check_request(line: &str) -> Result<String, String> {
-    let req = parse(line)?;
-    match req.cmd.as_str() {
-        "stats" | "trace_flush" | "table" | "knobs" => {}
-        "set" => {
-            set_args(req.key, req.value)?;
+    let req = Request::from_line(line).map_err(|e| e.to_string())?;
+    match &req {
+        Request::Stats | Request::TraceFlush | Request::Table | Request::Knobs => {}
+        Request::Set { key, value } => {
+            set_args(key, value)?;
         }
-        "gen" => {
-            let op = gen_op(req.op.as_deref())?;
-            if matches!(op, GenOp::Set) && req.id.is_none() {
-                return Err("gen set needs \"id\"".into());
-            }
+        Request::Gen { op, id, flow } => {
             if matches!(op, GenOp::Start | GenOp::Set) {
                 // `vnic serve`'s default --gen-ip and --guest-ip.
                 FlowSet::new(
-                    req.id.unwrap_or(1),
-                    req.flow.unwrap_or_default(),
+                    id.unwrap_or(1),
+                    flow.clone().unwrap_or_default(),
                     std::net::Ipv4Addr::new(10, 0, 2, 1),
                     std::net::Ipv4Addr::new(10, 0, 2, 15),
                     4,
                 )
-                .map_err(|e| {
-                    let op = if matches!(op, GenOp::Set) {
-                        "set"
-                    } else {
-                        "start"
-                    };
-                    format!("gen {op}: {e}")
-                })?;
+                .map_err(|e| format!("gen {}: {e}", op.name()))?;
             }
         }
-        other => {
-            return Err(format!(
-                "unknown command {other:?}: expected stats, table, knobs, set or gen"
-            ))
-        }
     }
-    Ok(req.cmd)
+    Ok(req.cmd().to_string())
 }
 
 /// Answers one request line.
-pub fn handle_line(sh: &Shared, line: &str) -> Value {
-    let req = match parse(line) {
+pub(crate) fn handle_line(sh: &Shared, line: &str) -> Value {
+    let req = match Request::from_line(line) {
         Ok(r) => r,
-        Err(e) => return err(e),
+        // A gen request is refused for want of the gen peer before its
+        // own faults are looked at.
+        Err(e) if e.is_gen() && sh.cfg.peer != PeerKind::Gen => {
+            return err("gen commands need --peer gen")
+        }
+        Err(e) => return err(e.to_string()),
     };
-    match req.cmd.as_str() {
-        "stats" => json!({"ok": true, "stats": stats_json(sh)}),
+    match req {
+        Request::Stats => ok(wire::StatsReply { stats: stats(sh) }),
         // Everything traced before this request is in the file when the
         // reply comes (the writer otherwise flushes when idle for 50 ms).
-        "trace_flush" => {
+        Request::TraceFlush => {
             if sh.tracer.flush(Duration::from_secs(5)) {
-                json!({"ok": true})
+                ok(wire::Empty {})
             } else {
                 err("the trace writer did not flush within 5 s")
             }
         }
-        "table" => {
+        Request::Table => {
             let snap = sh.lock_mgmt().snapshot(true);
-            json!({"ok": true, "table": table_json(sh, &snap)})
+            ok(wire::TableReply {
+                table: table(sh, &snap),
+            })
         }
-        "knobs" => json!({"ok": true, "knobs": knobs_json(sh, &sh.lock_mgmt().snapshot(false))}),
-        "set" => {
-            let (key, value, knob) = match set_args(req.key, req.value) {
+        Request::Knobs => ok(wire::KnobsReply {
+            knobs: knobs(sh, &sh.lock_mgmt().snapshot(false)),
+        }),
+        Request::Set { key, value } => {
+            let (value, knob) = match set_args(&key, &value) {
                 Ok(a) => a,
                 Err(e) => return err(e),
             };
@@ -178,26 +133,21 @@ pub fn handle_line(sh: &Shared, line: &str) -> Value {
             match r {
                 Ok(snap) => {
                     log::info!("knob {key} = {value}");
-                    json!({"ok": true, "knobs": knobs_json(sh, &snap)})
+                    ok(wire::KnobsReply {
+                        knobs: knobs(sh, &snap),
+                    })
                 }
                 Err(e) => err(format!("{key}: {e}")),
             }
         }
-        "gen" => gen_cmd(sh, req.op.as_deref(), req.id, req.flow),
-        other => err(format!(
-            "unknown command {other:?}: expected stats, table, knobs, set or gen"
-        )),
+        Request::Gen { op, id, flow } => gen_cmd(sh, op, id, flow),
     }
 }
 
-fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec>) -> Value {
+fn gen_cmd(sh: &Shared, op: GenOp, id: Option<u32>, flow: Option<FlowSpec>) -> Value {
     if sh.cfg.peer != PeerKind::Gen {
         return err("gen commands need --peer gen");
     }
-    let op = match gen_op(op) {
-        Ok(op) => op,
-        Err(e) => return err(e),
-    };
     let g = &sh.gen;
     let reply = {
         let mut sets = g
@@ -206,7 +156,9 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match op {
             GenOp::List => {
-                return json!({"ok": true, "flows": sets.1.iter().map(|s| s.to_json()).collect::<Vec<_>>()})
+                return ok(wire::GenList {
+                    flows: sets.1.iter().map(|s| s.to_wire()).collect(),
+                })
             }
             GenOp::Start => {
                 let spec = flow.unwrap_or_default();
@@ -228,14 +180,14 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                     Ok(s) => {
                         sets.0 = nid;
                         sets.1.push(Arc::new(s));
-                        json!({"ok": true, "id": nid})
+                        ok(wire::GenStarted { id: nid })
                     }
                     Err(e) => return err(format!("gen start: {e}")),
                 }
             }
             GenOp::Set => {
                 let Some(id) = id else {
-                    return err("gen set needs \"id\"");
+                    return err(RequestError::GenSetNeedsId.to_string());
                 };
                 let Some(pos) = sets.1.iter().position(|s| s.id == id) else {
                     return err(format!("gen set: no flow set {id}"));
@@ -259,9 +211,9 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                     Ok(s) => {
                         sets.1[pos].stopped.store(true, Ordering::Relaxed);
                         let s = Arc::new(s);
-                        let v = s.to_json();
+                        let flow = s.to_wire();
                         sets.1[pos] = s;
-                        json!({"ok": true, "flow": v})
+                        ok(wire::GenChanged { flow })
                     }
                     Err(e) => return err(format!("gen set: {e}")),
                 }
@@ -271,16 +223,19 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                 // keeps its sequence numbers: resumed, it goes on where it
                 // stopped.
                 let pause = op == GenOp::Pause;
-                let name = if pause { "pause" } else { "resume" };
                 let mut done = Vec::new();
                 for s in sets.1.iter().filter(|s| id.is_none_or(|i| i == s.id)) {
                     s.stopped.store(pause, Ordering::Relaxed);
                     done.push(s.id);
                 }
                 if let (Some(id), true) = (id, done.is_empty()) {
-                    return err(format!("gen {name}: no flow set {id}"));
+                    return err(format!("gen {}: no flow set {id}", op.name()));
                 }
-                json!({"ok": true, name: done})
+                if pause {
+                    ok(wire::GenPaused { pause: done })
+                } else {
+                    ok(wire::GenResumed { resume: done })
+                }
             }
             GenOp::Stop => {
                 let stopped: Vec<u32> = match id {
@@ -301,7 +256,7 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
                         })
                         .collect(),
                 };
-                json!({"ok": true, "stopped": stopped})
+                ok(wire::GenStopped { stopped })
             }
         }
     };
@@ -313,7 +268,7 @@ fn gen_cmd(sh: &Shared, op: Option<&str>, id: Option<u32>, flow: Option<FlowSpec
 }
 
 /// The `stats` object (shape in CTL.md).
-pub fn stats_json(sh: &Shared) -> Value {
+pub(crate) fn stats(sh: &Shared) -> wire::Stats {
     let (conn, snap) = {
         let m = sh.lock_mgmt();
         (m.conn(), m.snapshot(false))
@@ -322,189 +277,219 @@ pub fn stats_json(sh: &Shared) -> Value {
         PeerKind::Gen => "gen".to_string(),
         PeerKind::Tap(n) => format!("tap:{n}"),
     };
-    json!({
-        "generation": sh.generation(),
-        "uptime_s": sh.start.elapsed().as_secs_f64(),
-        "connected": sh.connected.load(Ordering::Relaxed),
-        "connections": sh.connections.load(Ordering::Relaxed),
-        "queue_pairs": sh.cfg.queues,
+    wire::Stats {
+        generation: sh.generation(),
+        uptime_s: sh.start.elapsed().as_secs_f64(),
+        connected: sh.connected.load(Ordering::Relaxed),
+        connections: sh.connections.load(Ordering::Relaxed),
+        queue_pairs: sh.cfg.queues,
         // Pairs RSS spreads over, CAPS reports and ops are checked against.
-        "enabled_pairs": conn.as_ref().map_or(0, |c| c.pairs.count()),
-        "queues": sh.stats.queues.iter().enumerate().map(|(i, q)| q.to_json(i)).collect::<Vec<_>>(),
-        "mgmt": mgmt_json(sh, &snap),
-        "table": table_stats_json(&snap),
-        "peer": sh.stats.peer.to_json(&kind),
-        "trace": sh.tracer.to_json(),
-        "ctl": sh.stats.ctl.to_json(),
-        "rings": conn.as_ref().map_or(Value::Null, |c| rings_json(c)),
-    })
+        enabled_pairs: conn.as_ref().map_or(0, |c| c.pairs.count()),
+        queues: sh
+            .stats
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| q.to_wire(i))
+            .collect(),
+        mgmt: mgmt(sh, &snap),
+        table: table_stats(&snap),
+        peer: sh.stats.peer.to_wire(kind),
+        trace: sh.tracer.to_wire(),
+        ctl: sh.stats.ctl.to_wire(),
+        rings: conn.as_ref().map(|c| rings(c)),
+    }
 }
 
 /// The rings as the connection's last 50 ms look saw them (see CTL.md):
 /// where a stuck queue shows.
-fn rings_json(c: &Conn) -> Value {
-    let seen = c.watchdog.seen();
-    let ring = |r: &RingView| {
-        json!({
-            "enabled": r.enabled,
-            "ready": r.ready,
-            "event_idx": r.event_idx,
-            "avail": r.avail,
-            "next_avail": r.next_avail,
-            "next_used": r.next_used,
-            "used_event": r.used_event,
-            "nudged": r.nudged,
-        })
+fn rings(c: &Conn) -> wire::Rings {
+    rings_seen(
+        &c.watchdog.seen(),
+        c.watchdog.nudges.load(Ordering::Relaxed),
+        now_ns(),
+    )
+}
+
+fn rings_seen(seen: &Seen, nudges: u64, now: u64) -> wire::Rings {
+    let ring = |r: &RingView| wire::Ring {
+        enabled: r.enabled,
+        ready: r.ready,
+        event_idx: r.event_idx,
+        avail: r.avail,
+        next_avail: r.next_avail,
+        next_used: r.next_used,
+        used_event: r.used_event,
+        nudged: r.nudged,
     };
-    json!({
-        "age_ms": (seen.at_ns > 0).then(|| now_ns().saturating_sub(seen.at_ns) / 1_000_000),
-        "watchdog_nudges": c.watchdog.nudges.load(Ordering::Relaxed),
-        "pairs": seen.rings.iter().map(|p| p.as_ref().map_or(Value::Null, |[rx, tx]| {
-            json!({"rx": ring(rx), "tx": ring(tx)})
-        })).collect::<Vec<_>>(),
-    })
-}
-
-fn knobs_json(sh: &Shared, s: &Snapshot) -> Value {
-    let c = &s.table;
-    json!({
-        "misroute": sh.faults.misroute.load(Ordering::Relaxed) == RATE_ONE,
-        "misroute_rate": threshold_rate(sh.faults.misroute.load(Ordering::Relaxed)),
-        "drop_rate": threshold_rate(sh.faults.drop.load(Ordering::Relaxed)),
-        "corrupt_rate": threshold_rate(sh.faults.corrupt.load(Ordering::Relaxed)),
-        "bad_csum_rate": threshold_rate(sh.faults.bad_csum.load(Ordering::Relaxed)),
-        "rogue_responder": s.rogue,
-        "add_fail_rate": c.add_fail_rate,
-        "mgmt_loss_rate": c.mgmt_loss_rate,
-        "program_latency_us": c.latency_ns as f64 / 1000.0,
-        "capacity": c.capacity,
-        "buckets": c.buckets.map_or(0, |b| b.0),
-        "ways": c.buckets.map_or(0, |b| b.1),
-        "max_ops": s.max_ops,
-    })
-}
-
-fn mgmt_json(sh: &Shared, s: &Snapshot) -> Value {
-    let c = &s.counters;
-    let mut bad = serde_json::Map::new();
-    let mut bad_total = 0;
-    for code in 1..=10u8 {
-        if let Some(k) = FrameError::from_code(code) {
-            bad.insert(k.name().to_string(), json!(c.bad[usize::from(code)]));
-            bad_total += c.bad[usize::from(code)];
-        }
+    wire::Rings {
+        age_ms: (seen.at_ns > 0).then(|| now.saturating_sub(seen.at_ns) / 1_000_000),
+        watchdog_nudges: nudges,
+        pairs: seen
+            .rings
+            .iter()
+            .map(|p| {
+                p.as_ref().map(|[rx, tx]| wire::RingPair {
+                    rx: ring(rx),
+                    tx: ring(tx),
+                })
+            })
+            .collect(),
     }
-    json!({
-        "frames_rx": c.frames_rx,
-        "frames_ok": c.frames_ok,
-        "frames_bad_total": bad_total,
-        "frames_bad": bad,
-        "acks_sent": c.acks_sent,
-        "caps_sent": c.caps_sent,
-        "rogue_sent": c.rogue_sent,
-        "dst": {
-            "hello_to_group": c.dst.hello_to_group,
-            "to_device": c.dst.to_device,
-            "to_broadcast": c.dst.to_broadcast,
-            "to_other": c.dst.to_other,
+}
+
+fn knobs(sh: &Shared, s: &Snapshot) -> wire::Knobs {
+    let c = &s.table;
+    wire::Knobs {
+        misroute: sh.faults.misroute.load(Ordering::Relaxed) == RATE_ONE,
+        misroute_rate: threshold_rate(sh.faults.misroute.load(Ordering::Relaxed)),
+        drop_rate: threshold_rate(sh.faults.drop.load(Ordering::Relaxed)),
+        corrupt_rate: threshold_rate(sh.faults.corrupt.load(Ordering::Relaxed)),
+        bad_csum_rate: threshold_rate(sh.faults.bad_csum.load(Ordering::Relaxed)),
+        rogue_responder: s.rogue,
+        add_fail_rate: c.add_fail_rate,
+        mgmt_loss_rate: c.mgmt_loss_rate,
+        program_latency_us: c.latency_ns as f64 / 1000.0,
+        capacity: c.capacity,
+        buckets: c.buckets.map_or(0, |b| b.0),
+        ways: c.buckets.map_or(0, |b| b.1),
+        max_ops: s.max_ops,
+    }
+}
+
+fn mgmt(sh: &Shared, s: &Snapshot) -> wire::MgmtStats {
+    let c = &s.counters;
+    let bad = |e: FrameError| c.bad[usize::from(e.code())];
+    let frames_bad = wire::FramesBad {
+        too_short: bad(FrameError::TooShort),
+        bad_magic: bad(FrameError::BadMagic),
+        bad_version: bad(FrameError::BadVersion),
+        unknown_type: bad(FrameError::UnknownType),
+        wrong_direction: bad(FrameError::WrongDirection),
+        bad_length: bad(FrameError::BadLength),
+        too_many_ops: bad(FrameError::TooManyOps),
+        bad_reason: bad(FrameError::BadReason),
+        reserved_nonzero: bad(FrameError::ReservedNonzero),
+        bad_count: bad(FrameError::BadCount),
+    };
+    wire::MgmtStats {
+        frames_rx: c.frames_rx,
+        frames_ok: c.frames_ok,
+        frames_bad_total: FrameError::ALL.iter().map(|&e| bad(e)).sum(),
+        frames_bad,
+        acks_sent: c.acks_sent,
+        caps_sent: c.caps_sent,
+        rogue_sent: c.rogue_sent,
+        dst: wire::MgmtDst {
+            hello_to_group: c.dst.hello_to_group,
+            to_device: c.dst.to_device,
+            to_broadcast: c.dst.to_broadcast,
+            to_other: c.dst.to_other,
         },
-        "naks_sent": c.naks_sent,
-        "dropped_by_loss": c.dropped_by_loss,
-        "replies_dropped_by_loss": c.replies_dropped_by_loss,
-        "replies_dropped_no_buffers": sh.stats.replies_dropped_no_buffers.get(),
-        "out_of_order": c.out_of_order,
-        "duplicates": c.duplicates,
-        "duplicate_reacks": c.duplicate_reacks,
-        "pending_requests": s.pending,
-        "expected_seq": s.expected_seq,
-    })
+        naks_sent: c.naks_sent,
+        dropped_by_loss: c.dropped_by_loss,
+        replies_dropped_by_loss: c.replies_dropped_by_loss,
+        replies_dropped_no_buffers: sh.stats.replies_dropped_no_buffers.get(),
+        out_of_order: c.out_of_order,
+        duplicates: c.duplicates,
+        duplicate_reacks: c.duplicate_reacks,
+        pending_requests: s.pending as u64,
+        expected_seq: s.expected_seq,
+    }
 }
 
 /// The table's counters. Not its lookup counters: the workers look flows
 /// up in their replicas and count hits their own way (per filter,
 /// `Hits`; per queue, `rx_filter` / `rx_rss`), so the table's would only
 /// ever say 0.
-fn table_stats_json(s: &Snapshot) -> Value {
-    let mut v = serde_json::to_value(s.table_counters).unwrap_or(Value::Null);
-    if let Value::Object(m) = &mut v {
-        m.remove("lookup_hits");
-        m.remove("lookup_misses");
-        m.insert("live".into(), json!(s.live));
-        m.insert("capacity".into(), json!(s.capacity));
-        m.insert(
-            "generation_changes".into(),
-            json!(s.counters.generation_changes),
-        );
-    }
-    v
-}
-
-fn table_json(sh: &Shared, s: &Snapshot) -> Value {
-    let filters: Vec<Value> = s
-        .filters
-        .iter()
-        .map(|(e, hits)| json!({"id": e.id, "rxq": e.rxq, "flow": e.flow, "hits": hits, "installed_ns": e.installed_ns, "bucket": e.bucket}))
-        .collect();
-    json!({
-        "generation": sh.generation(),
-        "live": s.live,
-        "capacity": s.capacity,
-        "filters": filters,
-    })
-}
-
-/// Sends one request and returns the reply.
-pub fn request(path: &Path, req: &Value) -> Result<Value, CtlError> {
-    let io = |source| CtlError::Io {
-        path: path.to_path_buf(),
-        source,
+fn table_stats(s: &Snapshot) -> wire::TableStats {
+    let t = &s.table_counters;
+    let del = |r: DelReason| t.deletes.get(r);
+    let rej = |st: OpStatus| match st {
+        OpStatus::TableFull => t.rejects.table_full,
+        OpStatus::BucketFull => t.rejects.bucket_full,
+        OpStatus::BadQueue => t.rejects.bad_queue,
+        OpStatus::BadKey => t.rejects.bad_key,
+        OpStatus::InjectedFailure => t.rejects.injected_failure,
+        OpStatus::BadId => t.rejects.bad_id,
+        OpStatus::Ok | OpStatus::UnknownId => 0,
     };
-    let mut s = UnixStream::connect(path).map_err(|source| CtlError::Connect {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-    let mut line = req.to_string();
-    line.push('\n');
-    // A daemon that refuses the client (too many clients, another uid)
-    // writes its reason and closes, maybe before the request is written:
-    // read what it said even when the write failed.
-    let wrote = s.write_all(line.as_bytes());
-    let mut r = BufReader::new(s);
-    let mut out = String::new();
-    let read = r.read_line(&mut out);
-    if out.is_empty() {
-        wrote.map_err(io)?;
-        read.map_err(io)?;
-        return Err(CtlError::Closed(path.to_path_buf()));
+    wire::TableStats {
+        live: s.live as u64,
+        capacity: s.capacity,
+        adds: t.adds,
+        replaces: t.replaces,
+        unchanged: t.unchanged,
+        deletes: wire::Deletes {
+            expired: del(DelReason::Expired),
+            idle: del(DelReason::Idle),
+            replaced: del(DelReason::Replaced),
+            flush: del(DelReason::Flush),
+            unload: del(DelReason::Unload),
+            aged: del(DelReason::Aged),
+        },
+        rejects: wire::Rejects {
+            table_full: rej(OpStatus::TableFull),
+            bucket_full: rej(OpStatus::BucketFull),
+            bad_queue: rej(OpStatus::BadQueue),
+            bad_key: rej(OpStatus::BadKey),
+            injected_failure: rej(OpStatus::InjectedFailure),
+            bad_id: rej(OpStatus::BadId),
+        },
+        unknown_deletes: t.unknown_deletes,
+        flushes: t.flushes,
+        resets: t.resets,
+        requests: t.requests,
+        generation_changes: s.counters.generation_changes,
     }
-    Ok(serde_json::from_str(&out)?)
 }
 
-/// Why `vnic ctl` got no answer.
-#[derive(Debug, thiserror::Error)]
-pub enum CtlError {
-    #[error("--ctl {}: cannot connect: {source}", path.display())]
-    Connect {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("--ctl {}: {source}", path.display())]
-    Io {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("--ctl {}: connection closed without a reply", .0.display())]
-    Closed(std::path::PathBuf),
-    #[error("bad reply: {0}")]
-    BadReply(#[from] serde_json::Error),
-    #[error("{0}")]
-    Refused(String),
+/// A filter's flow as the protocol carries it.
+fn flow(k: &arfs::FlowKey) -> wire::Flow {
+    wire::Flow {
+        family: match k.family() {
+            arfs::IpFamily::Ipv4 => wire::Family::Ipv4,
+            arfs::IpFamily::Ipv6 => wire::Family::Ipv6,
+        },
+        proto: match k.proto() {
+            arfs::L4Proto::Tcp => wire::L4::Tcp,
+            arfs::L4Proto::Udp => wire::L4::Udp,
+        },
+        src: k.src_ip(),
+        dst: k.dst_ip(),
+        sport: k.src_port(),
+        dport: k.dst_port(),
+    }
+}
+
+fn table(sh: &Shared, s: &Snapshot) -> wire::Table {
+    wire::Table {
+        generation: sh.generation(),
+        live: s.live as u64,
+        capacity: s.capacity,
+        filters: s
+            .filters
+            .iter()
+            .map(|(e, hits)| wire::Filter {
+                id: e.id,
+                rxq: e.rxq,
+                hits: *hits,
+                installed_ns: e.installed_ns,
+                bucket: e.bucket,
+                flow: flow(&e.flow),
+            })
+            .collect(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::check_request;
+    use serde::Serialize;
+    use serde_json::Value;
+    use vnic_ctl_proto::{self as wire, GenOp, Reply, Request};
+
+    use arfs::proto::{DelReason, FrameError, OpStatus};
 
     #[test]
     fn check_request_takes_what_the_daemon_takes_and_says_why_not() {
@@ -556,7 +541,7 @@ mod tests {
         sh.lock_mgmt().reset(Some(conn.clone()), "connect");
         let views = |sh: &crate::daemon::Shared| {
             (
-                super::stats_json(sh)["enabled_pairs"].as_u64().unwrap(),
+                u64::from(super::stats(sh).enabled_pairs),
                 u64::from(sh.lock_mgmt().enabled_pairs()),
             )
         };
@@ -573,17 +558,24 @@ mod tests {
 
     /// The daemon's state of `vnic serve --queues 2` (no socket, no tap).
     fn shared() -> std::sync::Arc<crate::daemon::Shared> {
+        shared_with(&[])
+    }
+
+    /// The same with more `vnic serve` arguments.
+    fn shared_with(extra: &[&str]) -> std::sync::Arc<crate::daemon::Shared> {
         use clap::Parser;
-        let crate::cli::Command::Serve(a) = crate::cli::Cli::try_parse_from([
+        let args = [
             "vnic",
             "serve",
             "--socket",
             "/nonexistent/vnic.sock",
             "--queues",
             "2",
-        ])
-        .unwrap()
-        .command
+        ];
+        let crate::cli::Command::Serve(a) =
+            crate::cli::Cli::try_parse_from(args.iter().chain(extra))
+                .unwrap()
+                .command
         else {
             panic!()
         };
@@ -594,7 +586,7 @@ mod tests {
     /// table lookup counters that nothing feeds.
     #[test]
     fn stats_table_has_no_dead_lookup_counters() {
-        let s = super::stats_json(&shared());
+        let s = serde_json::to_value(super::stats(&shared())).unwrap();
         let t = s["table"].as_object().unwrap();
         assert!(
             t.contains_key("requests") && t.contains_key("live"),
@@ -602,5 +594,481 @@ mod tests {
         );
         assert!(!t.contains_key("lookup_hits"), "{t:?}");
         assert!(!t.contains_key("lookup_misses"), "{t:?}");
+    }
+
+    // ---- The wire format, pinned ----
+    //
+    // The replies of a daemon state with a distinct value in every counter,
+    // compared key for key (and value type for value type) with the files
+    // in `vnic/tests/ctl-wire/`. Those files were written by the daemon
+    // that built its replies with `json!` (before `vnic-ctl-proto`), with
+    // `VNIC_CTL_WIRE_BLESS=1`; they are not to be rewritten for a change
+    // that claims to keep the wire.
+
+    fn render_stats(sh: &crate::daemon::Shared) -> serde_json::Value {
+        serde_json::to_value(super::stats(sh)).unwrap()
+    }
+
+    fn render_mgmt(sh: &crate::daemon::Shared, s: &crate::mgmt::Snapshot) -> serde_json::Value {
+        serde_json::to_value(super::mgmt(sh, s)).unwrap()
+    }
+
+    fn render_table_stats(s: &crate::mgmt::Snapshot) -> serde_json::Value {
+        serde_json::to_value(super::table_stats(s)).unwrap()
+    }
+
+    fn render_knobs(sh: &crate::daemon::Shared, s: &crate::mgmt::Snapshot) -> serde_json::Value {
+        serde_json::to_value(super::knobs(sh, s)).unwrap()
+    }
+
+    fn render_table(sh: &crate::daemon::Shared, s: &crate::mgmt::Snapshot) -> serde_json::Value {
+        serde_json::to_value(super::table(sh, s)).unwrap()
+    }
+
+    fn render_rings(
+        seen: &crate::virtq::watchdog::Seen,
+        nudges: u64,
+        now: u64,
+    ) -> serde_json::Value {
+        serde_json::to_value(super::rings_seen(seen, nudges, now)).unwrap()
+    }
+
+    /// Zeroes what changes from run to run (`generation`, `uptime_s`).
+    fn steady(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m.iter_mut() {
+                    if k == "generation" || k == "uptime_s" {
+                        *x = serde_json::json!(0);
+                    } else {
+                        steady(x);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(steady),
+            _ => {}
+        }
+    }
+
+    fn pinned(name: &str, mut actual: serde_json::Value) {
+        steady(&mut actual);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/ctl-wire")
+            .join(format!("{name}.json"));
+        if std::env::var_os("VNIC_CTL_WIRE_BLESS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let mut text = serde_json::to_string_pretty(&actual).unwrap();
+            text.push('\n');
+            std::fs::write(&path, text).unwrap();
+            return;
+        }
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let want: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            actual, want,
+            "{name}: the reply changed on the wire\n got: {actual:#}\nwant: {want:#}"
+        );
+        // Same bytes on the wire too (serde_json's maps sort their keys).
+        assert_eq!(actual.to_string(), want.to_string(), "{name}");
+    }
+
+    /// Shared of `vnic serve --queues 2` with a distinct value in every
+    /// counter `stats` shows.
+    fn counted() -> std::sync::Arc<crate::daemon::Shared> {
+        use crate::stats::BadTx;
+        use std::sync::atomic::Ordering::Relaxed;
+        let sh = shared();
+        let mut n = 100u64;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        for q in 0..2 {
+            let owner = sh.stats.claim(q);
+            let w = owner.writer();
+            w.add(|q| &q.rx_packets, next());
+            w.add(|q| &q.rx_bytes, next());
+            w.add(|q| &q.rx_drops_too_big, next());
+            w.add(|q| &q.rx_filter, next());
+            w.add(|q| &q.rx_rss, next());
+            w.add(|q| &q.tx_packets, next());
+            w.add(|q| &q.tx_bytes, next());
+            w.add(|q| &q.rx_bad_chains, next());
+            for (i, r) in BadTx::ALL.iter().enumerate() {
+                for _ in 0..=(i + q) {
+                    w.count_bad_tx(*r);
+                }
+            }
+            let qs = &sh.stats.queues[q];
+            qs.rx_drops_no_buffers.add(next());
+            qs.rx_drops_ring_full.add(next());
+            qs.rx_drops_disabled.add(next());
+            qs.tx_drops.add(next());
+            for c in qs.rx_stops.iter().chain(&qs.tx_stops) {
+                c.add(next());
+            }
+            qs.rx_stopped.store(u64::from(q == 0), Relaxed);
+            qs.tx_stopped.store(if q == 0 { 0 } else { 2 }, Relaxed);
+        }
+        let p = &sh.stats.peer;
+        for c in [
+            &p.spoofed_mgmt_dropped,
+            &p.unparsable,
+            &p.misrouted,
+            &p.fault_dropped,
+            &p.fault_corrupted,
+            &p.fault_bad_csum,
+            &p.gen_sent,
+            &p.sink_packets,
+            &p.sink_bytes,
+            &p.arp_replies,
+            &p.icmp_echo_replies,
+            &p.nd_replies,
+            &p.tap_tx,
+            &p.tap_rx,
+            &p.tap_tx_errors,
+        ] {
+            c.add(next());
+        }
+        p.rtt.record(1_000, 1_500);
+        p.rtt.record(1_000, 9_000);
+        p.rtt.record(1_000, 9_100);
+        p.rtt.record(2_000, 1_000);
+        sh.stats.replies_dropped_no_buffers.add(next());
+        let c = &sh.stats.ctl;
+        for a in [&c.clients, &c.refused, &c.dropped_slow, &c.lines_too_long] {
+            a.store(next(), Relaxed);
+        }
+        sh.connections.store(next(), Relaxed);
+        sh.connected.store(true, Relaxed);
+        {
+            let mut m = sh.lock_mgmt();
+            m.c = mgmt_counters(&mut next);
+        }
+        sh
+    }
+
+    fn mgmt_counters(next: &mut impl FnMut() -> u64) -> crate::mgmt::MgmtCounters {
+        let mut c = crate::mgmt::MgmtCounters::default();
+        for b in &mut c.bad {
+            *b = next();
+        }
+        c.frames_rx = next();
+        c.frames_ok = next();
+        c.acks_sent = next();
+        c.caps_sent = next();
+        c.rogue_sent = next();
+        c.dst.hello_to_group = next();
+        c.dst.to_device = next();
+        c.dst.to_broadcast = next();
+        c.dst.to_other = next();
+        c.naks_sent = next();
+        c.dropped_by_loss = next();
+        c.replies_dropped_by_loss = next();
+        c.out_of_order = next();
+        c.duplicates = next();
+        c.duplicate_reacks = next();
+        c.generation_changes = next();
+        c
+    }
+
+    /// A snapshot with a distinct value everywhere, two filters.
+    fn snapshot() -> crate::mgmt::Snapshot {
+        let mut n = 500u64;
+        let mut next = || {
+            n += 1;
+            n
+        };
+        let mut t = arfs::table::Counters::default();
+        for c in [
+            &mut t.adds,
+            &mut t.replaces,
+            &mut t.unchanged,
+            &mut t.deletes.expired,
+            &mut t.deletes.idle,
+            &mut t.deletes.replaced,
+            &mut t.deletes.flush,
+            &mut t.deletes.unload,
+            &mut t.deletes.aged,
+            &mut t.rejects.table_full,
+            &mut t.rejects.bucket_full,
+            &mut t.rejects.bad_queue,
+            &mut t.rejects.bad_key,
+            &mut t.rejects.injected_failure,
+            &mut t.rejects.bad_id,
+            &mut t.unknown_deletes,
+            &mut t.flushes,
+            &mut t.resets,
+            &mut t.requests,
+            &mut t.lookup_hits,
+            &mut t.lookup_misses,
+        ] {
+            *c = next();
+        }
+        let table = arfs::table::TableConfig {
+            capacity: 4096,
+            buckets: Some((64, 2)),
+            latency_ns: 2_500,
+            add_fail_rate: 0.125,
+            mgmt_loss_rate: 0.5,
+            ..arfs::table::TableConfig::default()
+        };
+        let f4 = arfs::FlowKey::v4(
+            arfs::L4Proto::Udp,
+            "10.0.2.1".parse().unwrap(),
+            10000,
+            "10.0.2.15".parse().unwrap(),
+            5001,
+        );
+        let f6 = arfs::FlowKey::v6(
+            arfs::L4Proto::Tcp,
+            "fd00::1".parse().unwrap(),
+            443,
+            "fd00::2".parse().unwrap(),
+            40000,
+        );
+        let entry = |id, rxq, flow, installed_ns, bucket| arfs::table::Entry {
+            id,
+            rxq,
+            flow,
+            hits: 0,
+            last_hit_ns: None,
+            installed_ns,
+            bucket,
+        };
+        crate::mgmt::Snapshot {
+            counters: mgmt_counters(&mut next),
+            table_counters: t,
+            table,
+            live: 2,
+            capacity: 4096,
+            pending: 3,
+            expected_seq: Some(6),
+            max_ops: 64,
+            rogue: true,
+            filters: vec![
+                (entry(7, 1, f4, 1_206_565_407, None), 120),
+                (entry(9, 0, f6, 1_206_600_000, Some(33)), 0),
+            ],
+        }
+    }
+
+    #[test]
+    fn stats_are_pinned() {
+        let sh = counted();
+        pinned("stats", render_stats(&sh));
+        // With a connection: `enabled_pairs` and `rings`.
+        let conn = std::sync::Arc::new(crate::conn::Conn::new(2).unwrap());
+        conn.pairs.observe(0, true, true);
+        sh.lock_mgmt().reset(Some(conn), "connect");
+        let mut v = render_stats(&sh);
+        // `reset` moved the generation counters: only the connection's parts.
+        pinned(
+            "stats-connected",
+            serde_json::json!({"enabled_pairs": v["enabled_pairs"].take(), "rings": v["rings"].take()}),
+        );
+    }
+
+    #[test]
+    fn stats_parts_are_pinned() {
+        let sh = shared();
+        let s = snapshot();
+        pinned("mgmt", render_mgmt(&sh, &s));
+        pinned("table-stats", render_table_stats(&s));
+        pinned("knobs", render_knobs(&sh, &s));
+        pinned("table", render_table(&sh, &s));
+        let view = |i: u16, on: bool| crate::virtq::watchdog::RingView {
+            enabled: on,
+            ready: true,
+            event_idx: !on,
+            avail: if on { Some(10 + i) } else { None },
+            next_avail: 20 + i,
+            next_used: 30 + i,
+            used_event: if on { None } else { Some(40 + i) },
+            nudged: on,
+        };
+        let seen = crate::virtq::watchdog::Seen {
+            at_ns: 5_000_000,
+            rings: vec![Some([view(1, true), view(2, false)]), None],
+        };
+        pinned("rings", render_rings(&seen, 4, 36_000_000));
+        let none = crate::virtq::watchdog::Seen::default();
+        pinned("rings-unseen", render_rings(&none, 0, 36_000_000));
+    }
+
+    /// Every command's reply as `handle_line` answers it, errors included.
+    #[test]
+    fn replies_are_pinned() {
+        let sh = shared();
+        let mut out = Vec::new();
+        for line in [
+            r#"{"cmd":"knobs"}"#,
+            r#"{"cmd":"set","key":"misroute_rate","value":0.25}"#,
+            r#"{"cmd":"set","key":"program_latency","value":"2ms"}"#,
+            r#"{"cmd":"set","key":"drop_rate","value":"0.5"}"#,
+            r#"{"cmd":"set","key":"buckets","value":"64x2"}"#,
+            r#"{"cmd":"set","key":"rogue_responder","value":1}"#,
+            r#"{"cmd":"set","key":"add_fail_rate","value":2}"#,
+            r#"{"cmd":"set","key":"add_fail_rate","value":true}"#,
+            r#"{"cmd":"set","value":1}"#,
+            r#"{"cmd":"table"}"#,
+            r#"{"cmd":"trace_flush"}"#,
+            r#"{"cmd":"gen","op":"start","flow":{"flows":3,"count":5,"sport":"7000-7002","stamp":true,"size":128}}"#,
+            r#"{"cmd":"gen","op":"start"}"#,
+            r#"{"cmd":"gen","op":"start","flow":{"flows":0}}"#,
+            r#"{"cmd":"gen","op":"set","id":2,"flow":{"rate":50,"dport":"6000-6001","flows":2}}"#,
+            r#"{"cmd":"gen","op":"set","id":5,"flow":{}}"#,
+            r#"{"cmd":"gen","op":"set"}"#,
+            r#"{"cmd":"gen","op":"pause","id":1}"#,
+            r#"{"cmd":"gen","op":"pause","id":4}"#,
+            r#"{"cmd":"gen","op":"list"}"#,
+            r#"{"cmd":"gen","op":"resume"}"#,
+            r#"{"cmd":"gen","op":"stop","id":1}"#,
+            r#"{"cmd":"gen","op":"stop","id":1}"#,
+            r#"{"cmd":"gen","op":"stop"}"#,
+            r#"{"cmd":"gen","op":"list"}"#,
+            r#"{"cmd":"gen","op":"go"}"#,
+            r#"{"cmd":"gen"}"#,
+            r#"{"cmd":"nope"}"#,
+            r#"{"cmd":"stats","extra":1}"#,
+            r#"{"cmd":"gen","op":"start","flow":{"flow":1}}"#,
+            "[1]",
+            "{",
+        ] {
+            out.push(serde_json::json!({"request": line, "reply": super::handle_line(&sh, line)}));
+        }
+        pinned("replies", serde_json::Value::Array(out));
+        // A daemon with the tap peer refuses every gen request alike.
+        // (Built with the gen peer, no tap opened; then told it is a tap.)
+        let mut tap = shared();
+        std::sync::Arc::get_mut(&mut tap)
+            .expect("one owner")
+            .cfg
+            .peer = crate::config::PeerKind::Tap("vnic-none".into());
+        let mut out = Vec::new();
+        for line in [
+            r#"{"cmd":"gen","op":"list"}"#,
+            r#"{"cmd":"gen","op":"go"}"#,
+            r#"{"cmd":"gen"}"#,
+            r#"{"cmd":"gen","op":"set"}"#,
+        ] {
+            out.push(serde_json::json!({"request": line, "reply": super::handle_line(&tap, line)}));
+        }
+        pinned("replies-tap", serde_json::Value::Array(out));
+    }
+
+    /// The pinned replies read into the protocol's types and written back
+    /// unchanged: every key the daemon sends is a field of the type, and
+    /// every field is a key it sends (an `Option` field it left out would
+    /// come back as `null`).
+    #[test]
+    fn pinned_replies_are_exactly_the_protocols_types() {
+        use serde::de::DeserializeOwned;
+        fn same<T: DeserializeOwned + Serialize>(name: &str, v: &Value) {
+            let t: T =
+                serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{name}: {e}\n{v:#}"));
+            assert_eq!(&serde_json::to_value(&t).unwrap(), v, "{name}");
+        }
+        let file = |name: &str| -> Value {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/ctl-wire")
+                .join(format!("{name}.json"));
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        };
+        let mut stats = file("stats");
+        // `pinned` wrote the run's uptime as 0; the daemon sends a float.
+        stats["uptime_s"] = serde_json::json!(0.0);
+        same::<wire::Stats>("stats", &stats);
+        same::<wire::MgmtStats>("mgmt", &file("mgmt"));
+        same::<wire::TableStats>("table-stats", &file("table-stats"));
+        same::<wire::Knobs>("knobs", &file("knobs"));
+        same::<wire::Table>("table", &file("table"));
+        same::<wire::Rings>("rings", &file("rings"));
+        same::<wire::Rings>("rings-unseen", &file("rings-unseen"));
+        let connected = file("stats-connected");
+        same::<wire::Rings>("stats-connected", &connected["rings"]);
+        let mut checked = 0;
+        for name in ["replies", "replies-tap"] {
+            for r in file(name).as_array().unwrap() {
+                let reply = &r["reply"];
+                if reply["ok"] != true {
+                    same::<Reply<wire::Empty>>(name, reply);
+                    checked += 1;
+                    continue;
+                }
+                let req = Request::from_line(r["request"].as_str().unwrap()).unwrap();
+                match req {
+                    Request::Stats => same::<Reply<wire::StatsReply>>(name, reply),
+                    Request::Table => same::<Reply<wire::TableReply>>(name, reply),
+                    Request::Knobs | Request::Set { .. } => {
+                        same::<Reply<wire::KnobsReply>>(name, reply);
+                    }
+                    Request::TraceFlush => same::<Reply<wire::Empty>>(name, reply),
+                    Request::Gen { op, .. } => match op {
+                        GenOp::Start => same::<Reply<wire::GenStarted>>(name, reply),
+                        GenOp::Set => same::<Reply<wire::GenChanged>>(name, reply),
+                        GenOp::Pause => same::<Reply<wire::GenPaused>>(name, reply),
+                        GenOp::Resume => same::<Reply<wire::GenResumed>>(name, reply),
+                        GenOp::Stop => same::<Reply<wire::GenStopped>>(name, reply),
+                        GenOp::List => same::<Reply<wire::GenList>>(name, reply),
+                    },
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 30, "{checked}");
+    }
+
+    /// The counters by reason are named fields of the protocol's types:
+    /// each reason of the daemon's enums has its field, and no field is
+    /// left over (a reason added on one side only fails here).
+    #[test]
+    fn every_reason_has_its_field() {
+        fn keys<T: Serialize + Default>() -> std::collections::BTreeSet<String> {
+            match serde_json::to_value(T::default()).unwrap() {
+                Value::Object(m) => m.keys().cloned().collect(),
+                v => panic!("{v}"),
+            }
+        }
+        let names =
+            |it: &mut dyn Iterator<Item = &'static str>| -> std::collections::BTreeSet<String> {
+                it.map(str::to_string).collect()
+            };
+        assert_eq!(
+            keys::<wire::FramesBad>(),
+            names(&mut FrameError::ALL.iter().map(|e| e.name()))
+        );
+        assert_eq!(
+            keys::<wire::Deletes>(),
+            names(&mut DelReason::ALL.iter().map(|r| r.name()))
+        );
+        assert_eq!(
+            keys::<wire::Rejects>(),
+            names(
+                &mut OpStatus::ALL
+                    .iter()
+                    .filter(|s| !matches!(s, OpStatus::Ok | OpStatus::UnknownId))
+                    .map(|s| s.name())
+            )
+        );
+        let q = keys::<wire::QueueStats>();
+        let tx_bad: std::collections::BTreeSet<String> = q
+            .iter()
+            .filter(|k| k.starts_with("tx_bad_") && *k != "tx_bad_chains" && !k.contains("avail"))
+            .cloned()
+            .collect();
+        let want: std::collections::BTreeSet<String> = crate::stats::BadTx::ALL
+            .iter()
+            .map(|r| format!("tx_bad_{}", r.name()))
+            .collect();
+        assert_eq!(tx_bad, want);
+        for dir in ["rx", "tx"] {
+            for code in 1..=2 {
+                let name = crate::stats::RingStop::name_of(code).unwrap();
+                assert!(q.contains(&format!("{dir}_bad_{name}")), "{dir} {name}");
+            }
+            assert_eq!(crate::stats::RingStop::name_of(3), Some("unknown"));
+        }
     }
 }

@@ -1,12 +1,11 @@
 //! `vnic serve`: the daemon's main loop. The main thread accepts vhost-user
 //! connections (one fresh `VhostUserDaemon` per connection, the listener is
 //! kept so QEMU can reconnect); the management thread runs an
-//! `event-manager` loop for the control socket, the programming-latency
-//! timer, the enabled-queues poll and SIGINT/SIGTERM.
+//! `event-manager` loop for the control socket (`ctlsock.rs`), the
+//! programming-latency timer, the enabled-queues poll and SIGINT/SIGTERM.
 
-use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::{Read, Write};
+use std::os::fd::RawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -24,6 +23,7 @@ use crate::backend::VnicBackend;
 use crate::config::{Config, PeerKind};
 use crate::conn::Conn;
 use crate::ctl;
+use crate::ctlsock::CtlSocket;
 use crate::daemon::Shared;
 use crate::error::Error;
 
@@ -31,7 +31,7 @@ const D_LISTEN: u32 = 1;
 const D_SIGNAL: u32 = 2;
 const D_MGMT_TIMER: u32 = 3;
 const D_POLL: u32 = 4;
-const D_CONN0: u32 = 100;
+// The control clients' are `ctlsock::FIRST_CLIENT` and up.
 
 /// Whether two paths name the same file (by their parent directory's
 /// canonical form and the file name; the files need not exist).
@@ -103,7 +103,7 @@ fn claim_socket(
 }
 
 /// Runs the daemon until a signal ends the process.
-pub fn run(cfg: Config) -> Result<(), Error> {
+pub(crate) fn run(cfg: Config) -> Result<(), Error> {
     let sh = Shared::build(cfg)?;
     let sock = sh.cfg.socket.clone();
     // The public socket is ours; the vhost-user handler listens on a private
@@ -135,12 +135,10 @@ pub fn run(cfg: Config) -> Result<(), Error> {
     let mgmt_timer = sh.lock_mgmt().timer_fd();
     let sub = Arc::new(Mutex::new(MgmtLoop {
         sh: sh.clone(),
-        listener,
+        ctl: CtlSocket::new(sh.clone(), listener),
         sig: sig_r,
         poll,
         mgmt_timer,
-        conns: HashMap::new(),
-        next: D_CONN0,
     }));
     let mut em = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
         .map_err(|e| Error::EventManager(format!("{e:?}")))?;
@@ -291,294 +289,15 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
     Ok(())
 }
 
-/// Limits of the control socket (CTL.md "Limits").
-/// Longest request line; a longer one gets an error reply and the client
-/// is disconnected.
-const CTL_MAX_LINE: usize = 1 << 20;
-/// Clients at once; one more is told so and disconnected.
-const CTL_MAX_CLIENTS: usize = 64;
-/// Unsent reply bytes above which a client's further requests wait (read
-/// no more from it until it reads what it was sent).
-const CTL_OUT_SOFT: usize = 256 << 10;
-/// A client whose unsent replies made no progress for this long is
-/// disconnected.
-const CTL_STALL: Duration = Duration::from_secs(10);
-
-/// The uid of the process at the other end of `s` (SO_PEERCRED) when it
-/// is neither this process's effective uid nor root, nor in `group`
-/// (its primary group, or a supplementary one: SO_PEERGROUPS).
-fn foreign_peer(s: &UnixStream, group: Option<u32>) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt(SO_PEERCRED) writes at most `len` bytes into
-    // `cred`, a properly sized and aligned struct ucred; both live across
-    // the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            std::ptr::from_mut(&mut cred).cast(),
-            &raw mut len,
-        )
-    };
-    // SAFETY: geteuid(2) cannot fail and has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if rc != 0 {
-        // No credentials: refuse (a unix stream socket always has them).
-        return Some(u32::MAX);
-    }
-    if cred.uid == me || cred.uid == 0 {
-        return None;
-    }
-    match group {
-        Some(g) if cred.gid == g || peer_groups(s).contains(&g) => None,
-        _ => Some(cred.uid),
-    }
-}
-
-/// The supplementary groups of the process at the other end of `s`
-/// (SO_PEERGROUPS; empty if the kernel cannot say).
-fn peer_groups(s: &UnixStream) -> Vec<u32> {
-    let mut groups = vec![0 as libc::gid_t; 256];
-    let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
-    // SAFETY: getsockopt(SO_PEERGROUPS) writes at most `len` bytes into
-    // `groups` (that large) and the length it wrote into `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERGROUPS,
-            groups.as_mut_ptr().cast(),
-            &raw mut len,
-        )
-    };
-    if rc != 0 {
-        return Vec::new();
-    }
-    groups.truncate(len as usize / std::mem::size_of::<libc::gid_t>());
-    groups
-}
-
-struct CtlConn {
-    stream: UnixStream,
-    /// Bytes read, not yet a complete line.
-    buf: Vec<u8>,
-    /// Reply bytes not yet written (the socket is non-blocking).
-    out: Vec<u8>,
-    /// When `out` last shrank or became non-empty.
-    progress: Instant,
-    /// What the client's fd is registered for.
-    registered: EventSet,
-    /// Read no more; close once `out` is written (the client shut its
-    /// write side, or sent a too-long line).
-    closing: bool,
-}
-
-impl CtlConn {
-    /// Writes what it can of `out`; false when the peer is gone.
-    fn flush_out(&mut self) -> bool {
-        while !self.out.is_empty() {
-            match self.stream.write(&self.out) {
-                Ok(0) => return false,
-                Ok(n) => {
-                    self.out.drain(..n);
-                    self.progress = Instant::now();
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return false,
-            }
-        }
-        true
-    }
-
-    fn reply(&mut self, v: &serde_json::Value) {
-        if self.out.is_empty() {
-            self.progress = Instant::now();
-        }
-        let _ = serde_json::to_writer(&mut self.out, v);
-        self.out.push(b'\n');
-    }
-}
-
 struct MgmtLoop {
     sh: Arc<Shared>,
-    listener: UnixListener,
+    ctl: CtlSocket,
     sig: UnixStream,
     poll: TimerFd,
     mgmt_timer: RawFd,
-    conns: HashMap<u32, CtlConn>,
-    next: u32,
 }
 
 impl MgmtLoop {
-    fn accept(&mut self, ops: &mut EventOps) {
-        loop {
-            match self.listener.accept() {
-                Ok((mut s, _)) => {
-                    if let Some(uid) = foreign_peer(&s, self.sh.cfg.group) {
-                        self.sh.stats.ctl.refused.fetch_add(1, Ordering::Relaxed);
-                        log::warn!(
-                            "control client of uid {uid} refused (not ours, not root, not in --group)"
-                        );
-                        let _ = s.set_nonblocking(true);
-                        let _ = s.write_all(
-                            b"{\"ok\":false,\"error\":\"control clients must run as the daemon's user or root (or be in its --group)\"}\n",
-                        );
-                        continue;
-                    }
-                    if self.conns.len() >= CTL_MAX_CLIENTS {
-                        self.sh.stats.ctl.refused.fetch_add(1, Ordering::Relaxed);
-                        let _ = s.set_nonblocking(true);
-                        let _ = s.write_all(
-                            format!(
-                                "{{\"ok\":false,\"error\":\"too many control clients (limit {CTL_MAX_CLIENTS})\"}}\n"
-                            )
-                            .as_bytes(),
-                        );
-                        continue;
-                    }
-                    if s.set_nonblocking(true).is_err() {
-                        continue;
-                    }
-                    let d = self.next;
-                    self.next = self.next.wrapping_add(1).max(D_CONN0);
-                    if ops
-                        .add(Events::with_data(
-                            &s,
-                            d,
-                            EventSet::IN | EventSet::READ_HANG_UP,
-                        ))
-                        .is_ok()
-                    {
-                        self.sh.stats.ctl.clients.fetch_add(1, Ordering::Relaxed);
-                        self.conns.insert(
-                            d,
-                            CtlConn {
-                                stream: s,
-                                buf: Vec::new(),
-                                out: Vec::new(),
-                                progress: Instant::now(),
-                                registered: EventSet::IN | EventSet::READ_HANG_UP,
-                                closing: false,
-                            },
-                        );
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    log::warn!("control socket accept: {e}");
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Serves one client: writes pending replies, then (while its unsent
-    /// replies stay under [`CTL_OUT_SOFT`]) reads and answers its request
-    /// lines. Never blocks: a client that does not read its replies only
-    /// stops its own requests from being served.
-    fn serve_conn(&mut self, d: u32, ops: &mut EventOps) {
-        let Some(c) = self.conns.get_mut(&d) else {
-            return;
-        };
-        let mut closed = !c.flush_out();
-        let mut tmp = [0u8; 4096];
-        while !closed && !c.closing && c.out.len() < CTL_OUT_SOFT {
-            // Answer the complete lines read so far.
-            if let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = c.buf.drain(..=pos).collect();
-                let text = String::from_utf8_lossy(&line);
-                let text = text.trim();
-                let reply = if text.is_empty() {
-                    serde_json::json!({"ok": false, "error": "empty request line (one JSON object per line, see CTL.md)"})
-                } else {
-                    ctl::handle_line(&self.sh, text)
-                };
-                c.reply(&reply);
-                closed = !c.flush_out();
-                continue;
-            }
-            if c.buf.len() > CTL_MAX_LINE {
-                self.sh
-                    .stats
-                    .ctl
-                    .lines_too_long
-                    .fetch_add(1, Ordering::Relaxed);
-                c.buf.clear();
-                c.reply(&serde_json::json!({"ok": false, "error": format!("request line longer than {CTL_MAX_LINE} bytes; disconnecting")}));
-                c.closing = true;
-                closed = !c.flush_out();
-                break;
-            }
-            match c.stream.read(&mut tmp) {
-                // The client is done sending: answer what it sent, then close.
-                Ok(0) => c.closing = true,
-                Ok(n) => c.buf.extend_from_slice(&tmp[..n]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => closed = true,
-            }
-        }
-        if c.closing && c.out.is_empty() {
-            closed = true;
-        }
-        if !closed {
-            // Wait for writability while replies are pending (not for its
-            // hang-up once it shut its side: that would fire until then),
-            // else for input.
-            let set = if c.out.is_empty() {
-                EventSet::IN | EventSet::READ_HANG_UP
-            } else if c.closing {
-                EventSet::OUT
-            } else {
-                EventSet::OUT | EventSet::READ_HANG_UP
-            };
-            if set != c.registered {
-                if ops.modify(Events::with_data(&c.stream, d, set)).is_ok() {
-                    c.registered = set;
-                } else {
-                    closed = true;
-                }
-            }
-        }
-        if closed {
-            self.close(d, ops);
-        }
-    }
-
-    fn close(&mut self, d: u32, ops: &mut EventOps) {
-        if let Some(c) = self.conns.remove(&d) {
-            let _ = ops.remove(Events::with_data(&c.stream, d, c.registered));
-            self.sh.stats.ctl.clients.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Disconnects clients whose unsent replies made no progress for
-    /// [`CTL_STALL`].
-    fn drop_stalled(&mut self, ops: &mut EventOps) {
-        let stalled: Vec<u32> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.out.is_empty() && c.progress.elapsed() > CTL_STALL)
-            .map(|(&d, _)| d)
-            .collect();
-        for d in stalled {
-            self.sh
-                .stats
-                .ctl
-                .dropped_slow
-                .fetch_add(1, Ordering::Relaxed);
-            log::warn!("control client left replies unread for {CTL_STALL:?}: disconnected");
-            self.close(d, ops);
-        }
-    }
-
     fn on_signal(&mut self) -> ! {
         let mut b = [0u8; 16];
         let _ = self.sig.read(&mut b);
@@ -601,7 +320,7 @@ impl MgmtLoop {
 impl MutEventSubscriber for MgmtLoop {
     fn process(&mut self, events: Events, ops: &mut EventOps) {
         match events.data() {
-            D_LISTEN => self.accept(ops),
+            D_LISTEN => self.ctl.accept(ops),
             D_SIGNAL => self.on_signal(),
             D_MGMT_TIMER => self.sh.lock_mgmt().on_timer(),
             D_POLL => {
@@ -612,14 +331,18 @@ impl MutEventSubscriber for MgmtLoop {
                         self.sh.lock_mgmt().preload_if_ready();
                     }
                 }
-                self.drop_stalled(ops);
+                self.ctl.drop_stalled(ops);
             }
-            d => self.serve_conn(d, ops),
+            d => self.ctl.serve(d, ops),
         }
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        let _ = ops.add(Events::with_data(&self.listener, D_LISTEN, EventSet::IN));
+        let _ = ops.add(Events::with_data(
+            self.ctl.listener(),
+            D_LISTEN,
+            EventSet::IN,
+        ));
         let _ = ops.add(Events::with_data(&self.sig, D_SIGNAL, EventSet::IN));
         let _ = ops.add(Events::with_data_raw(
             self.mgmt_timer,
@@ -627,66 +350,62 @@ impl MutEventSubscriber for MgmtLoop {
             EventSet::IN,
         ));
         let _ = ops.add(Events::with_data(&self.poll, D_POLL, EventSet::IN));
-        let _ = self.listener.as_raw_fd();
     }
 }
 
 /// The exit summary (stderr).
-pub fn print_summary(sh: &Shared, trace_flushed: bool) {
-    let s = ctl::stats_json(sh);
+pub(crate) fn print_summary(sh: &Shared, trace_flushed: bool) {
+    let s = ctl::stats(sh);
     let mut e = std::io::stderr().lock();
     let _ = writeln!(
         e,
         "vnic: exiting after {:.1} s, generation {:#x}, {} connection(s)",
         sh.start.elapsed().as_secs_f64(),
         sh.generation(),
-        s["connections"]
+        s.connections
     );
     let _ = writeln!(e, "  pair   rx_pkts    rx_bytes  rx_drops  rx_filter     rx_rss   tx_pkts    tx_bytes  bad_rx  bad_tx");
-    if let Some(qs) = s["queues"].as_array() {
-        for q in qs {
-            let n = |k: &str| q[k].as_u64().unwrap_or(0);
-            let _ = writeln!(
-                e,
-                "  {:>4} {:>9} {:>11} {:>9} {:>10} {:>10} {:>9} {:>11} {:>7} {:>7}",
-                n("index"),
-                n("rx_packets"),
-                n("rx_bytes"),
-                n("rx_drops"),
-                n("rx_filter"),
-                n("rx_rss"),
-                n("tx_packets"),
-                n("tx_bytes"),
-                n("rx_bad_chains"),
-                n("tx_bad_chains")
-            );
-        }
-        for q in qs {
-            for dir in ["rx", "tx"] {
-                if let Some(why) = q[format!("{dir}_stopped")].as_str() {
-                    let _ = writeln!(e, "  pair {}: {dir} ring stopped ({why})", q["index"]);
-                }
+    for q in &s.queues {
+        let _ = writeln!(
+            e,
+            "  {:>4} {:>9} {:>11} {:>9} {:>10} {:>10} {:>9} {:>11} {:>7} {:>7}",
+            q.index,
+            q.rx_packets,
+            q.rx_bytes,
+            q.rx_drops,
+            q.rx_filter,
+            q.rx_rss,
+            q.tx_packets,
+            q.tx_bytes,
+            q.rx_bad_chains,
+            q.tx_bad_chains
+        );
+    }
+    for q in &s.queues {
+        for (dir, stopped) in [("rx", &q.rx_stopped), ("tx", &q.tx_stopped)] {
+            if let Some(why) = stopped {
+                let _ = writeln!(e, "  pair {}: {dir} ring stopped ({why})", q.index);
             }
         }
     }
-    let m = &s["mgmt"];
+    let m = &s.mgmt;
     let _ = writeln!(
         e,
         "  mgmt: {} frames, {} ok, {} bad, {} acks, {} caps, {} naks, {} lost (knob), {} out of order, {} duplicates",
-        m["frames_rx"], m["frames_ok"], m["frames_bad_total"], m["acks_sent"], m["caps_sent"], m["naks_sent"], m["dropped_by_loss"], m["out_of_order"], m["duplicates"]
+        m.frames_rx, m.frames_ok, m.frames_bad_total, m.acks_sent, m.caps_sent, m.naks_sent, m.dropped_by_loss, m.out_of_order, m.duplicates
     );
-    let t = &s["table"];
+    let t = &s.table;
     let _ = writeln!(
         e,
         "  table: {} live of {}, {} adds, {} replaces, {} resets",
-        t["live"], t["capacity"], t["adds"], t["replaces"], t["resets"]
+        t.live, t.capacity, t.adds, t.replaces, t.resets
     );
-    let tr = &s["trace"];
+    let tr = &s.trace;
     let _ = writeln!(
         e,
         "  trace: {} written, {} dropped{}",
-        tr["written"],
-        tr["dropped"],
+        tr.written,
+        tr.dropped,
         if sh.tracer.enabled() && !trace_flushed {
             " (flush timed out)"
         } else {

@@ -21,14 +21,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Size of the id space of filter ids (0..=0xFFFE).
-pub const ID_SPACE: usize = 0xFFFF;
+pub(crate) const ID_SPACE: usize = 0xFFFF;
 
-use serde_json::{json, Value};
+use vnic_ctl_proto as wire;
 
 /// A counter that one thread only writes (see the module doc). Relaxed:
 /// counters are statistics, not synchronisation.
 #[derive(Default)]
-pub struct OwnedCounter(AtomicU64);
+pub(crate) struct OwnedCounter(AtomicU64);
 
 impl OwnedCounter {
     /// Adds `n`: a plain load and store. Private: only the owner's handle
@@ -42,30 +42,30 @@ impl OwnedCounter {
     }
 
     #[inline]
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
 
 /// A counter several threads may write: every increment is a `fetch_add`.
 #[derive(Default)]
-pub struct SharedCounter(AtomicU64);
+pub(crate) struct SharedCounter(AtomicU64);
 
 impl SharedCounter {
     #[inline]
-    pub fn add(&self, n: u64) {
+    pub(crate) fn add(&self, n: u64) {
         self.0.fetch_add(n, Ordering::Relaxed);
     }
 
     #[inline]
-    pub fn get(&self) -> u64 {
+    pub(crate) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
 
 /// Adds `n` to a counter any thread may write.
 #[inline]
-pub fn add(c: &SharedCounter, n: u64) {
+pub(crate) fn add(c: &SharedCounter, n: u64) {
     c.add(n);
 }
 
@@ -81,7 +81,7 @@ fn get(c: &SharedCounter) -> u64 {
 /// path).
 #[derive(Default)]
 #[repr(align(128))]
-pub struct QueueStats {
+pub(crate) struct QueueStats {
     pub rx_packets: OwnedCounter,
     pub rx_bytes: OwnedCounter,
     /// Written by this queue's worker and by every worker that steers a
@@ -113,53 +113,61 @@ pub struct QueueStats {
 }
 
 impl QueueStats {
-    pub fn rx_drops(&self) -> u64 {
+    pub(crate) fn rx_drops(&self) -> u64 {
         get(&self.rx_drops_no_buffers)
             + get(&self.rx_drops_ring_full)
             + self.rx_drops_too_big.get()
             + get(&self.rx_drops_disabled)
     }
 
-    pub fn to_json(&self, index: usize) -> Value {
-        let mut v = json!({
-            "index": index,
-            "rx_packets": self.rx_packets.get(),
-            "rx_bytes": self.rx_bytes.get(),
-            "rx_drops": self.rx_drops(),
-            "rx_drops_no_buffers": get(&self.rx_drops_no_buffers),
-            "rx_drops_ring_full": get(&self.rx_drops_ring_full),
-            "rx_drops_too_big": self.rx_drops_too_big.get(),
-            "rx_drops_disabled": get(&self.rx_drops_disabled),
-            "rx_filter": self.rx_filter.get(),
-            "rx_rss": self.rx_rss.get(),
-            "tx_packets": self.tx_packets.get(),
-            "tx_bytes": self.tx_bytes.get(),
-            "tx_drops": get(&self.tx_drops),
-            "rx_bad_chains": self.rx_bad_chains.get(),
-            "tx_bad_chains": self.tx_bad_chains(),
-        });
-        let m = v.as_object_mut().expect("object");
-        for (r, c) in BadTx::ALL.iter().zip(&self.tx_bad) {
-            m.insert(format!("tx_bad_{}", r.name()), c.get().into());
+    /// The queue as `ctl stats` shows it (`queues[index]`).
+    pub(crate) fn to_wire(&self, index: usize) -> wire::QueueStats {
+        let tx_bad = |r: BadTx| self.tx_bad(r);
+        // Times stopped by reason (index `code - 1`), and why it is stopped now.
+        let stops = |s: &[SharedCounter; 2], r: RingStop| get(&s[r.code() as usize - 1]);
+        let now = |s: &AtomicU64| RingStop::name_of(s.load(Ordering::Relaxed)).map(str::to_string);
+        wire::QueueStats {
+            index,
+            rx_packets: self.rx_packets.get(),
+            rx_bytes: self.rx_bytes.get(),
+            rx_drops: self.rx_drops(),
+            rx_drops_no_buffers: get(&self.rx_drops_no_buffers),
+            rx_drops_ring_full: get(&self.rx_drops_ring_full),
+            rx_drops_too_big: self.rx_drops_too_big.get(),
+            rx_drops_disabled: get(&self.rx_drops_disabled),
+            rx_filter: self.rx_filter.get(),
+            rx_rss: self.rx_rss.get(),
+            tx_packets: self.tx_packets.get(),
+            tx_bytes: self.tx_bytes.get(),
+            tx_drops: get(&self.tx_drops),
+            rx_bad_chains: self.rx_bad_chains.get(),
+            tx_bad_chains: self.tx_bad_chains(),
+            tx_bad_loop: tx_bad(BadTx::Loop),
+            tx_bad_bad_index: tx_bad(BadTx::BadIndex),
+            tx_bad_out_of_range: tx_bad(BadTx::OutOfRange),
+            tx_bad_too_long: tx_bad(BadTx::TooLong),
+            tx_bad_writable: tx_bad(BadTx::Writable),
+            tx_bad_short_header: tx_bad(BadTx::ShortHeader),
+            tx_bad_indirect: tx_bad(BadTx::Indirect),
+            rx_bad_avail_jump: stops(&self.rx_stops, RingStop::AvailJump),
+            rx_bad_avail_unreadable: stops(&self.rx_stops, RingStop::AvailUnreadable),
+            rx_stopped: now(&self.rx_stopped),
+            tx_bad_avail_jump: stops(&self.tx_stops, RingStop::AvailJump),
+            tx_bad_avail_unreadable: stops(&self.tx_stops, RingStop::AvailUnreadable),
+            tx_stopped: now(&self.tx_stopped),
         }
-        for (dir, stops, now) in [
-            ("rx", &self.rx_stops, &self.rx_stopped),
-            ("tx", &self.tx_stops, &self.tx_stopped),
-        ] {
-            for (code, c) in (1u64..).zip(stops) {
-                let name = RingStop::name_of(code).expect("nonzero");
-                m.insert(format!("{dir}_bad_{name}"), get(c).into());
-            }
-            m.insert(
-                format!("{dir}_stopped"),
-                RingStop::name_of(now.load(Ordering::Relaxed)).into(),
-            );
-        }
-        v
+    }
+
+    /// Unusable tx chains of one reason.
+    pub(crate) fn tx_bad(&self, r: BadTx) -> u64 {
+        BadTx::ALL
+            .iter()
+            .position(|&x| x == r)
+            .map_or(0, |i| self.tx_bad[i].get())
     }
 
     /// Unusable tx chains, all reasons.
-    pub fn tx_bad_chains(&self) -> u64 {
+    pub(crate) fn tx_bad_chains(&self) -> u64 {
         self.tx_bad.iter().map(OwnedCounter::get).sum()
     }
 }
@@ -167,7 +175,7 @@ impl QueueStats {
 /// The one writer of a queue's [`OwnedCounter`]s: taken by the queue's
 /// worker ([`Stats::claim`]), neither `Clone` nor `Sync` (it may move to
 /// the worker's thread, not be used from two).
-pub struct QueueOwner {
+pub(crate) struct QueueOwner {
     stats: Arc<Stats>,
     q: usize,
     _not_sync: PhantomData<Cell<()>>,
@@ -176,7 +184,7 @@ pub struct QueueOwner {
 impl QueueOwner {
     /// The queue's counters, to increment the owned ones.
     #[inline]
-    pub fn writer(&self) -> QueueWriter<'_> {
+    pub(crate) fn writer(&self) -> QueueWriter<'_> {
         QueueWriter {
             q: &self.stats.queues[self.q],
             _owner: PhantomData,
@@ -195,7 +203,7 @@ impl Drop for QueueOwner {
 /// A borrow of a [`QueueOwner`] (no more `Send` than `&QueueOwner`):
 /// increments the owned counters with a plain load and store, and gives
 /// the queue's counters for the shared ones.
-pub struct QueueWriter<'a> {
+pub(crate) struct QueueWriter<'a> {
     q: &'a QueueStats,
     _owner: PhantomData<&'a QueueOwner>,
 }
@@ -203,19 +211,19 @@ pub struct QueueWriter<'a> {
 impl<'a> QueueWriter<'a> {
     /// Adds `n` to the owned counter `c` of this queue.
     #[inline]
-    pub fn add(&self, c: impl FnOnce(&QueueStats) -> &OwnedCounter, n: u64) {
+    pub(crate) fn add(&self, c: impl FnOnce(&QueueStats) -> &OwnedCounter, n: u64) {
         c(self.q).add(n);
     }
 
     /// The queue's counters (for reading, and for its shared counters).
     #[inline]
-    pub fn queue(&self) -> &'a QueueStats {
+    pub(crate) fn queue(&self) -> &'a QueueStats {
         self.q
     }
 
     /// Counts one unusable tx chain.
     #[inline]
-    pub fn count_bad_tx(&self, r: BadTx) {
+    pub(crate) fn count_bad_tx(&self, r: BadTx) {
         let i = BadTx::ALL.iter().position(|&x| x == r).unwrap_or(0);
         self.q.tx_bad[i].add(1);
     }
@@ -223,7 +231,7 @@ impl<'a> QueueWriter<'a> {
 
 /// Counters of the peer side (written by workers, hence atomics).
 #[derive(Default)]
-pub struct PeerStats {
+pub(crate) struct PeerStats {
     /// Frames from the peer carrying the management EtherType (dropped).
     pub spoofed_mgmt_dropped: SharedCounter,
     /// Frames from the peer that could not be parsed (delivered by RSS anyway).
@@ -260,32 +268,33 @@ pub struct PeerStats {
 }
 
 impl PeerStats {
-    pub fn to_json(&self, kind: &str) -> Value {
-        json!({
-            "kind": kind,
-            "spoofed_mgmt_dropped": get(&self.spoofed_mgmt_dropped),
-            "unparsable": get(&self.unparsable),
-            "misrouted": get(&self.misrouted),
-            "fault_dropped": get(&self.fault_dropped),
-            "fault_corrupted": get(&self.fault_corrupted),
-            "fault_bad_csum": get(&self.fault_bad_csum),
-            "gen_sent": get(&self.gen_sent),
-            "sink_packets": get(&self.sink_packets),
-            "sink_bytes": get(&self.sink_bytes),
-            "arp_replies": get(&self.arp_replies),
-            "icmp_echo_replies": get(&self.icmp_echo_replies),
-            "nd_replies": get(&self.nd_replies),
-            "rtt": self.rtt.to_json(),
-            "tap_tx": get(&self.tap_tx),
-            "tap_rx": get(&self.tap_rx),
-            "tap_tx_errors": get(&self.tap_tx_errors),
-        })
+    /// The peer side as `ctl stats` shows it (`peer`).
+    pub(crate) fn to_wire(&self, kind: String) -> wire::PeerStats {
+        wire::PeerStats {
+            kind,
+            spoofed_mgmt_dropped: get(&self.spoofed_mgmt_dropped),
+            unparsable: get(&self.unparsable),
+            misrouted: get(&self.misrouted),
+            fault_dropped: get(&self.fault_dropped),
+            fault_corrupted: get(&self.fault_corrupted),
+            fault_bad_csum: get(&self.fault_bad_csum),
+            gen_sent: get(&self.gen_sent),
+            sink_packets: get(&self.sink_packets),
+            sink_bytes: get(&self.sink_bytes),
+            arp_replies: get(&self.arp_replies),
+            icmp_echo_replies: get(&self.icmp_echo_replies),
+            nd_replies: get(&self.nd_replies),
+            rtt: self.rtt.to_wire(),
+            tap_tx: get(&self.tap_tx),
+            tap_rx: get(&self.tap_rx),
+            tap_tx_errors: get(&self.tap_tx_errors),
+        }
     }
 }
 
 /// The device's counters: per queue pair, the peer side, and management
 /// replies lost for want of rx buffers.
-pub struct Stats {
+pub(crate) struct Stats {
     pub queues: Box<[QueueStats]>,
     pub peer: PeerStats,
     /// Written by every worker that drops one of its replies.
@@ -296,10 +305,10 @@ pub struct Stats {
 /// The control socket's clients (written by the `vnic-mgmt` thread only,
 /// which also decrements `clients`: plain atomics).
 #[derive(Default)]
-pub struct CtlStats {
+pub(crate) struct CtlStats {
     /// Clients connected now.
     pub clients: AtomicU64,
-    /// Clients refused because [`crate::serve`]'s client limit was reached.
+    /// Clients refused because [`crate::ctlsock`]'s client limit was reached.
     pub refused: AtomicU64,
     /// Clients disconnected because they left replies unread too long.
     pub dropped_slow: AtomicU64,
@@ -308,18 +317,19 @@ pub struct CtlStats {
 }
 
 impl CtlStats {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "clients": self.clients.load(Ordering::Relaxed),
-            "refused": self.refused.load(Ordering::Relaxed),
-            "dropped_slow": self.dropped_slow.load(Ordering::Relaxed),
-            "lines_too_long": self.lines_too_long.load(Ordering::Relaxed),
-        })
+    /// As `ctl stats` shows them (`ctl`).
+    pub(crate) fn to_wire(&self) -> wire::CtlStats {
+        wire::CtlStats {
+            clients: self.clients.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            dropped_slow: self.dropped_slow.load(Ordering::Relaxed),
+            lines_too_long: self.lines_too_long.load(Ordering::Relaxed),
+        }
     }
 }
 
 impl Stats {
-    pub fn new(pairs: usize) -> Self {
+    pub(crate) fn new(pairs: usize) -> Self {
         Self {
             queues: (0..pairs).map(|_| QueueStats::default()).collect(),
             peer: PeerStats::default(),
@@ -331,7 +341,7 @@ impl Stats {
     /// The owner's handle of queue `q`'s counters, for its worker. There
     /// is one worker per queue; a second live owner (a worker of the
     /// previous connection that has not exited) is logged.
-    pub fn claim(self: &Arc<Self>, q: usize) -> QueueOwner {
+    pub(crate) fn claim(self: &Arc<Self>, q: usize) -> QueueOwner {
         if self.queues[q].owners.fetch_add(1, Ordering::Relaxed) != 0 {
             log::warn!("queue {q}: counters claimed by a second worker while the first is alive");
         }
@@ -345,14 +355,14 @@ impl Stats {
 
 /// Per worker, per filter id: frames the worker's replica steered by that
 /// filter (each row written by its worker only, through its [`HitsOwner`]).
-pub struct Hits {
+pub(crate) struct Hits {
     rows: Box<[Box<[OwnedCounter]>]>,
     /// Live [`HitsOwner`]s per row.
     owners: Box<[AtomicU32]>,
 }
 
 impl Hits {
-    pub fn new(workers: usize) -> Self {
+    pub(crate) fn new(workers: usize) -> Self {
         Self {
             rows: (0..workers)
                 .map(|_| (0..ID_SPACE).map(|_| OwnedCounter::default()).collect())
@@ -362,7 +372,7 @@ impl Hits {
     }
 
     /// The owner's handle of `worker`'s row (see [`Stats::claim`]).
-    pub fn claim(self: &Arc<Self>, worker: usize) -> HitsOwner {
+    pub(crate) fn claim(self: &Arc<Self>, worker: usize) -> HitsOwner {
         if self.owners[worker].fetch_add(1, Ordering::Relaxed) != 0 {
             log::warn!("hits of worker {worker} claimed twice");
         }
@@ -374,7 +384,7 @@ impl Hits {
     }
 
     /// Sum over the workers of the hits of filter `id`.
-    pub fn sum(&self, id: u16) -> u64 {
+    pub(crate) fn sum(&self, id: u16) -> u64 {
         self.rows
             .iter()
             .map(|r| r.get(usize::from(id)).map_or(0, OwnedCounter::get))
@@ -383,7 +393,7 @@ impl Hits {
 }
 
 /// The one writer of a worker's row of [`Hits`].
-pub struct HitsOwner {
+pub(crate) struct HitsOwner {
     hits: Arc<Hits>,
     worker: usize,
     _not_sync: PhantomData<Cell<()>>,
@@ -392,7 +402,7 @@ pub struct HitsOwner {
 impl HitsOwner {
     /// One more hit of filter `id` (a plain load and store).
     #[inline]
-    pub fn count(&self, id: u16) {
+    pub(crate) fn count(&self, id: u16) {
         if let Some(h) = self.hits.rows[self.worker].get(usize::from(id)) {
             h.add(1);
         }
@@ -409,7 +419,7 @@ impl Drop for HitsOwner {
 
 /// Why a tx chain was unusable (one counter each in `ctl stats`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BadTx {
+pub(crate) enum BadTx {
     /// The chain revisits descriptors: more links than the table has
     /// entries.
     Loop,
@@ -431,7 +441,7 @@ pub enum BadTx {
 
 impl BadTx {
     /// Every reason, in the order of their `ctl stats` fields.
-    pub const ALL: [BadTx; 7] = [
+    pub(crate) const ALL: [BadTx; 7] = [
         BadTx::Loop,
         BadTx::BadIndex,
         BadTx::OutOfRange,
@@ -442,7 +452,7 @@ impl BadTx {
     ];
 
     /// The reason's name in `ctl stats` (`tx_bad_<name>`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             BadTx::Loop => "loop",
             BadTx::BadIndex => "bad_index",
@@ -461,7 +471,7 @@ impl BadTx {
 /// named in `ctl stats`) until the frontend stops and restarts it, which
 /// it does on every guest driver reset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RingStop {
+pub(crate) enum RingStop {
     /// The avail index runs more than the ring size ahead of the device:
     /// the driver published entries it cannot have filled.
     AvailJump,
@@ -472,7 +482,7 @@ pub enum RingStop {
 
 impl RingStop {
     /// Code kept in the queue's `*_stopped` counter (0: running).
-    pub fn code(self) -> u64 {
+    pub(crate) fn code(self) -> u64 {
         match self {
             RingStop::AvailJump => 1,
             RingStop::AvailUnreadable => 2,
@@ -480,7 +490,7 @@ impl RingStop {
     }
 
     /// The name `ctl stats` shows for a code, `None` for 0 (running).
-    pub fn name_of(code: u64) -> Option<&'static str> {
+    pub(crate) fn name_of(code: u64) -> Option<&'static str> {
         match code {
             0 => None,
             1 => Some("avail_jump"),
@@ -499,7 +509,7 @@ impl std::fmt::Display for RingStop {
 // ---- the generator's round-trip histogram ----------------------------------
 
 /// Longest round trip recorded; older stamps are `bad`.
-pub const MAX_RTT: Duration = Duration::from_mins(1);
+pub(crate) const MAX_RTT: Duration = Duration::from_mins(1);
 
 /// Sub-buckets per power of two (each 1/8 of its octave wide: a
 /// percentile read from the histogram is within 12.5% of the true value).
@@ -518,7 +528,7 @@ fn bucket(ns: u64) -> usize {
 }
 
 /// The range [lo, hi) of bucket `i`, in ns.
-pub fn bucket_range(i: usize) -> (u64, u64) {
+pub(crate) fn bucket_range(i: usize) -> (u64, u64) {
     if i < SUB as usize {
         return (i as u64, i as u64 + 1);
     }
@@ -528,7 +538,7 @@ pub fn bucket_range(i: usize) -> (u64, u64) {
 }
 
 /// Round trips seen by the generator (any worker records: relaxed RMW).
-pub struct RttHist {
+pub(crate) struct RttHist {
     buckets: Box<[AtomicU64]>,
     count: AtomicU64,
     sum_ns: AtomicU64,
@@ -549,7 +559,7 @@ impl Default for RttHist {
 impl RttHist {
     /// Records the round trip of a stamp sent at `sent` and echoed back at
     /// `now`; a stamp from the future or older than [`MAX_RTT`] is `bad`.
-    pub fn record(&self, sent: u64, now: u64) {
+    pub(crate) fn record(&self, sent: u64, now: u64) {
         match now.checked_sub(sent) {
             Some(d) if d <= MAX_RTT.as_nanos() as u64 => {
                 self.buckets[bucket(d)].fetch_add(1, Ordering::Relaxed);
@@ -564,25 +574,25 @@ impl RttHist {
 
     /// `{"replies", "sum_ns", "bad", "buckets": [[lo_ns, hi_ns, n], ...]}`
     /// (non-empty buckets only, ascending).
-    pub fn to_json(&self) -> Value {
-        let buckets: Vec<Value> = self
+    pub(crate) fn to_wire(&self) -> wire::RttStats {
+        let buckets = self
             .buckets
             .iter()
             .enumerate()
             .filter_map(|(i, b)| {
                 let n = b.load(Ordering::Relaxed);
                 (n > 0).then(|| {
-                    let (lo, hi) = bucket_range(i);
-                    json!([lo, hi, n])
+                    let (lo_ns, hi_ns) = bucket_range(i);
+                    wire::RttBucket { lo_ns, hi_ns, n }
                 })
             })
             .collect();
-        json!({
-            "replies": self.count.load(Ordering::Relaxed),
-            "sum_ns": self.sum_ns.load(Ordering::Relaxed),
-            "bad": self.bad.load(Ordering::Relaxed),
-            "buckets": buckets,
-        })
+        wire::RttStats {
+            replies: self.count.load(Ordering::Relaxed),
+            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+            bad: self.bad.load(Ordering::Relaxed),
+            buckets,
+        }
     }
 }
 
@@ -701,13 +711,12 @@ mod tests {
         h.record(1_000, 1_001_000); // 1 ms
         h.record(5_000, 4_000); // from the future
         h.record(0, MAX_RTT.as_nanos() as u64 + 1); // too old
-        let v = h.to_json();
-        assert_eq!(v["replies"], 2);
-        assert_eq!(v["bad"], 2);
-        assert_eq!(v["sum_ns"], 1_250_000);
-        let b = v["buckets"].as_array().unwrap();
-        assert_eq!(b.len(), 2);
-        let (lo, hi) = (b[0][0].as_u64().unwrap(), b[0][1].as_u64().unwrap());
+        let v = h.to_wire();
+        assert_eq!(v.replies, 2);
+        assert_eq!(v.bad, 2);
+        assert_eq!(v.sum_ns, 1_250_000);
+        assert_eq!(v.buckets.len(), 2);
+        let (lo, hi) = (v.buckets[0].lo_ns, v.buckets[0].hi_ns);
         assert!(lo <= 250_000 && 250_000 < hi);
     }
 }

@@ -12,7 +12,8 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use vnic_ctl_proto::{Empty, Reply, StatsReply};
 
 fn connect(d: &vnic_frontend::harness::Daemon) -> UnixStream {
     let s = UnixStream::connect(&d.ctl).expect("connect to the control socket");
@@ -20,7 +21,8 @@ fn connect(d: &vnic_frontend::harness::Daemon) -> UnixStream {
     s
 }
 
-fn one_reply(s: &UnixStream) -> Value {
+/// The next reply line, read as the protocol's reply with body `T`.
+fn one_reply<T: DeserializeOwned>(s: &UnixStream) -> Reply<T> {
     let mut line = String::new();
     BufReader::new(s)
         .read_line(&mut line)
@@ -49,27 +51,28 @@ fn a_client_that_never_reads_stalls_nobody_and_is_dropped() {
         "the other client waited {:?}",
         t0.elapsed()
     );
-    assert_eq!(st["ok"], true, "{st}");
-    assert!(st["stats"]["ctl"]["clients"].as_u64().unwrap() >= 2, "{st}");
+    let st: Reply<StatsReply> = st;
+    assert!(st.ok, "{st:?}");
+    assert!(st.body.stats.ctl.clients >= 2, "{st:?}");
 
     // An empty line gets an error reply.
     (&other).write_all(b"\n").unwrap();
-    let e = one_reply(&other);
-    assert_eq!(e["ok"], false, "{e}");
-    assert!(e["error"].as_str().unwrap().contains("empty"), "{e}");
+    let e: Reply<Empty> = one_reply(&other);
+    assert!(!e.ok, "{e:?}");
+    assert!(e.error.as_deref().unwrap().contains("empty"), "{e:?}");
 
     // The hog is disconnected once its replies made no progress for 10 s.
     let mut c = ctl(&d);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let s = c.stats().unwrap();
-        if counter(&s, "ctl.dropped_slow") == 1 {
+        if s.ctl.dropped_slow == 1 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the hog was never dropped: {}",
-            s["ctl"]
+            "the hog was never dropped: {:?}",
+            s.ctl
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -98,9 +101,9 @@ fn overlong_lines_and_too_many_clients_are_refused_with_a_reason() {
     let long = connect(&d);
     let junk = vec![b'x'; (1 << 20) + 4096];
     let _ = (&long).write_all(&junk);
-    let e = one_reply(&long);
-    assert_eq!(e["ok"], false, "{e}");
-    assert!(e["error"].as_str().unwrap().contains("longer than"), "{e}");
+    let e: Reply<Empty> = one_reply(&long);
+    assert!(!e.ok, "{e:?}");
+    assert!(e.error.as_deref().unwrap().contains("longer than"), "{e:?}");
     let mut rest = Vec::new();
     assert_eq!(
         (&long).read_to_end(&mut rest).unwrap_or(0),
@@ -113,22 +116,22 @@ fn overlong_lines_and_too_many_clients_are_refused_with_a_reason() {
     let mut c = ctl(&d);
     let held: Vec<UnixStream> = (0..63).map(|_| connect(&d)).collect();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while c.stats().unwrap()["ctl"]["clients"].as_u64().unwrap_or(0) < 64 {
+    while c.stats().unwrap().ctl.clients < 64 {
         assert!(Instant::now() < deadline, "64 clients not seen");
         std::thread::sleep(Duration::from_millis(50));
     }
     let extra = connect(&d);
-    let r = one_reply(&extra);
-    assert_eq!(r["ok"], false, "{r}");
-    assert!(r["error"].as_str().unwrap().contains("too many"), "{r}");
+    let r: Reply<Empty> = one_reply(&extra);
+    assert!(!r.ok, "{r:?}");
+    assert!(r.error.as_deref().unwrap().contains("too many"), "{r:?}");
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = c.stats().unwrap();
-        if s["ctl"]["refused"].as_u64().unwrap() >= 1 && s["ctl"]["lines_too_long"] == 1 {
+        if s.ctl.refused >= 1 && s.ctl.lines_too_long == 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "{}", s["ctl"]);
+        assert!(Instant::now() < deadline, "{:?}", s.ctl);
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -140,10 +143,15 @@ fn overlong_lines_and_too_many_clients_are_refused_with_a_reason() {
 fn generator_allocations_are_bounded_with_clear_errors() {
     let d = daemon(&["--queues", "1"]);
     let mut c = ctl(&d);
-    let start = |c: &mut vnic_frontend::harness::Ctl, flows: u32| {
-        c.gen_start(&serde_json::json!({"flows": flows, "sport": "1024-65535",
-            "dport": "5001-5100", "rate": 1}))
-            .map_err(|e| e.to_string())
+    let start = |c: &mut Client, flows: u32| {
+        c.gen_start(
+            &FlowSpec::new()
+                .flows(flows)
+                .sport("1024-65535")
+                .dport("5001-5100")
+                .rate(1),
+        )
+        .map_err(|e| e.to_string())
     };
     let e = start(&mut c, 65_537).expect_err("65537 flows in one set");
     assert!(e.contains("1..=65536"), "{e}");
@@ -152,8 +160,7 @@ fn generator_allocations_are_bounded_with_clear_errors() {
     }
     let e = start(&mut c, 1).expect_err("one flow over the total");
     assert!(e.contains("262144"), "{e}");
-    c.request(&serde_json::json!({"cmd": "gen", "op": "stop"}))
-        .expect("gen stop");
+    c.gen_stop(None).expect("gen stop");
     start(&mut c, 1000).expect("room again after gen stop");
     // At most 1024 live sets.
     for _ in 1..1024 {
@@ -161,4 +168,70 @@ fn generator_allocations_are_bounded_with_clear_errors() {
     }
     let e = start(&mut c, 1).expect_err("set 1025");
     assert!(e.contains("1024 flow sets"), "{e}");
+}
+
+/// `vnic ctl gen pause|resume` (one set, or all): the set stops sending
+/// and goes on; and `vnic ctl stats` into a reader that closes early ends
+/// quietly instead of panicking on the broken pipe.
+#[test]
+fn vnic_ctl_pauses_and_resumes_and_survives_a_closed_pipe() {
+    use std::process::{Command, Stdio};
+    let d = daemon(&["--queues", "1"]);
+    let bin = env!("CARGO_BIN_EXE_vnic");
+    let run = |args: &[&str]| {
+        let out = Command::new(bin)
+            .args(["ctl", "--ctl"])
+            .arg(&d.ctl)
+            .args(args)
+            .output()
+            .expect("run vnic ctl");
+        assert!(
+            out.status.success(),
+            "vnic ctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("a JSON reply")
+    };
+    let id = run(&["gen", "start", "--rate", "1000"])["id"].clone();
+    let id = id.to_string();
+    assert_eq!(
+        run(&["gen", "pause", &id])["pause"],
+        serde_json::json!([id.parse::<u32>().unwrap()])
+    );
+    let sent = |v: serde_json::Value| v["flows"][0]["sent"].as_u64().unwrap();
+    let a = sent(run(&["gen", "list"]));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(sent(run(&["gen", "list"])), a, "a paused set sends nothing");
+    assert!(!run(&["gen", "resume"])["resume"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    let t0 = Instant::now();
+    while sent(run(&["gen", "list"])) == a {
+        assert!(t0.elapsed() < T, "the resumed set never sent");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A reader that takes one byte and goes away, from a reply larger
+    // than the pipe holds (400 paused sets: about 200 KB of JSON).
+    let mut c = ctl(&d);
+    for _ in 0..400 {
+        let id = c.gen_start(&FlowSpec::new().rate(1)).unwrap();
+        c.gen_pause(Some(id)).unwrap();
+    }
+    let mut child = Command::new(bin)
+        .args(["ctl", "--ctl"])
+        .arg(&d.ctl)
+        .args(["gen", "list"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut b = [0u8; 1];
+    out.read_exact(&mut b).unwrap();
+    drop(out);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(o.status.success(), "{:?}: {err}", o.status);
 }

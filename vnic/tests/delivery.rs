@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use arfs::proto::AddOp;
 use common::*;
-use serde_json::json;
 use vnic_agent::payload::{verify, Verdict};
 use vnic_frontend::guest::Guest;
 
@@ -97,16 +96,52 @@ fn generator_frames_carry_seq_and_pattern() {
     let mut c = ctl(&d);
     // IPv4 and IPv6, even and odd payload lengths, stamped and not.
     let sets = [
-        json!({"flows": 3, "sport": "11000-11002", "dport": "5001", "count": 60, "rate": 20000, "size": 128}),
-        json!({"flows": 2, "sport": "11100-11101", "dport": "5001", "count": 40, "rate": 20000, "size": 101}),
-        json!({"flows": 2, "sport": "11200-11201", "dport": "5001", "count": 40, "rate": 20000, "size": 128, "stamp": true}),
-        json!({"flows": 2, "src": "fd00:2::1", "dst": "fd00:2::15", "sport": "11300-11301", "dport": "5002", "count": 40, "rate": 20000, "size": 128}),
-        json!({"flows": 2, "src": "fd00:2::1", "dst": "fd00:2::15", "sport": "11400-11401", "dport": "5002", "count": 40, "rate": 20000, "size": 97, "stamp": true}),
+        FlowSpec::new()
+            .flows(3)
+            .sport("11000-11002")
+            .dport("5001")
+            .count(60)
+            .rate(20000)
+            .size(128),
+        FlowSpec::new()
+            .flows(2)
+            .sport("11100-11101")
+            .dport("5001")
+            .count(40)
+            .rate(20000)
+            .size(101),
+        FlowSpec::new()
+            .flows(2)
+            .sport("11200-11201")
+            .dport("5001")
+            .count(40)
+            .rate(20000)
+            .size(128)
+            .stamp(true),
+        FlowSpec::new()
+            .flows(2)
+            .src("fd00:2::1")
+            .dst("fd00:2::15")
+            .sport("11300-11301")
+            .dport("5002")
+            .count(40)
+            .rate(20000)
+            .size(128),
+        FlowSpec::new()
+            .flows(2)
+            .src("fd00:2::1")
+            .dst("fd00:2::15")
+            .sport("11400-11401")
+            .dport("5002")
+            .count(40)
+            .rate(20000)
+            .size(97)
+            .stamp(true),
     ];
     let mut want = 0;
     for s in &sets {
         gen_burst(&mut c, s);
-        want += s["count"].as_u64().unwrap() as usize;
+        want += s.count.unwrap() as usize;
     }
     g.wait_until(T, "every frame", |g| g.stashed() >= want)
         .unwrap();
@@ -120,24 +155,22 @@ fn generator_frames_carry_seq_and_pattern() {
     // number twice, none skipped, and `sent` says how many there were.
     let id = c
         .gen_start(
-            &json!({"flows": 1, "sport": "12000", "dport": "5003", "rate": 2000, "size": 128}),
+            &FlowSpec::new()
+                .flows(1)
+                .sport("12000")
+                .dport("5003")
+                .rate(2000)
+                .size(128),
         )
         .unwrap();
-    let sent = |c: &mut vnic_frontend::harness::Ctl| {
+    let sent = |c: &mut Client| {
         let l = c.gen_list().unwrap();
-        l.as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == json!(id))
-            .unwrap()["sent"]
-            .as_u64()
-            .unwrap()
+        l.iter().find(|s| s.id == id).unwrap().sent
     };
     let mut all = Vec::new();
     for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(100));
-        c.request(&json!({"cmd": "gen", "op": "pause", "id": id}))
-            .unwrap();
+        c.gen_pause(Some(id)).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let n = sent(&mut c) as usize;
         g.wait_until(T, "the paused set's frames", |g| {
@@ -146,16 +179,12 @@ fn generator_frames_carry_seq_and_pattern() {
         .unwrap();
         all.extend(seqs(&mut g).remove(&(12000, 5003)).unwrap_or_default());
         assert_eq!(all.len(), n);
-        c.request(&json!({"cmd": "gen", "op": "resume", "id": id}))
-            .unwrap();
+        c.gen_resume(Some(id)).unwrap();
     }
     all.sort_unstable();
     assert!(all.len() > 100, "{}", all.len());
     assert_eq!(all, (0..all.len() as u64).collect::<Vec<_>>());
-    let e = c
-        .request(&json!({"cmd": "gen", "op": "pause", "id": 999}))
-        .unwrap_err()
-        .to_string();
+    let e = c.gen_pause(Some(999)).unwrap_err().to_string();
     assert!(e.contains("no flow set 999"), "{e}");
 }
 
@@ -174,27 +203,31 @@ fn path_fault_knobs_act_after_the_hit_is_counted() {
     let wrong = (target + 1) % 4;
     let ack = g.add(vec![AddOp::new(3, target, &flow)], T).expect("ADD");
     assert!(ack.statuses.iter().all(|s| *s == 0), "{ack:?}");
-    let hits = |c: &mut vnic_frontend::harness::Ctl| {
-        c.table().unwrap()["filters"][0]["hits"].as_u64().unwrap()
+    let hits = |c: &mut Client| c.table().unwrap().filters[0].hits;
+    let spec = |n: u64| {
+        FlowSpec::new()
+            .flows(1)
+            .sport("13000")
+            .count(n)
+            .rate(20000)
+            .size(128)
     };
-    let spec =
-        |n: u64| json!({"flows": 1, "sport": "13000", "count": n, "rate": 20000, "size": 128});
     // (frames, fault counter) per knob.
-    let burst = |g: &mut Guest, c: &mut vnic_frontend::harness::Ctl, n: u64, ctr: &str| {
+    let burst = |g: &mut Guest, c: &mut Client, n: u64, ctr: fn(&Stats) -> u64| {
         let (h0, s0) = (hits(c), c.stats().unwrap());
         gen_burst(c, &spec(n));
         let s1 = wait_stats(c, "every frame counted", |s| {
-            sum_queues(s, "rx_filter") - sum_queues(&s0, "rx_filter") == n
+            sum_queues(s, |q| q.rx_filter) - sum_queues(&s0, |q| q.rx_filter) == n
         });
         std::thread::sleep(Duration::from_millis(100));
         g.poll();
         let got = g.take_all();
         assert_eq!(hits(c) - h0, n, "the filter counted every hit");
-        (got, counter(&s1, ctr) - counter(&s0, ctr))
+        (got, ctr(&s1) - ctr(&s0))
     };
 
-    c.set("corrupt_rate", &json!(1)).unwrap();
-    let (got, n) = burst(&mut g, &mut c, 20, "peer.fault_corrupted");
+    c.set("corrupt_rate", 1).unwrap();
+    let (got, n) = burst(&mut g, &mut c, 20, |s| s.peer.fault_corrupted);
     assert_eq!((got.len(), n), (20, 20));
     for r in &got {
         assert_eq!(r.rxq, target);
@@ -204,36 +237,42 @@ fn path_fault_knobs_act_after_the_hit_is_counted() {
     // An unsteered flow (no filter) is left alone.
     gen_burst(
         &mut c,
-        &json!({"flows": 1, "sport": "13001", "count": 10, "rate": 20000, "size": 128}),
+        &FlowSpec::new()
+            .flows(1)
+            .sport("13001")
+            .count(10)
+            .rate(20000)
+            .size(128),
     );
     g.wait_until(T, "the unsteered burst", |g| g.stashed() >= 10)
         .unwrap();
     assert_eq!(seqs(&mut g)[&(13001, 5001)], (0..10).collect::<Vec<u64>>());
-    c.set("corrupt_rate", &json!(0)).unwrap();
+    c.set("corrupt_rate", 0).unwrap();
 
     // The same flip under a stale checksum: the guest's stack would drop it.
-    c.set("bad_csum_rate", &json!(1)).unwrap();
-    let (got, n) = burst(&mut g, &mut c, 20, "peer.fault_bad_csum");
+    c.set("bad_csum_rate", 1).unwrap();
+    let (got, n) = burst(&mut g, &mut c, 20, |s| s.peer.fault_bad_csum);
     assert_eq!((got.len(), n), (20, 20));
     for r in &got {
         let (ok, (sp, dp, p)) = udp_parsed(&r.frame.data);
         assert!(!ok, "stale UDP checksum");
         assert_eq!(verify(&p, sp, dp), Verdict::Corrupt);
     }
-    c.set("bad_csum_rate", &json!(0)).unwrap();
+    c.set("bad_csum_rate", 0).unwrap();
 
-    c.set("drop_rate", &json!("1.0")).unwrap();
+    c.set("drop_rate", "1.0").unwrap();
     let before = c.stats().unwrap();
-    let (got, n) = burst(&mut g, &mut c, 20, "peer.fault_dropped");
+    let (got, n) = burst(&mut g, &mut c, 20, |s| s.peer.fault_dropped);
     assert_eq!((got.len(), n), (0, 20), "dropped, yet counted delivered");
     let after = c.stats().unwrap();
-    let q = |s: &serde_json::Value, f: &str| s["queues"][usize::from(target)][f].as_u64().unwrap();
-    assert_eq!(q(&after, "rx_packets") - q(&before, "rx_packets"), 20);
-    c.set("drop_rate", &json!(0)).unwrap();
+    let q = |s: &Stats| s.queues[usize::from(target)].rx_packets;
+    assert_eq!(q(&after) - q(&before), 20);
+    c.set("drop_rate", 0).unwrap();
 
-    let k = c.set("misroute_rate", &json!(0.5)).unwrap();
-    assert_eq!(k["knobs"]["misroute_rate"], json!(0.5), "{k}");
-    let (got, n) = burst(&mut g, &mut c, 400, "peer.misrouted");
+    let k = c.set("misroute_rate", 0.5).unwrap();
+    // Exactly 0.5 (what the JSON reply compared before it had a type).
+    assert_eq!(k.misroute_rate.to_bits(), 0.5f64.to_bits(), "{k:?}");
+    let (got, n) = burst(&mut g, &mut c, 400, |s| s.peer.misrouted);
     let on_wrong = got.iter().filter(|r| r.rxq == wrong).count() as u64;
     let on_target = got.iter().filter(|r| r.rxq == target).count() as u64;
     assert_eq!(on_wrong + on_target, 400);
@@ -242,14 +281,14 @@ fn path_fault_knobs_act_after_the_hit_is_counted() {
         (100..300).contains(&on_wrong),
         "{on_wrong} of 400 at rate 1/2"
     );
-    c.set("misroute_rate", &json!(0)).unwrap();
+    c.set("misroute_rate", 0).unwrap();
 
     // Off again: everything intact on the filter's queue.
-    let (got, _) = burst(&mut g, &mut c, 20, "peer.misrouted");
+    let (got, _) = burst(&mut g, &mut c, 20, |s| s.peer.misrouted);
     assert!(got.iter().all(|r| r.rxq == target));
     for e in [
-        c.set("drop_rate", &json!(1.5)).unwrap_err().to_string(),
-        c.set("corrupt_rate", &json!("x")).unwrap_err().to_string(),
+        c.set("drop_rate", 1.5).unwrap_err().to_string(),
+        c.set("corrupt_rate", "x").unwrap_err().to_string(),
     ] {
         assert!(e.contains("_rate"), "{e}");
     }

@@ -10,7 +10,6 @@ mod common;
 use arfs::proto::{AddOp, DelOp};
 use arfs::{DelReason, FlowKey, OpStatus, Toeplitz};
 use common::*;
-use serde_json::json;
 
 fn st(v: &[OpStatus]) -> Vec<u8> {
     v.iter().map(|s| *s as u8).collect()
@@ -20,13 +19,17 @@ fn st(v: &[OpStatus]) -> Vec<u8> {
 /// queues they arrived on.
 fn burst_queues(
     g: &mut vnic_frontend::guest::Guest,
-    c: &mut vnic_frontend::harness::Ctl,
+    c: &mut Client,
     sport: u16,
     count: u64,
 ) -> Vec<u16> {
     gen_burst(
         c,
-        &json!({"flows": 1, "sport": sport.to_string(), "count": count, "rate": 10000}),
+        &FlowSpec::new()
+            .flows(1)
+            .sport(sport.to_string())
+            .count(count)
+            .rate(10000),
     );
     g.wait_until(T, "burst frames", |g| g.stashed() as u64 >= count)
         .unwrap();
@@ -66,18 +69,18 @@ fn add_steers_to_filter_queue_and_del_returns_to_rss() {
         "steered frames on {qs:?}, filter says {target}"
     );
     let after = c.stats().unwrap();
-    let key = format!("queues.{target}.rx_filter");
+    let t = usize::from(target);
     assert_eq!(
-        counter(&after, &key) - counter(&before, &key),
+        after.queues[t].rx_filter - before.queues[t].rx_filter,
         20,
         "rx_filter on the target queue"
     );
     let t = c.table().unwrap();
-    assert_eq!(t["live"], json!(1));
-    assert_eq!(t["filters"][0]["id"], json!(7));
-    assert_eq!(t["filters"][0]["rxq"], json!(target));
-    assert_eq!(t["filters"][0]["hits"], json!(20));
-    assert_eq!(t["filters"][0]["flow"]["sport"], json!(10000));
+    assert_eq!(t.live, 1);
+    assert_eq!(t.filters[0].id, 7);
+    assert_eq!(t.filters[0].rxq, target);
+    assert_eq!(t.filters[0].hits, 20);
+    assert_eq!(t.filters[0].flow.sport, 10000);
 
     // Another flow is not affected by the filter.
     let other = burst_queues(&mut g, &mut c, 10001, 5);
@@ -95,7 +98,7 @@ fn add_steers_to_filter_queue_and_del_returns_to_rss() {
         )
         .expect("DEL");
     assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
-    assert_eq!(c.table().unwrap()["live"], json!(0));
+    assert_eq!(c.table().unwrap().live, 0);
     assert!(
         burst_queues(&mut g, &mut c, 10000, 10)
             .iter()
@@ -122,7 +125,7 @@ fn add_steers_to_filter_queue_and_del_returns_to_rss() {
         )
         .unwrap();
     assert_eq!(ack.statuses, st(&[OpStatus::BadQueue, OpStatus::BadId]));
-    assert_eq!(c.table().unwrap()["live"], json!(0));
+    assert_eq!(c.table().unwrap().live, 0);
     assert!(g.faults.is_empty(), "{:?}", g.faults);
     assert!(g.bad_replies.is_empty(), "{:?}", g.bad_replies);
 }
@@ -149,7 +152,7 @@ fn table_full_rejects_in_ack() {
             OpStatus::TableFull
         ])
     );
-    assert_eq!(c.table().unwrap()["live"], json!(4));
+    assert_eq!(c.table().unwrap().live, 4);
     // Replacing a live id still works at capacity; freeing one makes room.
     let ack = g
         .add(vec![AddOp::new(0, 1, &gen_flow(11000, 5001))], T)
@@ -167,7 +170,7 @@ fn table_full_rejects_in_ack() {
         .add(vec![AddOp::new(9, 0, &gen_flow(11009, 5001))], T)
         .unwrap();
     assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
-    assert_eq!(c.table().unwrap()["live"], json!(4));
+    assert_eq!(c.table().unwrap().live, 4);
 }
 
 /// Three flows that hash into one bucket of a 4x2 placement model: the
@@ -202,7 +205,7 @@ fn bucket_full_rejects_in_ack() {
             OpStatus::Ok
         ])
     );
-    assert_eq!(c.table().unwrap()["live"], json!(3));
+    assert_eq!(c.table().unwrap().live, 3);
 }
 
 /// Once SET_VRING_ENABLE for a pair has been acknowledged (REPLY_ACK), the
@@ -246,7 +249,7 @@ fn pairs_count_as_enabled_as_soon_as_enable_is_acked() {
             ));
         }
         drop(g);
-        wait_stats(&mut c, "disconnect", |s| s["connected"] == json!(false));
+        wait_stats(&mut c, "disconnect", |s| !s.connected);
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for h in hogs {
@@ -277,7 +280,7 @@ fn no_frame_of_the_flow_takes_the_old_queue_after_the_ack() {
     // Not queue 0, where the ACKs arrive: the two queues are read apart.
     let target = if q_rss == 3 { 1 } else { q_rss + 1 };
     let q_rss = usize::from(q_rss);
-    c.gen_start(&json!({"flows": 1, "sport": sport.to_string(), "rate": 0}))
+    c.gen_start(&FlowSpec::new().flows(1).sport(sport.to_string()).rate(0))
         .expect("gen start");
 
     // Drains queue `q` (reposting buffers) and returns the frames of

@@ -11,7 +11,6 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use serde_json::json;
 use vhost::vhost_user::message::VhostUserProtocolFeatures as P;
 use vnic_frontend::features as F;
 use vnic_frontend::guest::Guest;
@@ -69,10 +68,10 @@ fn negotiates_features_protocol_and_queue_count() {
 
     let mut c = ctl(&d);
     let s = wait_stats(&mut c, "4 pairs enabled", |s| {
-        s["connected"] == json!(true) && s["enabled_pairs"] == json!(4)
+        s.connected && s.enabled_pairs == 4
     });
-    assert_eq!(s["queue_pairs"], json!(4));
-    assert_eq!(s["connections"], json!(1));
+    assert_eq!(s.queue_pairs, 4);
+    assert_eq!(s.connections, 1);
 }
 
 #[test]
@@ -98,7 +97,11 @@ fn add_mem_reg_path_moves_frames() {
     let mut c = ctl(&d);
     gen_burst(
         &mut c,
-        &json!({"flows": 4, "sport": "10000-10003", "count": 40, "rate": 0}),
+        &FlowSpec::new()
+            .flows(4)
+            .sport("10000-10003")
+            .count(40)
+            .rate(0),
     );
     g.wait_until(T, "40 generator frames", |g| g.stashed() >= 40)
         .unwrap();
@@ -106,19 +109,22 @@ fn add_mem_reg_path_moves_frames() {
     assert!(g.faults.is_empty(), "{:?}", g.faults);
     // `ctl stats` shows the rings as the 50 ms poll saw them: running, the
     // 40 frames and the CAPS reply used on rx, the HELLO taken from tx.
+    let pair0 = |s: &Stats| {
+        s.rings
+            .as_ref()
+            .and_then(|r| r.pairs.first().copied().flatten())
+    };
     let s = wait_stats(&mut c, "the poll to see the rings", |s| {
-        s["rings"]["pairs"][0]["rx"]["next_used"] == json!(41)
+        pair0(s).is_some_and(|p| p.rx.next_used == 41)
     });
-    let (rx, tx) = (&s["rings"]["pairs"][0]["rx"], &s["rings"]["pairs"][0]["tx"]);
-    assert_eq!(
-        (&rx["enabled"], &rx["ready"]),
-        (&json!(true), &json!(true)),
-        "{rx}"
-    );
-    assert_eq!(tx["avail"], tx["next_avail"], "tx fully taken: {tx}");
-    assert_eq!(tx["next_avail"], json!(1), "{tx}");
-    assert!(s["rings"]["age_ms"].as_u64().unwrap() < 5_000, "{s}");
-    assert_eq!(s["rings"]["watchdog_nudges"], json!(0));
+    let p = pair0(&s).unwrap();
+    let (rx, tx) = (p.rx, p.tx);
+    assert_eq!((rx.enabled, rx.ready), (true, true), "{rx:?}");
+    assert_eq!(tx.avail, Some(tx.next_avail), "tx fully taken: {tx:?}");
+    assert_eq!(tx.next_avail, 1, "{tx:?}");
+    let rings = s.rings.as_ref().unwrap();
+    assert!(rings.age_ms.unwrap() < 5_000, "{s:?}");
+    assert_eq!(rings.watchdog_nudges, 0);
 }
 
 /// Enable pairs one by one (as QEMU does when the guest raises VQ_PAIRS):
@@ -134,7 +140,7 @@ fn enabling_pairs_one_by_one_rss_follows() {
     for n in 1..=PAIRS {
         g.drv.enable_pair(n - 1, true).expect("SET_VRING_ENABLE");
         wait_stats(&mut c, &format!("{n} pairs enabled"), |s| {
-            s["enabled_pairs"] == json!(n)
+            s.enabled_pairs == n
         });
         let caps = g.hello(T).expect("HELLO");
         assert_eq!(caps.enabled_queue_pairs, n, "CAPS after enabling {n}");
@@ -144,7 +150,11 @@ fn enabling_pairs_one_by_one_rss_follows() {
         // 256 tuples (sport 20000..20255), 2 frames each.
         gen_burst(
             &mut c,
-            &json!({"flows": FLOWS, "sport": "20000-20255", "count": 2 * FLOWS, "rate": 20000}),
+            &FlowSpec::new()
+                .flows(FLOWS as u32)
+                .sport("20000-20255")
+                .count(2 * FLOWS)
+                .rate(20000),
         );
         g.wait_until(T, "all generator frames", |g| {
             g.stashed() as u64 >= 2 * FLOWS
@@ -175,30 +185,31 @@ fn enabling_pairs_one_by_one_rss_follows() {
         );
         let after = c.stats().unwrap();
         for q in 0..PAIRS as usize {
-            let rss = counter(&after, &format!("queues.{q}.rx_rss"))
-                - counter(&before, &format!("queues.{q}.rx_rss"));
+            let rss = after.queues[q].rx_rss - before.queues[q].rx_rss;
             assert_eq!(
                 rss,
                 per_q.get(&(q as u16)).copied().unwrap_or(0),
                 "queue {q} rx_rss"
             );
         }
-        assert_eq!(sum_queues(&after, "rx_drops"), 0, "no drops");
-        assert_eq!(sum_queues(&after, "rx_filter"), 0);
+        assert_eq!(sum_queues(&after, |q| q.rx_drops), 0, "no drops");
+        assert_eq!(sum_queues(&after, |q| q.rx_filter), 0);
     }
     // Disable the last pair: CAPS and RSS shrink back to 3.
     g.drv.enable_pair(PAIRS - 1, false).unwrap();
-    wait_stats(&mut c, "3 pairs enabled", |s| {
-        s["enabled_pairs"] == json!(3)
-    });
+    wait_stats(&mut c, "3 pairs enabled", |s| s.enabled_pairs == 3);
     assert_eq!(g.hello(T).unwrap().enabled_queue_pairs, 3);
     gen_burst(
         &mut c,
-        &json!({"flows": FLOWS, "sport": "20000-20255", "count": FLOWS, "rate": 20000}),
+        &FlowSpec::new()
+            .flows(FLOWS as u32)
+            .sport("20000-20255")
+            .count(FLOWS)
+            .rate(20000),
     );
     if let Err(e) = g.wait_until(T, "frames after disabling", |g| g.stashed() as u64 >= FLOWS) {
         panic!(
-            "{e}\nstats: {}\ngen: {}",
+            "{e}\nstats: {:?}\ngen: {:?}",
             c.stats().unwrap(),
             c.gen_list().unwrap()
         );

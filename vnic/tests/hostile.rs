@@ -12,7 +12,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::{json, Value};
 use vnic_frontend::guest::{Guest, GUEST_MAC};
 use vnic_frontend::{build_frame, FrameSpec, Hostile};
 
@@ -29,26 +28,40 @@ fn good_tx_frame(sport: u16) -> Vec<u8> {
     })
 }
 
-fn q(s: &Value, i: usize, f: &str) -> u64 {
-    counter(s, &format!("queues.{i}.{f}"))
-}
+/// One counter of a queue.
+type Counter = fn(&QueueStats) -> u64;
 
-/// The `tx_bad_<reason>` counter each broken TX chain must land in.
-fn tx_reason(kind: Hostile) -> &'static str {
+/// The `tx_bad_<reason>` counter each broken TX chain must land in (its
+/// name, for the messages, and the field).
+fn tx_reason(kind: Hostile) -> (&'static str, Counter) {
     match kind {
         Hostile::AddrOutOfMemory
         | Hostile::StraddlesEnd
         | Hostile::IndirectOutOfMemory
-        | Hostile::IndirectEntryOutOfMemory => "out_of_range",
-        Hostile::Loop | Hostile::ChainLongerThanRing => "loop",
-        Hostile::NextOutOfRange | Hostile::BadHead => "bad_index",
-        Hostile::ZeroLength => "short_header",
+        | Hostile::IndirectEntryOutOfMemory => ("out_of_range", |q| q.tx_bad_out_of_range),
+        Hostile::Loop | Hostile::ChainLongerThanRing => ("loop", |q| q.tx_bad_loop),
+        Hostile::NextOutOfRange | Hostile::BadHead => ("bad_index", |q| q.tx_bad_bad_index),
+        Hostile::ZeroLength => ("short_header", |q| q.tx_bad_short_header),
         Hostile::IndirectBadLength | Hostile::IndirectNested | Hostile::IndirectLongerThanRing => {
-            "indirect"
+            ("indirect", |q| q.tx_bad_indirect)
         }
-        Hostile::WrongDirection => "writable",
-        Hostile::TooLong => "too_long",
+        Hostile::WrongDirection => ("writable", |q| q.tx_bad_writable),
+        Hostile::TooLong => ("too_long", |q| q.tx_bad_too_long),
     }
+}
+
+/// The `tx_bad_*` counters that differ between two looks at a queue.
+fn tx_bad_moved(a: &QueueStats, b: &QueueStats) -> Vec<String> {
+    let (a, b) = (
+        serde_json::to_value(a).unwrap(),
+        serde_json::to_value(b).unwrap(),
+    );
+    a.as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, v)| k.starts_with("tx_bad_") && b.get(k.as_str()) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 #[test]
@@ -61,15 +74,16 @@ fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
     let kinds = Hostile::ALL.into_iter().chain(Hostile::TX_ONLY);
     for (i, kind) in kinds.enumerate() {
         let before = c.stats().unwrap();
-        let reason = format!("tx_bad_{}", tx_reason(kind));
+        let (name, reason_of) = tx_reason(kind);
+        let reason = format!("tx_bad_{name}");
         let tx = &mut g.qps[0].tx;
         tx.ring
             .push_hostile(kind, false)
             .expect("build hostile chain");
         tx.ring.notify();
         g.send(0, &good);
-        let want_bad = q(&before, 0, "tx_bad_chains") + 1;
-        let want_pkts = q(&before, 0, "tx_packets") + 1;
+        let want_bad = before.queues[0].tx_bad_chains + 1;
+        let want_pkts = before.queues[0].tx_packets + 1;
         // Both heads (hostile and good) come back ...
         if let Err(e) = g.wait_until(Duration::from_secs(20), "tx heads returned", |g| {
             g.qps[0].tx.ring.in_flight() == 0
@@ -83,38 +97,31 @@ fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
         // ... the good frame reached the peer and the bad chain was counted.
         let s = vnic_frontend::harness::wait_for(Duration::from_secs(10), "counters", || {
             let s = c.stats().unwrap();
-            (q(&s, 0, "tx_packets") >= want_pkts && q(&s, 0, "tx_bad_chains") >= want_bad)
+            (s.queues[0].tx_packets >= want_pkts && s.queues[0].tx_bad_chains >= want_bad)
                 .then_some(s)
         })
         .unwrap_or_else(|_| c.stats().unwrap());
-        if q(&s, 0, "tx_bad_chains") != want_bad {
+        if s.queues[0].tx_bad_chains != want_bad {
             failures.push(format!(
                 "#{i} {kind:?}: tx_bad_chains {} want exactly {want_bad}",
-                q(&s, 0, "tx_bad_chains")
+                s.queues[0].tx_bad_chains
             ));
         }
-        if q(&s, 0, &reason) != q(&before, 0, &reason) + 1 {
+        if reason_of(&s.queues[0]) != reason_of(&before.queues[0]) + 1 {
             failures.push(format!(
                 "#{i} {kind:?}: {reason} {} want exactly {} (counted as {:?})",
-                q(&s, 0, &reason),
-                q(&before, 0, &reason) + 1,
-                s["queues"][0]
-                    .as_object()
-                    .unwrap()
-                    .iter()
-                    .filter(|(k, v)| k.starts_with("tx_bad_")
-                        && v.as_u64() != before["queues"][0][k.as_str()].as_u64())
-                    .map(|(k, _)| k.as_str())
-                    .collect::<Vec<_>>()
+                reason_of(&s.queues[0]),
+                reason_of(&before.queues[0]) + 1,
+                tx_bad_moved(&s.queues[0], &before.queues[0])
             ));
         }
-        if q(&s, 0, "tx_packets") != want_pkts {
+        if s.queues[0].tx_packets != want_pkts {
             failures.push(format!(
                 "#{i} {kind:?}: tx_packets {} want exactly {want_pkts} (only the good frame)",
-                q(&s, 0, "tx_packets")
+                s.queues[0].tx_packets
             ));
         }
-        if s["queues"][0]["tx_stopped"] != Value::Null {
+        if s.queues[0].tx_stopped.is_some() {
             failures.push(format!("#{i} {kind:?}: the ring was stopped"));
         }
     }
@@ -122,9 +129,9 @@ fn hostile_tx_chains_are_counted_and_queue_keeps_working() {
     let before = c.stats().unwrap();
     g.send(1, &good_tx_frame(40001));
     let s = wait_stats(&mut c, "tx on pair 1", |s| {
-        q(s, 1, "tx_packets") == q(&before, 1, "tx_packets") + 1
+        s.queues[1].tx_packets == before.queues[1].tx_packets + 1
     });
-    assert_eq!(q(&s, 1, "tx_bad_chains"), 0, "pair 1 unaffected");
+    assert_eq!(s.queues[1].tx_bad_chains, 0, "pair 1 unaffected");
     assert!(
         g.faults.is_empty(),
         "device faults seen by the driver: {:?}",
@@ -162,9 +169,13 @@ fn hostile_rx_chains_are_counted_and_queue_keeps_working() {
         // One frame for queue 0 meets the hostile chain.
         gen_burst(
             &mut c,
-            &json!({"flows": 1, "sport": sport0.to_string(), "count": 1, "rate": 1000}),
+            &FlowSpec::new()
+                .flows(1)
+                .sport(sport0.to_string())
+                .count(1)
+                .rate(1000),
         );
-        let want_bad = q(&before, 0, "rx_bad_chains") + 1;
+        let want_bad = before.queues[0].rx_bad_chains + 1;
         // The device gives the broken chain back (len 0) ...
         if let Err(e) = g.wait_until(Duration::from_secs(20), "hostile rx head returned", |g| {
             g.qps[0].rx.ring.in_flight() == 0
@@ -184,13 +195,13 @@ fn hostile_rx_chains_are_counted_and_queue_keeps_working() {
         }
         let s = vnic_frontend::harness::wait_for(Duration::from_secs(10), "rx_bad_chains", || {
             let s = c.stats().unwrap();
-            (q(&s, 0, "rx_bad_chains") >= want_bad).then_some(s)
+            (s.queues[0].rx_bad_chains >= want_bad).then_some(s)
         })
         .unwrap_or_else(|_| c.stats().unwrap());
-        if q(&s, 0, "rx_bad_chains") != want_bad {
+        if s.queues[0].rx_bad_chains != want_bad {
             failures.push(format!(
                 "#{i} {kind:?}: rx_bad_chains {} want exactly {want_bad}",
-                q(&s, 0, "rx_bad_chains")
+                s.queues[0].rx_bad_chains
             ));
         }
         // The next good buffer receives the next frame intact.
@@ -198,7 +209,11 @@ fn hostile_rx_chains_are_counted_and_queue_keeps_working() {
         g.qps[0].rx.ring.notify();
         gen_burst(
             &mut c,
-            &json!({"flows": 1, "sport": sport0.to_string(), "count": 1, "rate": 1000}),
+            &FlowSpec::new()
+                .flows(1)
+                .sport(sport0.to_string())
+                .count(1)
+                .rate(1000),
         );
         if let Err(e) = g.wait_until(
             Duration::from_secs(20),
@@ -223,13 +238,17 @@ fn hostile_rx_chains_are_counted_and_queue_keeps_working() {
     // Pair 1 was never affected.
     gen_burst(
         &mut c,
-        &json!({"flows": 1, "sport": sport1.to_string(), "count": 20, "rate": 10000}),
+        &FlowSpec::new()
+            .flows(1)
+            .sport(sport1.to_string())
+            .count(20)
+            .rate(10000),
     );
     g.wait_until(T, "pair 1 frames", |g| g.stash[1].len() >= 20)
         .unwrap();
     let s = c.stats().unwrap();
-    assert_eq!(q(&s, 1, "rx_bad_chains"), 0);
-    assert_eq!(q(&s, 1, "rx_drops"), 0);
+    assert_eq!(s.queues[1].rx_bad_chains, 0);
+    assert_eq!(s.queues[1].rx_drops, 0);
     assert!(
         g.faults.is_empty(),
         "device faults seen by the driver: {:?}",
@@ -266,8 +285,8 @@ fn avail_index_jump_stops_the_ring_once_until_restarted() {
         g.qps[0].rx.ring.publish_jump(size + 102);
     }
     let s = wait_stats(&mut c, "both rings of pair 0 stopped", |s| {
-        s["queues"][0]["tx_stopped"] == json!("avail_jump")
-            && s["queues"][0]["rx_stopped"] == json!("avail_jump")
+        s.queues[0].tx_stopped.as_deref() == Some("avail_jump")
+            && s.queues[0].rx_stopped.as_deref() == Some("avail_jump")
     });
     // More kicks change nothing.
     for _ in 0..1000 {
@@ -276,12 +295,20 @@ fn avail_index_jump_stops_the_ring_once_until_restarted() {
     }
     std::thread::sleep(Duration::from_millis(300));
     let s2 = c.stats().unwrap();
-    for dir in ["tx", "rx"] {
-        let f = format!("{dir}_bad_avail_jump");
-        assert_eq!(q(&s, 0, &f), 1, "{f} counted once: {:#}", s["queues"][0]);
-        assert_eq!(q(&s2, 0, &f), 1, "{f} still once after more kicks");
+    let jumps: [(&str, Counter); 2] = [
+        ("tx_bad_avail_jump", |q| q.tx_bad_avail_jump),
+        ("rx_bad_avail_jump", |q| q.rx_bad_avail_jump),
+    ];
+    for (f, jump) in jumps {
+        assert_eq!(
+            jump(&s.queues[0]),
+            1,
+            "{f} counted once: {:#?}",
+            s.queues[0]
+        );
+        assert_eq!(jump(&s2.queues[0]), 1, "{f} still once after more kicks");
     }
-    assert_eq!(q(&s2, 0, "tx_bad_chains"), 0, "no chain was popped");
+    assert_eq!(s2.queues[0].tx_bad_chains, 0, "no chain was popped");
     for (vring, e) in errs.iter().enumerate() {
         assert!(
             e.read().is_ok(),
@@ -302,7 +329,7 @@ fn avail_index_jump_stops_the_ring_once_until_restarted() {
     let before = c.stats().unwrap();
     g.send(1, &good_tx_frame(40001));
     wait_stats(&mut c, "tx on pair 1", |s| {
-        q(s, 1, "tx_packets") == q(&before, 1, "tx_packets") + 1
+        s.queues[1].tx_packets == before.queues[1].tx_packets + 1
     });
     // The frontend restarts pair 0's rings (what QEMU does on a guest
     // driver reset): they run again.
@@ -316,9 +343,9 @@ fn avail_index_jump_stops_the_ring_once_until_restarted() {
     let before = c.stats().unwrap();
     g.send(0, &good_tx_frame(40002));
     let s = wait_stats(&mut c, "pair 0 carries frames again", |s| {
-        q(s, 0, "tx_packets") == q(&before, 0, "tx_packets") + 1
-            && s["queues"][0]["rx_stopped"] == Value::Null
+        s.queues[0].tx_packets == before.queues[0].tx_packets + 1
+            && s.queues[0].rx_stopped.is_none()
     });
-    assert_eq!(s["queues"][0]["tx_stopped"], Value::Null);
-    assert_eq!(q(&s, 0, "tx_bad_avail_jump"), 1);
+    assert_eq!(s.queues[0].tx_stopped, None);
+    assert_eq!(s.queues[0].tx_bad_avail_jump, 1);
 }

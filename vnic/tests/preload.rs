@@ -13,14 +13,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::{json, Value};
+use vnic_ctl_proto::Table;
 
 /// Waits until the table holds `n` filters; returns the `table` reply.
-fn wait_live(c: &mut vnic_frontend::harness::Ctl, n: u64) -> Value {
+fn wait_live(c: &mut Client, n: u64) -> Table {
     let mut last = 0;
     vnic_frontend::harness::wait_for(T, &format!("{n} filters live"), || {
         let t = c.table().expect("ctl table");
-        last = counter(&t, "live");
+        last = t.live;
         (last == n).then_some(t)
     })
     .unwrap_or_else(|e| panic!("{e} (last: {last})"))
@@ -28,14 +28,14 @@ fn wait_live(c: &mut vnic_frontend::harness::Ctl, n: u64) -> Value {
 
 /// Sends `count` frames of the generator's 64 default flows (sport
 /// 10000..=10063) and returns the rx queue each arrived on, by sport.
-fn burst(
-    g: &mut vnic_frontend::guest::Guest,
-    c: &mut vnic_frontend::harness::Ctl,
-    count: u64,
-) -> Vec<(u16, u16)> {
+fn burst(g: &mut vnic_frontend::guest::Guest, c: &mut Client, count: u64) -> Vec<(u16, u16)> {
     gen_burst(
         c,
-        &json!({"flows": 64, "sport": "10000-10063", "count": count, "rate": 20000}),
+        &FlowSpec::new()
+            .flows(64)
+            .sport("10000-10063")
+            .count(count)
+            .rate(20000),
     );
     g.wait_until(T, "burst frames", |g| g.stashed() as u64 >= count)
         .unwrap();
@@ -63,18 +63,18 @@ fn preloaded_filters_match_the_generator_or_miss_everything() {
     let mut g = guest(&d, 2, 2);
     let mut c = ctl(&d);
     let t = wait_live(&mut c, 65535);
-    let filters = t["filters"].as_array().expect("filters");
     for i in 0..64u16 {
-        let f = filters
+        let f = t
+            .filters
             .iter()
-            .find(|f| f["id"] == json!(i))
+            .find(|f| f.id == i)
             .unwrap_or_else(|| panic!("filter {i} missing"));
         let k = gen_flow(10000 + i, 5001);
-        assert_eq!(f["flow"]["sport"], json!(10000 + i), "{f}");
-        assert_eq!(f["flow"]["dport"], json!(5001), "{f}");
-        assert_eq!(f["flow"]["src"], json!(GEN_IP), "{f}");
-        assert_eq!(f["flow"]["dst"], json!(GUEST_IP), "{f}");
-        assert_eq!(f["rxq"], json!(rss_queue(&k, 2)), "{f}");
+        assert_eq!(f.flow.sport, 10000 + i, "{f:?}");
+        assert_eq!(f.flow.dport, 5001, "{f:?}");
+        assert_eq!(f.flow.src.to_string(), GEN_IP, "{f:?}");
+        assert_eq!(f.flow.dst.to_string(), GUEST_IP, "{f:?}");
+        assert_eq!(f.rxq, rss_queue(&k, 2), "{f:?}");
     }
     let before = c.stats().unwrap();
     let got = burst(&mut g, &mut c, 640);
@@ -82,26 +82,21 @@ fn preloaded_filters_match_the_generator_or_miss_everything() {
         assert_eq!(*q, rss_queue(&gen_flow(*sport, 5001), 2), "sport {sport}");
     }
     let after = c.stats().unwrap();
-    let delta = |f: &str| sum_queues(&after, f) - sum_queues(&before, f);
+    let delta = |f: fn(&QueueStats) -> u64| sum_queues(&after, f) - sum_queues(&before, f);
     assert_eq!(
-        (delta("rx_filter"), delta("rx_rss")),
+        (delta(|q| q.rx_filter), delta(|q| q.rx_rss)),
         (640, 0),
         "every frame hits"
     );
     let t = c.table().unwrap();
-    let hits: u64 = t["filters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["hits"].as_u64().unwrap())
-        .sum();
+    let hits: u64 = t.filters.iter().map(|f| f.hits).sum();
     assert_eq!(hits, 640, "hits are counted on the matching filters");
 
     // A new connection empties the table; the preload comes back.
     drop(g);
     let g = guest(&d, 2, 2);
     wait_live(&mut c, 65535);
-    assert_eq!(counter(&c.stats().unwrap(), "connections"), 2);
+    assert_eq!(c.stats().unwrap().connections, 2);
     drop(g);
 }
 
@@ -120,33 +115,28 @@ fn non_matching_preload_is_never_hit_and_waits_for_all_pairs() {
     let g = guest(&d, 2, 1);
     let mut c = ctl(&d);
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(counter(&c.table().unwrap(), "live"), 0);
+    assert_eq!(c.table().unwrap().live, 0);
     drop(g);
     let mut g = guest(&d, 2, 2);
     let t = wait_live(&mut c, 4096);
-    assert!(t["filters"]
-        .as_array()
-        .unwrap()
+    assert!(t
+        .filters
         .iter()
-        .all(|f| f["flow"]["src"].as_str().unwrap().starts_with("172.16.")));
+        .all(|f| f.flow.src.to_string().starts_with("172.16.")));
     let before = c.stats().unwrap();
     let got = burst(&mut g, &mut c, 320);
     for (sport, q) in &got {
         assert_eq!(*q, rss_queue(&gen_flow(*sport, 5001), 2), "sport {sport}");
     }
     let after = c.stats().unwrap();
-    let delta = |f: &str| sum_queues(&after, f) - sum_queues(&before, f);
+    let delta = |f: fn(&QueueStats) -> u64| sum_queues(&after, f) - sum_queues(&before, f);
     assert_eq!(
-        (delta("rx_filter"), delta("rx_rss")),
+        (delta(|q| q.rx_filter), delta(|q| q.rx_rss)),
         (0, 320),
         "every lookup misses"
     );
     let t = c.table().unwrap();
-    assert!(t["filters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|f| f["hits"] == json!(0)));
+    assert!(t.filters.iter().all(|f| f.hits == 0));
 }
 
 /// `vnic serve` that must fail at start; returns its stderr.

@@ -10,7 +10,6 @@ mod common;
 use arfs::proto::AddOp;
 use arfs::OpStatus;
 use common::*;
-use serde_json::json;
 use vnic_frontend::harness::settled_footprint;
 
 #[test]
@@ -24,39 +23,31 @@ fn reconnect_bumps_generation_and_clears_table() {
     let mut g = guest(&d, 2, 2);
     g.hello(T).unwrap();
     let gen1 = g.generation;
-    let s = wait_stats(&mut c, "connected", |s| s["connected"] == json!(true));
-    assert_eq!(
-        counter(&s, "generation"),
-        u64::from(gen1),
-        "CAPS generation = stats generation"
-    );
+    let s = wait_stats(&mut c, "connected", |s| s.connected);
+    assert_eq!(s.generation, gen1, "CAPS generation = stats generation");
     let ack = g.add(vec![AddOp::new(3, target, &flow)], T).unwrap();
     assert_eq!(ack.statuses, vec![OpStatus::Ok as u8]);
-    assert_eq!(c.table().unwrap()["live"], json!(1));
+    assert_eq!(c.table().unwrap().live, 1);
 
     // Traffic keeps flowing towards the guest across the reconnect.
     let busy = c
-        .gen_start(&json!({"flows": 8, "sport": "30000-30007", "rate": 2000}))
+        .gen_start(&FlowSpec::new().flows(8).sport("30000-30007").rate(2000))
         .unwrap();
     g.wait_until(T, "traffic before disconnect", |g| g.stashed() > 50)
         .unwrap();
     drop(g);
-    wait_stats(&mut c, "disconnect noticed", |s| {
-        s["connected"] == json!(false)
-    });
+    wait_stats(&mut c, "disconnect noticed", |s| !s.connected);
 
     let mut g = guest(&d, 2, 2);
     g.hello(T).unwrap();
     let gen2 = g.generation;
     assert_ne!(gen1, gen2, "generation must change on reconnect");
-    let s = wait_stats(&mut c, "second connection", |s| {
-        s["connected"] == json!(true)
-    });
-    assert_eq!(counter(&s, "connections"), 2);
-    assert_eq!(counter(&s, "generation"), u64::from(gen2));
+    let s = wait_stats(&mut c, "second connection", |s| s.connected);
+    assert_eq!(s.connections, 2);
+    assert_eq!(s.generation, gen2);
     let t = c.table().unwrap();
-    assert_eq!(t["live"], json!(0), "table cleared on reconnect: {t}");
-    assert_eq!(counter(&t, "generation"), u64::from(gen2));
+    assert_eq!(t.live, 0, "table cleared on reconnect: {t:?}");
+    assert_eq!(t.generation, gen2);
 
     g.wait_until(T, "traffic after reconnect", |g| g.stashed() > 50)
         .unwrap();
@@ -65,7 +56,11 @@ fn reconnect_bumps_generation_and_clears_table() {
     // The old filter is gone: its flow follows RSS again.
     gen_burst(
         &mut c,
-        &json!({"flows": 1, "sport": "10000", "count": 10, "rate": 10000}),
+        &FlowSpec::new()
+            .flows(1)
+            .sport("10000")
+            .count(10)
+            .rate(10000),
     );
     g.wait_until(T, "10 frames of the formerly filtered flow", |g| {
         g.stash
@@ -83,9 +78,7 @@ fn reconnect_bumps_generation_and_clears_table() {
     }
     // Third time, with a different pair count: the daemon adapts.
     drop(g);
-    wait_stats(&mut c, "second disconnect", |s| {
-        s["connected"] == json!(false)
-    });
+    wait_stats(&mut c, "second disconnect", |s| !s.connected);
     let mut g = guest(&d, 1, 1);
     let caps = g.hello(T).unwrap();
     assert_eq!(caps.enabled_queue_pairs, 1);
@@ -102,11 +95,11 @@ fn reconnects_do_not_grow_fds_threads_or_memory() {
     let d = daemon(&["--queues", "16"]);
     let pid = d.pid().unwrap();
     let mut c = ctl(&d);
-    let cycle = |c: &mut vnic_frontend::harness::Ctl, n: u64| {
+    let cycle = |c: &mut Client, n: u64| {
         let g = guest(&d, 16, 16);
-        wait_stats(c, "connected", |s| counter(s, "connections") == n);
+        wait_stats(c, "connected", |s| s.connections == n);
         drop(g);
-        wait_stats(c, "disconnected", |s| s["connected"] == json!(false));
+        wait_stats(c, "disconnected", |s| !s.connected);
     };
     for n in 1..=10 {
         cycle(&mut c, n);

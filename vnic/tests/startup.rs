@@ -85,7 +85,7 @@ fn a_live_daemon_a_file_a_directory_and_ctl_equal_socket_are_refused() {
     assert!(e.contains("live process"), "{e}");
     let mut c = ctl(&d);
     assert!(
-        counter(&c.stats().unwrap(), "queue_pairs") == 1,
+        c.stats().unwrap().queue_pairs == 1,
         "the first daemon answers"
     );
     assert!(std::fs::symlink_metadata(&d.socket)

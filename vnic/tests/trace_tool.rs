@@ -642,7 +642,7 @@ fn summary_of_a_real_daemon_trace() {
     let mut c = common::ctl(&dm);
     // The daemon notices vring enables asynchronously: wait for both pairs
     // (an ADD to rxq 1 before that is refused with bad_queue).
-    common::wait_stats(&mut c, "2 enabled pairs", |s| s["enabled_pairs"] == 2);
+    common::wait_stats(&mut c, "2 enabled pairs", |s| s.enabled_pairs == 2);
     let caps = g.hello(common::T).expect("HELLO");
     assert_eq!(caps.enabled_queue_pairs, 2);
     let (fa, fb, fc) = (
@@ -650,18 +650,20 @@ fn summary_of_a_real_daemon_trace() {
         common::gen_flow(10001, 5001),
         common::gen_flow(10002, 5001),
     );
-    let burst = |g: &mut vnic_frontend::guest::Guest,
-                 c: &mut vnic_frontend::harness::Ctl,
-                 sport: u16,
-                 count: u64| {
-        common::gen_burst(
-            c,
-            &json!({"flows": 1, "sport": sport.to_string(), "count": count, "rate": 10000}),
-        );
-        g.wait_until(common::T, "burst frames", |g| g.stashed() as u64 >= count)
-            .unwrap();
-        g.take_all();
-    };
+    let burst =
+        |g: &mut vnic_frontend::guest::Guest, c: &mut common::Client, sport: u16, count: u64| {
+            common::gen_burst(
+                c,
+                &common::FlowSpec::new()
+                    .flows(1)
+                    .sport(sport.to_string())
+                    .count(count)
+                    .rate(10000),
+            );
+            g.wait_until(common::T, "burst frames", |g| g.stashed() as u64 >= count)
+                .unwrap();
+            g.take_all();
+        };
     g.add(
         vec![AddOp::new(1, 0, &fa), AddOp::new(2, 1, &fb)],
         common::T,
@@ -689,7 +691,7 @@ fn summary_of_a_real_daemon_trace() {
     .unwrap();
     let stats = c.stats().unwrap();
     let table = d.join("table.json");
-    std::fs::write(&table, c.table().unwrap().to_string()).unwrap();
+    std::fs::write(&table, serde_json::to_string(&c.table().unwrap()).unwrap()).unwrap();
     dm.terminate(common::T).unwrap();
 
     let s = ok_json(&[
@@ -704,26 +706,26 @@ fn summary_of_a_real_daemon_trace() {
     // start, connect + its reset, 2 add + ack, reject + ack, replace + ack,
     // del + unknown_del + ack; the daemon dropped none.
     assert_eq!(s["lines"]["records"], 13);
-    assert_eq!(stats["trace"]["dropped"], 0);
+    assert_eq!(stats.trace.dropped, 0);
     assert_eq!(s["add"], 2);
-    assert_eq!(s["add"], common::counter(&stats, "table.adds"));
+    assert_eq!(s["add"], stats.table.adds);
     assert_eq!(
         s["replace"],
         json!({"total": 1, "resteer": 1, "new_flow": 0, "moved": 0})
     );
-    assert_eq!(s["replace"]["total"], stats["table"]["replaces"]);
+    assert_eq!(s["replace"]["total"], stats.table.replaces);
     assert_eq!(s["del"]["total"], 1);
     assert_eq!(s["del"]["by_reason"]["expired"], 1);
     assert_eq!(s["reject"]["by_reason"]["table_full"], 1);
     assert_eq!(s["reject"]["total"], 1);
-    assert_eq!(s["unknown_del"]["total"], stats["table"]["unknown_deletes"]);
+    assert_eq!(s["unknown_del"]["total"], stats.table.unknown_deletes);
     assert_eq!(s["unknown_del"]["by_reason"]["idle"], 1);
     assert_eq!(s["acks"], 4);
     // The daemon counts resets; the trace also has its `start` line.
     assert_eq!(s["gen_changes"]["by_reason"]["start"], 1);
     assert_eq!(
         s["gen_changes"]["total"].as_u64().unwrap(),
-        stats["table"]["generation_changes"].as_u64().unwrap() + 1
+        stats.table.generation_changes + 1
     );
     assert_eq!(s["live"]["end"], 1);
     // rxq0: A's 20 (del) + B's 10 still live (table dump); rxq1: B's 30
@@ -773,31 +775,28 @@ fn trace_write_failures_are_counted_and_unopenable_targets_refused() {
     let dm = common::daemon(&["--queues", "1", "--trace", "/dev/full"]);
     let mut g = common::guest(&dm, 1, 1);
     let mut c = common::ctl(&dm);
-    common::wait_stats(&mut c, "1 enabled pair", |s| s["enabled_pairs"] == 1);
+    common::wait_stats(&mut c, "1 enabled pair", |s| s.enabled_pairs == 1);
     g.hello(common::T).expect("HELLO");
     let ops: Vec<AddOp> = (0..8)
         .map(|i| AddOp::new(i, 0, &common::gen_flow(11000 + i, 5001)))
         .collect();
     g.add(ops, common::T).unwrap();
-    c.request(&json!({"cmd": "trace_flush"})).unwrap();
+    c.trace_flush().unwrap();
     let st = c.stats().unwrap();
-    let (written, errors) = (
-        st["trace"]["written"].as_u64().unwrap(),
-        st["trace"]["write_errors"].as_u64().unwrap(),
-    );
-    assert_eq!(written, 0, "{}", st["trace"]);
+    let (written, errors) = (st.trace.written, st.trace.write_errors);
+    assert_eq!(written, 0, "{:?}", st.trace);
     // The generation change and the 8 ADDs at least.
-    assert!(errors >= 9, "{}", st["trace"]);
-    assert_eq!(st["table"]["live"], 8, "the daemon serves on");
+    assert!(errors >= 9, "{:?}", st.trace);
+    assert_eq!(st.table.live, 8, "the daemon serves on");
     // More records after the first failure are counted, not logged again.
     g.add(
         vec![AddOp::new(20, 0, &common::gen_flow(11100, 5001))],
         common::T,
     )
     .unwrap();
-    c.request(&json!({"cmd": "trace_flush"})).unwrap();
+    c.trace_flush().unwrap();
     let s2 = c.stats().unwrap();
-    assert!(s2["trace"]["write_errors"].as_u64().unwrap() > errors);
+    assert!(s2.trace.write_errors > errors);
     let log = dm.log_text();
     assert_eq!(
         log.matches("trace: writing").count(),

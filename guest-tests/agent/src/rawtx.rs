@@ -19,6 +19,7 @@ pub struct Job {
 }
 
 impl Job {
+    // A String: the error is raw_tx_start's reply text (workload::handle).
     pub fn start(spec: RawTxSpec) -> Result<Self, String> {
         let frames: Vec<Vec<u8>> = spec
             .frames

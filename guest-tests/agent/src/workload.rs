@@ -1,4 +1,8 @@
 //! Request dispatch and the workloads (connected UDP receivers, a TCP server).
+//!
+//! Errors are `String`s throughout: a handler's error is sent as it is, as
+//! the text of the reply's `"error"` field (main.rs), and nothing in the
+//! agent acts on its kind.
 
 use crate::sys;
 use serde::Serialize;
@@ -44,6 +48,7 @@ impl State {
     }
 }
 
+// Err: reply text (module doc).
 fn to_value<T: Serialize>(v: &T) -> Result<Value, String> {
     serde_json::to_value(v).map_err(|e| e.to_string())
 }
@@ -52,11 +57,13 @@ fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
+// Err: reply text.
 fn parse_v4(s: &str) -> Result<Ipv4Addr, String> {
     s.parse()
         .map_err(|e| format!("bad IPv4 address {s:?}: {e}"))
 }
 
+/// Runs one request. The error is the reply's `"error"` text, sent as it is.
 pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
     match req {
         Request::Hello => to_value(&Info {
@@ -254,7 +261,7 @@ fn onoff(b: bool) -> &'static str {
     }
 }
 
-/// Writes only go to the kernel's own trees.
+/// Writes only go to the kernel's own trees (Err: reply text).
 fn check_path(path: &str) -> Result<(), String> {
     if (path.starts_with("/proc/") || path.starts_with("/sys/")) && !path.contains("..") {
         Ok(())
@@ -282,6 +289,7 @@ fn read_dir(dir: &Path, prefix: &str, out: &mut DirContents, depth: usize) -> st
     Ok(())
 }
 
+// Err: reply text.
 fn rfs(ifname: &str, entries: u32, flow_cnt: u32, rps_cpus: Option<&str>) -> Result<Value, String> {
     let mut written = serde_json::Map::new();
     let mut put = |path: String, v: String| -> Result<(), String> {
@@ -310,6 +318,7 @@ fn rfs(ifname: &str, entries: u32, flow_cnt: u32, rps_cpus: Option<&str>) -> Res
     Ok(Value::Object(written))
 }
 
+// Err: reply text.
 fn exec(argv: &[String], timeout: Duration) -> Result<ExecResult, String> {
     let (prog, args) = argv.split_first().ok_or("empty argv")?;
     let mut child = std::process::Command::new(prog)
@@ -485,6 +494,7 @@ struct UdpRun {
 }
 
 impl UdpRun {
+    // Err: reply text (udp_start's).
     fn start(spec: &UdpSpec) -> Result<Self, String> {
         let parse = |p: &str| -> Result<IpAddr, String> {
             p.parse()
@@ -590,7 +600,8 @@ impl UdpRun {
     /// Stops the receivers: each sees the flag within its 100 ms receive
     /// timeout. One that has not finished after [`STOP_WAIT`] is left
     /// behind (its socket with it) and named in the error, so that a
-    /// stuck guest CPU fails the request instead of hanging the agent.
+    /// stuck guest CPU fails the request instead of hanging the agent
+    /// (Err: udp_stop's reply text).
     fn stop(mut self) -> Result<UdpStats, String> {
         self.stop.store(true, Ordering::Relaxed);
         let deadline = Instant::now() + STOP_WAIT;
@@ -709,6 +720,7 @@ struct TcpRun {
 }
 
 impl TcpRun {
+    // Err: reply text (tcp_start's).
     fn start(port: u16, cpus: Vec<usize>, echo: bool) -> Result<Self, String> {
         // [::] takes IPv4 connections too (v4-mapped peers); a kernel
         // without IPv6 gets the IPv4 wildcard.

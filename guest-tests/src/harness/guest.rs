@@ -3,7 +3,6 @@
 
 use super::agent::Agent;
 use super::build::Kernel;
-use super::ctl::Ctl;
 use super::qemu::{Qemu, QemuOptions};
 use super::vnic::{Vnic, VnicOptions};
 use super::{Artifacts, Context, Result};
@@ -13,6 +12,7 @@ use crate::proto::{Info, Kmsg, KmsgRecord, Request};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::Client;
 
 /// Everything needed to boot one guest.
 pub struct BootSpec<'a> {
@@ -29,7 +29,7 @@ pub struct Guest {
     // Field order = drop order: the agent connection, QEMU, then vnic.
     pub agent: Agent,
     pub qemu: Qemu,
-    pub ctl: Ctl,
+    pub ctl: Client,
     pub vnic: Vnic,
     pub info: Info,
     pub art: Artifacts,
@@ -137,7 +137,7 @@ impl Guest {
         }
         match self.ctl.stats() {
             Ok(st) => {
-                let _ = writeln!(r, "rings: {}", rings_summary(&st["rings"]));
+                let _ = writeln!(r, "rings: {}", rings_summary(st.rings.as_ref()));
                 self.art
                     .write_json(&format!("stall-{tag}-vnic-stats.json"), &st);
             }
@@ -199,11 +199,15 @@ impl Guest {
     pub fn collect(&mut self, tag: &str, module_debugfs: Option<&str>) {
         match self.ctl.stats() {
             Ok(v) => self.art.write_json(&format!("{tag}-vnic-stats.json"), &v),
-            Err(e) => self.art.write(&format!("{tag}-vnic-stats.err"), &e.0),
+            Err(e) => self
+                .art
+                .write(&format!("{tag}-vnic-stats.err"), &e.to_string()),
         }
         match self.ctl.table() {
             Ok(v) => self.art.write_json(&format!("{tag}-vnic-table.json"), &v),
-            Err(e) => self.art.write(&format!("{tag}-vnic-table.err"), &e.0),
+            Err(e) => self
+                .art
+                .write(&format!("{tag}-vnic-table.err"), &e.to_string()),
         }
         if let Some(dir) = module_debugfs {
             match self
@@ -261,34 +265,27 @@ impl Drop for Guest {
 /// `ctl stats`' `rings` in one line: per pair, rx and tx as
 /// `avail/next_avail/next_used/used_event` with `!` for rings not enabled
 /// or not ready and `*` where the watchdog already nudged.
-pub fn rings_summary(rings: &serde_json::Value) -> String {
-    let n = |v: &serde_json::Value| v.as_u64().map_or("-".to_string(), |x| x.to_string());
-    let ring = |v: &serde_json::Value| {
+pub fn rings_summary(rings: Option<&vnic_ctl_proto::Rings>) -> String {
+    let n = |v: Option<u64>| v.map_or("-".to_string(), |x| x.to_string());
+    let ring = |v: &vnic_ctl_proto::Ring| {
         format!(
             "{}{}/{}/{}/{}{}",
-            if v["enabled"] == true && v["ready"] == true {
-                ""
-            } else {
-                "!"
-            },
-            n(&v["avail"]),
-            n(&v["next_avail"]),
-            n(&v["next_used"]),
-            n(&v["used_event"]),
-            if v["nudged"] == true { "*" } else { "" }
+            if v.enabled && v.ready { "" } else { "!" },
+            n(v.avail.map(u64::from)),
+            v.next_avail,
+            v.next_used,
+            n(v.used_event.map(u64::from)),
+            if v.nudged { "*" } else { "" }
         )
     };
-    let pairs: Vec<String> = rings["pairs"]
-        .as_array()
-        .map(|a| {
-            a.iter()
+    let pairs: Vec<String> = rings
+        .map(|r| {
+            r.pairs
+                .iter()
                 .enumerate()
-                .map(|(i, p)| {
-                    if p.is_null() {
-                        format!("{i}: unregistered")
-                    } else {
-                        format!("{i}: rx {} tx {}", ring(&p["rx"]), ring(&p["tx"]))
-                    }
+                .map(|(i, p)| match p {
+                    None => format!("{i}: unregistered"),
+                    Some(p) => format!("{i}: rx {} tx {}", ring(&p.rx), ring(&p.tx)),
                 })
                 .collect()
         })
@@ -296,8 +293,8 @@ pub fn rings_summary(rings: &serde_json::Value) -> String {
     format!(
         "[avail/next_avail/next_used/used_event] {} (nudges {}, poll {} ms ago)",
         pairs.join(", "),
-        n(&rings["watchdog_nudges"]),
-        n(&rings["age_ms"])
+        n(rings.map(|r| r.watchdog_nudges)),
+        n(rings.and_then(|r| r.age_ms))
     )
 }
 

@@ -1,12 +1,12 @@
 //! Host-side harness: builds what a guest needs (static agent, module,
 //! initramfs, kernel via `images/`), starts `vnic serve` and QEMU, drives the
-//! agent and the control socket, and collects artifacts. Every process it
+//! agent and the control socket (`vnic-ctl-proto`'s client), and collects
+//! artifacts. Every process it
 //! starts is killed when its handle drops; every wait has a timeout.
 
 pub mod accel;
 pub mod agent;
 pub mod build;
-pub mod ctl;
 pub mod guest;
 pub mod qemu;
 pub mod vnic;
@@ -36,6 +36,12 @@ impl From<std::io::Error> for Error {
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
         Error(format!("json: {e}"))
+    }
+}
+
+impl From<vnic_ctl_proto::CtlError> for Error {
+    fn from(e: vnic_ctl_proto::CtlError) -> Self {
+        Error(format!("vnic ctl {e}"))
     }
 }
 

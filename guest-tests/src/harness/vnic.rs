@@ -1,12 +1,12 @@
 //! A `vnic serve` child process with its sockets, trace and log in a
 //! temporary run directory. Killed on drop.
 
-use super::ctl::Ctl;
 use super::{kill_child, wait_for, Context, Result};
 use crate::bail;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use vnic_ctl_proto::Client;
 
 /// Options of one daemon (the guest tests use the gen peer).
 #[derive(Debug, Clone)]
@@ -102,8 +102,12 @@ impl Vnic {
         Ok(v)
     }
 
-    pub fn connect_ctl(&self) -> Result<Ctl> {
-        Ctl::connect(&self.ctl)
+    /// A client of the daemon's control socket (replies may take 20 s).
+    pub fn connect_ctl(&self) -> Result<Client> {
+        let mut c =
+            Client::connect(&self.ctl).ctx(format!("connecting to {}", self.ctl.display()))?;
+        c.set_timeout(Some(Duration::from_secs(20)))?;
+        Ok(c)
     }
 
     /// Kill the daemon (SIGKILL: a crash, no clean shutdown) and reap it.

@@ -7,15 +7,14 @@
 
 use super::workload::{fmt_queues, irq_cpu_queue_map, napi_queues, queue_delta};
 use super::{Checks, Family, Flow, Session, GEN_IP, GEN_IP6, IFNAME};
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module;
 use crate::proto::{PingResult, Request, RxQueueNapi, UdpStats};
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey, TraceRecord};
-use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::QueueStats;
 
 pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     let st = s.settings.clone();
@@ -49,7 +48,7 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
         "vnic to see every queue pair in use enabled",
         || {
             let now = ctl.stats()?;
-            Ok((counter(&now, "/enabled_pairs") == u64::from(pairs)).then_some(now))
+            Ok((now.enabled_pairs == pairs).then_some(now))
         },
     );
     let stats = match stats {
@@ -112,12 +111,7 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
         "the generator to send every packet",
         || {
             let l = ctl.gen_list()?;
-            let active = l.as_array().is_some_and(|a| {
-                a.iter().any(|set| {
-                    set["id"].as_u64().is_some_and(|id| ids.contains(&id))
-                        && set["active"] != Value::Bool(false)
-                })
-            });
+            let active = l.iter().any(|set| ids.contains(&set.id) && set.active);
             Ok((!active).then_some(()))
         },
     )?;
@@ -139,19 +133,14 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     let after = s.guest.ctl.stats()?;
     let stop: UdpStats = s.guest.agent.req(Request::UdpStop)?;
     for id in ids {
-        s.guest
-            .ctl
-            .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+        s.guest.ctl.gen_stop(Some(id))?;
     }
 
     let mut per_q = Vec::new();
     for (q, &pred) in predicted.iter().enumerate() {
-        let d = |k: &str| {
-            counter(&after, &format!("/queues/{q}/{k}"))
-                - counter(&before, &format!("/queues/{q}/{k}"))
-        };
-        let rss = d("rx_rss");
-        let drops = d("rx_drops");
+        let d = |k: fn(&QueueStats) -> u64| k(&after.queues[q]) - k(&before.queues[q]);
+        let rss = d(|q| q.rx_rss);
+        let drops = d(|q| q.rx_drops);
         per_q.push(rss);
         if q >= usize::from(pairs) {
             c.check(rss + drops == 0, || {
@@ -167,7 +156,7 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
                 "rx queue {q}: {rss} RSS deliveries (+{drops} drops), arfs::Rss predicts {pred}"
             )
         });
-        c.check(d("rx_filter") == 0, || {
+        c.check(d(|q| q.rx_filter) == 0, || {
             format!("rx queue {q}: filter deliveries before any filter existed")
         });
     }
@@ -201,7 +190,7 @@ pub(super) fn link(s: &mut Session, c: &mut Checks) -> Result<String> {
     c.check(lost * 100 <= total, || {
         format!("guest received {got} of {total} packets")
     });
-    let mq = counter(&stats, "/enabled_pairs");
+    let mq = stats.enabled_pairs;
     Ok(format!(
         "topology={} family={} mq={mq} cpu->q={:?} rxq={} ping={}/{}{ping6} rss_per_q={per_q:?} predicted={predicted:?} lost={lost} guest_saw_rss_q={guest_ok}/{} (napi map: {})",
         st.topology(),
@@ -395,7 +384,7 @@ pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
     // flows whose last frames are still arriving, and those frames make
     // the kernel steer (ADD) the flows again.
     let delivery = s.delivery_window(c, false)?;
-    s.guest.ctl.gen_stop_all()?;
+    s.guest.ctl.gen_stop(None)?;
     s.gen_running = false;
     s.gen_sets.clear();
     s.delivery_mark = None;
@@ -411,7 +400,7 @@ pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
         "the device table to empty",
         || {
             let t = ctl.table()?;
-            Ok((counter(&t, "/live") == 0).then(|| t0.elapsed()))
+            Ok((t.live == 0).then(|| t0.elapsed()))
         },
     );
     let took = match emptied {
@@ -445,8 +434,8 @@ pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
         );
     }
     let table = s.guest.ctl.table()?;
-    c.check(counter(&table, "/live") == 0, || {
-        format!("device table not empty: {}", table["filters"])
+    c.check(table.live == 0, || {
+        format!("device table not empty: {:?}", table.filters)
     });
     // Module and device agree exactly.
     let stats = s.guest.ctl.stats()?;
@@ -454,8 +443,8 @@ pub(super) fn expiry(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.guest
         .art
         .write_json("expiry-module-counters.json", &m.raw);
-    let dev_adds = counter(&stats, "/table/adds") + counter(&stats, "/table/replaces");
-    let agree = m.compare(&stats);
+    let dev_adds = stats.table.adds + stats.table.replaces;
+    let agree = m.compare(&stats, None);
     for msg in &agree {
         c.failures.push(msg.clone());
     }

@@ -20,13 +20,12 @@
 
 use super::workload::{fmt_queues, napi_queues, queue_delta};
 use super::{Checks, Session, IFNAME};
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::proto::{Delivery, Request, RxQueueNapi, UdpStats};
 use crate::{bail, ensure};
-use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::{GenOp, Stats};
 
 /// The guest's error counters the delivery check requires to stay still:
 /// (file, section or prefix, field).
@@ -95,7 +94,7 @@ pub(super) struct Mark {
     filters: Vec<Option<(u64, usize, u64)>>,
     snmp: Vec<u64>,
     /// The device's `ctl stats`.
-    stats: Value,
+    stats: Stats,
 }
 
 /// Per-flow figures between two quiet points.
@@ -110,8 +109,8 @@ pub(super) struct Span {
     pub packets: Vec<u64>,
     /// (counter, delta) of the guest's error counters that moved.
     pub snmp_moved: Vec<(String, u64)>,
-    pub stats0: Value,
-    pub stats1: Value,
+    pub stats0: Stats,
+    pub stats1: Stats,
 }
 
 /// `a - b`, field by field (saturating): what happened between two reads.
@@ -128,18 +127,13 @@ pub(super) fn sub(a: &Delivery, b: &Delivery) -> Delivery {
 
 impl Span {
     /// Device counter delta over the span.
-    pub fn dev(&self, ptr: &str) -> u64 {
-        counter(&self.stats1, ptr).saturating_sub(counter(&self.stats0, ptr))
+    pub fn dev(&self, counter: impl Fn(&Stats) -> u64) -> u64 {
+        counter(&self.stats1).saturating_sub(counter(&self.stats0))
     }
 
     /// Per-queue `rx_filter` deltas.
     pub fn rx_filter(&self) -> Vec<u64> {
-        let q = |v: &Value| -> Vec<u64> {
-            v["queues"]
-                .as_array()
-                .map(|a| a.iter().map(|q| counter(q, "/rx_filter")).collect())
-                .unwrap_or_default()
-        };
+        let q = |v: &Stats| -> Vec<u64> { v.queues.iter().map(|q| q.rx_filter).collect() };
         let (a, b) = (q(&self.stats1), q(&self.stats0));
         a.iter()
             .zip(b.iter().chain(std::iter::repeat(&0)))
@@ -233,11 +227,11 @@ impl Session {
     }
 
     /// Generator sets of the workload: `pause` or `resume`.
-    pub(super) fn gen_op(&mut self, op: &str) -> Result<()> {
+    pub(super) fn gen_op(&mut self, op: GenOp) -> Result<()> {
         for id in self.gen_sets.clone() {
             self.guest
                 .ctl
-                .call(&json!({"cmd": "gen", "op": op, "id": id}))?;
+                .request(&vnic_ctl_proto::Request::gen(op, Some(id), None))?;
         }
         Ok(())
     }
@@ -246,7 +240,7 @@ impl Session {
     /// rx counters still, the receivers' counts still; everything read.
     /// The generator stays paused ([`Self::resume_gen`]).
     pub(super) fn quiet_point(&mut self) -> Result<Mark> {
-        self.gen_op("pause")?;
+        self.gen_op(GenOp::Pause)?;
         self.wait_rx_quiet()?;
         let mut last = u64::MAX;
         let mut since = Instant::now();
@@ -294,7 +288,7 @@ impl Session {
     }
 
     pub(super) fn resume_gen(&mut self) -> Result<()> {
-        self.gen_op("resume")
+        self.gen_op(GenOp::Resume)
     }
 
     /// The mark a workload starts from: nothing sent or received yet; the
@@ -416,12 +410,13 @@ impl Fault {
             Fault::Drop | Fault::Corrupt | Fault::BadCsum => 0.1,
         }
     }
-    fn counter(self) -> &'static str {
+    /// The device's counter of the fault (its name under `peer`, and the field).
+    fn counter(self) -> (&'static str, fn(&Stats) -> u64) {
         match self {
-            Fault::Misroute => "/peer/misrouted",
-            Fault::Drop => "/peer/fault_dropped",
-            Fault::Corrupt => "/peer/fault_corrupted",
-            Fault::BadCsum => "/peer/fault_bad_csum",
+            Fault::Misroute => ("misrouted", |s| s.peer.misrouted),
+            Fault::Drop => ("fault_dropped", |s| s.peer.fault_dropped),
+            Fault::Corrupt => ("fault_corrupted", |s| s.peer.fault_corrupted),
+            Fault::BadCsum => ("fault_bad_csum", |s| s.peer.fault_bad_csum),
         }
     }
 }
@@ -484,13 +479,13 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
     });
 
     // The fault window: on after a quiet point, off before the next.
-    s.guest.ctl.set(fault.knob(), &json!(fault.rate()))?;
+    s.guest.ctl.set(fault.knob(), fault.rate())?;
     let run = (|| {
         s.resume_gen()?;
         std::thread::sleep(s.settings.measure);
         s.quiet_point()
     })();
-    let off = s.guest.ctl.set(fault.knob(), &json!(0));
+    let off = s.guest.ctl.set(fault.knob(), 0);
     let m2 = run?;
     off?;
     let sp = s.span(&m1, &m2)?;
@@ -523,7 +518,7 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
             }),
         }
     }
-    let faulted = sp.dev(fault.counter());
+    let faulted = sp.dev(fault.counter().1);
     let rx_filter_total: u64 = rx_filter.iter().sum();
     c.check(rx_filter_total == hits_total, || {
         format!(
@@ -539,7 +534,9 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
         c.check(rx_filter == by_q, || {
             format!("per-queue filter deliveries {rx_filter:?}, hits by filter queue {by_q:?}")
         });
-        c.check(faulted > 0, || format!("{} did not move", fault.counter()));
+        c.check(faulted > 0, || {
+            format!("/peer/{} did not move", fault.counter().0)
+        });
     }
 
     // The guest side: fails on every steered flow, on no other.
@@ -651,7 +648,7 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
         fault.knob(),
         fault.rate(),
         steered.len(),
-        fault.counter().trim_start_matches("/peer/"),
+        fault.counter().0,
         sent_steered,
         ctl.figures(),
         lines.join(" | ")

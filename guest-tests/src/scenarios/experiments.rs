@@ -13,7 +13,6 @@
 use super::slots::{self, AtEnd, SlotCounts, SlotRule};
 use super::workload::{napi_queues, queue_delta, Flow};
 use super::{Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module::{self, ModuleCounters};
 use crate::procfs;
@@ -21,9 +20,10 @@ use crate::proto::{FlowCounters, Request, RxQueueNapi, UdpFlowSpec, UdpSpec, Udp
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::{FlowSpec, RttStats, Stats};
 
 /// First guest port of the collision workload; iteration k of the
 /// five-iteration variant uses `COLLISION_PORT + k * flows ..`.
@@ -277,17 +277,29 @@ fn module_deltas(a: &ModuleCounters, b: &ModuleCounters) -> BTreeMap<String, u64
     out
 }
 
-fn device_deltas(a: &Value, b: &Value) -> BTreeMap<String, u64> {
+fn device_deltas(a: &Stats, b: &Stats) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    let d = |p: &str| counter(b, p).saturating_sub(counter(a, p));
-    out.insert("adds".into(), d("/table/adds"));
-    out.insert("replaces".into(), d("/table/replaces"));
-    for (group, ptr) in [("deletes", "/table/deletes"), ("rejects", "/table/rejects")] {
-        if let Some(o) = b.pointer(ptr).and_then(Value::as_object) {
-            for k in o.keys() {
-                out.insert(format!("{group}_{k}"), d(&format!("{ptr}/{k}")));
-            }
-        }
+    let d = |f: fn(&Stats) -> u64| f(b).saturating_sub(f(a));
+    out.insert("adds".into(), d(|s| s.table.adds));
+    out.insert("replaces".into(), d(|s| s.table.replaces));
+    let by_reason: [(&str, super::Counter); 12] = [
+        ("deletes_expired", |s| s.table.deletes.expired),
+        ("deletes_idle", |s| s.table.deletes.idle),
+        ("deletes_replaced", |s| s.table.deletes.replaced),
+        ("deletes_flush", |s| s.table.deletes.flush),
+        ("deletes_unload", |s| s.table.deletes.unload),
+        ("deletes_aged", |s| s.table.deletes.aged),
+        ("rejects_table_full", |s| s.table.rejects.table_full),
+        ("rejects_bucket_full", |s| s.table.rejects.bucket_full),
+        ("rejects_bad_queue", |s| s.table.rejects.bad_queue),
+        ("rejects_bad_key", |s| s.table.rejects.bad_key),
+        ("rejects_injected_failure", |s| {
+            s.table.rejects.injected_failure
+        }),
+        ("rejects_bad_id", |s| s.table.rejects.bad_id),
+    ];
+    for (k, f) in by_reason {
+        out.insert(k.into(), d(f));
     }
     out
 }
@@ -337,7 +349,7 @@ impl Session {
 
     /// Stop every generator set and the agent's UDP workload.
     fn stop_experiment_workload(&mut self) -> Result<()> {
-        self.guest.ctl.gen_stop_all()?;
+        self.guest.ctl.gen_stop(None)?;
         self.gen_running = false;
         self.guest
             .agent
@@ -373,7 +385,7 @@ impl Session {
     /// whether the idle backstop had to be switched on for a moment.
     fn wait_table_empty(&mut self, timeout: Duration) -> Result<bool> {
         let empty = |s: &mut Session| -> Result<Option<()>> {
-            let dev = counter(&s.guest.ctl.table()?, "/live");
+            let dev = s.guest.ctl.table()?.live;
             let m = s.module_counters()?;
             Ok((dev == 0 && m.get("live") == 0 && m.get("ids") == 0).then_some(()))
         };
@@ -397,7 +409,7 @@ impl Session {
                 bail!(
                     "the filter table did not empty within {:.0}s after the reset (device live {})",
                     (timeout * 2).as_secs_f64(),
-                    counter(&self.guest.ctl.table()?, "/live")
+                    self.guest.ctl.table()?.live
                 );
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -413,21 +425,19 @@ impl Session {
 
 /// Frames vnic's generator has sent so far, all sets together.
 fn gen_total(s: &mut Session) -> Result<u64> {
-    Ok(counter(&s.guest.ctl.stats()?, "/peer/gen_sent"))
+    Ok(s.guest.ctl.stats()?.peer.gen_sent)
 }
 
 /// Stop generator set `id`, the only one running, and return the frames
 /// sent since the generator's total was `before`. A set's own counter
 /// leaves with the set, and a worker adds a batch to the total only after
 /// sending it, so the total is read once it stands still.
-fn gen_stop_counted(s: &mut Session, id: u64, before: u64) -> Result<u64> {
-    s.guest
-        .ctl
-        .call(&json!({"cmd": "gen", "op": "stop", "id": id}))?;
+fn gen_stop_counted(s: &mut Session, id: u32, before: u64) -> Result<u64> {
+    s.guest.ctl.gen_stop(Some(id))?;
     let others = s.guest.ctl.gen_list()?;
     ensure!(
-        others.as_array().is_none_or(Vec::is_empty),
-        "other generator sets are running, the sent count would include them: {others}"
+        others.is_empty(),
+        "other generator sets are running, the sent count would include them: {others:?}"
     );
     let mut last = gen_total(s)?;
     wait_for(
@@ -483,10 +493,9 @@ pub fn collision_point(
 
     // The reset's DEL lines must be in the file before the mark moves past them.
     std::thread::sleep(TRACE_SETTLE);
-    s.guest.ctl.set(
-        "program_latency",
-        &json!(format!("{}ms", w.program_latency_ms)),
-    )?;
+    s.guest
+        .ctl
+        .set("program_latency", format!("{}ms", w.program_latency_ms))?;
     let m0 = s.module_counters()?;
     let d0 = s.guest.ctl.stats()?;
     s.trace_since_mark()?;
@@ -505,17 +514,16 @@ pub fn collision_point(
         needing += flows.iter().filter(|f| f.needs_filter()).count() as u64;
         iteration_flows.push(flows.clone());
         s.udp_start_echo(&flows, if w.latency { w.echo_every.max(1) } else { 0 })?;
-        let spec = json!({
-            "stamp": w.latency,
-            "flows": w.flows,
-            "src": GEN_IP.to_string(),
-            "sport": GEN_PORT.to_string(),
-            "dst": GUEST_IP.to_string(),
-            "dport": format!("{}-{}", base, base + w.flows as u16 - 1),
-            "count": 0,
-            "rate": w.rate,
-            "size": 128,
-        });
+        let spec = FlowSpec::new()
+            .stamp(w.latency)
+            .flows(w.flows as u32)
+            .src(GEN_IP.to_string())
+            .sport(GEN_PORT.to_string())
+            .dst(GUEST_IP.to_string())
+            .dport(format!("{}-{}", base, base + w.flows as u16 - 1))
+            .count(0)
+            .rate(u64::from(w.rate))
+            .size(128);
         let before = gen_total(s)?;
         let id = s.guest.ctl.gen_start(&spec)?;
         s.gen_running = true;
@@ -565,14 +573,14 @@ pub fn collision_point(
         received += st.flows.iter().map(|f| f.packets).sum::<u64>();
     }
     let duration_s = traffic.as_secs_f64();
-    s.guest.ctl.set("program_latency", &json!(0))?;
+    s.guest.ctl.set("program_latency", 0)?;
     let m1 = s.module_counters()?;
     let d1 = s.guest.ctl.stats()?;
     // vnic writes the trace from its own thread and flushes it when idle
     // for 50 ms: give the window's last lines time to reach the file.
     std::thread::sleep(TRACE_SETTLE);
     let trace = s.trace_since_mark()?;
-    let live_at_end = counter(&s.guest.ctl.table()?, "/live");
+    let live_at_end = s.guest.ctl.table()?.live;
     s.gen_running = false;
     let (hashes, flowhash_full) = s.read_flowhash()?;
 
@@ -604,7 +612,7 @@ pub fn collision_point(
         module: module_deltas(&m0, &m1),
         device: device_deltas(&d0, &d1),
         latency: if w.latency {
-            Some(Latency::window(&d0["peer"]["rtt"], &d1["peer"]["rtt"]))
+            Some(Latency::window(&d0.peer.rtt, &d1.peer.rtt))
         } else {
             None
         },
@@ -709,19 +717,15 @@ pub struct Latency {
 }
 
 impl Latency {
-    /// The window between snapshots `a` and `b` (missing fields count as 0).
-    pub fn window(a: &Value, b: &Value) -> Latency {
-        let buckets = |v: &Value| -> BTreeMap<u64, (u64, u64)> {
-            v["buckets"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|e| Some((e[0].as_u64()?, (e[1].as_u64()?, e[2].as_u64()?))))
-                        .collect()
-                })
-                .unwrap_or_default()
+    /// The window between snapshots `a` and `b`.
+    pub fn window(a: &RttStats, b: &RttStats) -> Latency {
+        let buckets = |v: &RttStats| -> BTreeMap<u64, (u64, u64)> {
+            v.buckets
+                .iter()
+                .map(|e| (e.lo_ns, (e.hi_ns, e.n)))
+                .collect()
         };
-        let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or(0);
+        let n = |v: &RttStats, k: fn(&RttStats) -> u64| k(v);
         let before = buckets(a);
         let delta: Vec<(u64, u64, u64)> = buckets(b)
             .into_iter()
@@ -730,8 +734,8 @@ impl Latency {
                 (d > 0).then_some((lo, hi, d))
             })
             .collect();
-        let replies = n(b, "replies").saturating_sub(n(a, "replies"));
-        let sum_ns = n(b, "sum_ns").saturating_sub(n(a, "sum_ns"));
+        let replies = n(b, |r| r.replies).saturating_sub(n(a, |r| r.replies));
+        let sum_ns = n(b, |r| r.sum_ns).saturating_sub(n(a, |r| r.sum_ns));
         let total: u64 = delta.iter().map(|x| x.2).sum();
         let pct = |q: f64| -> f64 {
             if total == 0 {
@@ -757,7 +761,7 @@ impl Latency {
             },
             p50_us: pct(0.5),
             p99_us: pct(0.99),
-            bad: n(b, "bad").saturating_sub(n(a, "bad")),
+            bad: n(b, |r| r.bad).saturating_sub(n(a, |r| r.bad)),
         }
     }
 }
@@ -1024,18 +1028,19 @@ pub fn rps_phase(
     let src_hi = std::net::Ipv4Addr::new(10, 0, 2, RPS_SRC_BASE + (sources - 1) as u8);
     let (sn0, si0) = cpu_counts(s)?;
     let st0 = s.guest.ctl.stats()?;
-    let before = counter(&st0, "/peer/gen_sent");
+    let before = st0.peer.gen_sent;
     let start = Instant::now();
-    let id = s.guest.ctl.gen_start(&json!({
-        "flows": sources,
-        "src": format!("{src_lo}-{src_hi}"),
-        "sport": GEN_PORT.to_string(),
-        "dst": GUEST_IP.to_string(),
-        "dport": RPS_PORT.to_string(),
-        "count": 0,
-        "rate": rate,
-        "size": 128,
-    }))?;
+    let id = s.guest.ctl.gen_start(
+        &FlowSpec::new()
+            .flows(sources)
+            .src(format!("{src_lo}-{src_hi}"))
+            .sport(GEN_PORT.to_string())
+            .dst(GUEST_IP.to_string())
+            .dport(RPS_PORT.to_string())
+            .count(0)
+            .rate(u64::from(rate))
+            .size(128),
+    )?;
     s.gen_running = true;
     std::thread::sleep(duration);
     let duration_s = start.elapsed().as_secs_f64();
@@ -1109,7 +1114,7 @@ pub fn rps_phase(
                 .saturating_sub(si0.get(cpu).copied().unwrap_or(0)),
         });
     }
-    let drops = |v: &Value| counter(v, "/queues/0/rx_drops");
+    let drops = |v: &Stats| v.queues[0].rx_drops;
     Ok(RpsPhase {
         name: name.to_string(),
         kernel: s.kernel.label.clone(),
@@ -1131,19 +1136,23 @@ pub fn rps_phase(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// The window is the difference of two snapshots, bucket by bucket;
     /// the percentiles come from the window's buckets only.
     #[test]
     fn latency_window_subtracts_snapshots() {
-        let before = json!({"replies": 100, "sum_ns": 100_000_000, "bad": 1,
-                       "buckets": [[1_000_000, 1_048_576, 100]]});
+        let rtt = |v: serde_json::Value| -> RttStats { serde_json::from_value(v).unwrap() };
+        let before = rtt(json!({"replies": 100, "sum_ns": 100_000_000, "bad": 1,
+                       "buckets": [[1_000_000, 1_048_576, 100]]}));
         // 100 more at ~1 ms before, then 98 at ~100 us and 2 at ~10 ms.
-        let after = json!({"replies": 200, "sum_ns": 100_000_000 + 98 * 100_000 + 2 * 10_000_000,
+        let after = rtt(
+            json!({"replies": 200, "sum_ns": 100_000_000 + 98 * 100_000 + 2 * 10_000_000,
                        "bad": 3,
                        "buckets": [[98_304, 102_400, 98],
                                    [1_000_000, 1_048_576, 100],
-                                   [9_961_472, 10_485_760, 2]]});
+                                   [9_961_472, 10_485_760, 2]]}),
+        );
         let w = Latency::window(&before, &after);
         assert_eq!(w.replies, 100);
         assert_eq!(w.bad, 2);
@@ -1154,8 +1163,11 @@ mod tests {
         // Nothing in the window: zeros, not NaN.
         let none = Latency::window(&after, &after);
         assert_eq!((none.replies, none.mean_us, none.p99_us), (0, 0.0, 0.0));
-        // Missing or malformed snapshots (older daemons): zeros.
-        let bad = Latency::window(&json!(null), &json!({"buckets": [["x"]]}));
-        assert_eq!(bad, Latency::default());
+        // Malformed snapshots are no `RttStats` (the stats request fails);
+        // empty ones give zeros.
+        assert!(serde_json::from_value::<RttStats>(json!({"buckets": [["x"]]})).is_err());
+        assert!(serde_json::from_value::<RttStats>(json!(null)).is_err());
+        let empty = Latency::window(&RttStats::default(), &RttStats::default());
+        assert_eq!(empty, Latency::default());
     }
 }

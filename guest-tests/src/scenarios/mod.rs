@@ -45,6 +45,17 @@ pub mod topology;
 mod workload;
 
 use session::Checks;
+
+/// One device counter of `vnic ctl stats`, read from the typed reply.
+pub(crate) type Counter = fn(&vnic_ctl_proto::Stats) -> u64;
+
+/// A filter's flow of `vnic ctl table` as the aRFS key (the protocol's
+/// flow is the trace's object: aRFS reads and checks it).
+pub(crate) fn flow_key(f: &vnic_ctl_proto::Flow) -> Result<arfs::FlowKey> {
+    use crate::harness::Context;
+    let v = serde_json::to_value(f)?;
+    serde_json::from_value(v.clone()).ctx(format!("table flow {v}"))
+}
 pub use session::{report_line, Outcome, Session, Settings, Tools};
 pub use topology::{Family, Topology};
 pub use workload::{table_summary, Flow, Window};

@@ -166,7 +166,7 @@ impl Session {
         self.gen_sets_for(&probe, rate, 3)?;
         let secs = (probe.len() as u64 * 3).div_ceil(u64::from(rate)) + 1;
         std::thread::sleep(Duration::from_secs(secs));
-        self.guest.ctl.gen_stop_all()?;
+        self.guest.ctl.gen_stop(None)?;
         self.gen_running = false;
         self.gen_sets.clear();
         let (hashes, full) = self.read_flowhash()?;

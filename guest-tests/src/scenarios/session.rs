@@ -8,7 +8,6 @@ use super::{
     GUEST_PREFIX6, IFNAME,
 };
 use crate::harness::build::{self, Kernel};
-use crate::harness::ctl::counter;
 use crate::harness::guest::{BootSpec, Guest};
 use crate::harness::qemu::QemuOptions;
 use crate::harness::vnic::VnicOptions;
@@ -17,10 +16,10 @@ use crate::module::{self, ModuleCounters, ModuleParams};
 use crate::proto::Request;
 use crate::{bail, ensure};
 use arfs::Rss;
-use serde_json::Value;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::Stats;
 
 /// Knobs of a run. Durations are short on purpose (TCG); the assertions are not.
 #[derive(Debug, Clone)]
@@ -151,7 +150,7 @@ pub struct Session {
     pub(super) flows: Vec<Flow>,
     pub(super) gen_running: bool,
     /// Generator set of each workload flow.
-    pub(super) gen_sets: Vec<u64>,
+    pub(super) gen_sets: Vec<u32>,
     /// The workload's last quiet point (issue 23's delivery check starts
     /// from it); None when no workload runs.
     pub(super) delivery_mark: Option<super::delivery::Mark>,
@@ -242,9 +241,8 @@ impl Session {
             boot_timeout: settings.boot_timeout,
         };
         let mut guest = Guest::boot(&spec, art)?;
-        let capacity = counter(&guest.ctl.stats()?, "/table/capacity");
-        let boot_capacity = u32::try_from(capacity)
-            .ok()
+        let capacity = guest.ctl.stats()?.table.capacity;
+        let boot_capacity = Some(capacity)
             .filter(|&c| c > 0)
             .ok_or_else(|| format!("vnic reports a table capacity of {capacity}"))?;
         let pairs = settings.topology().pairs();
@@ -286,8 +284,9 @@ impl Session {
     /// under load sometimes does early in a boot: seen iotlb_to_section,
     /// msix_table_mmio_read), or when the guest never answered the agent's
     /// hello (a TCG guest once hung in SMP bring-up, its console stopping
-    /// after the MTRR lines, before virtio-net probed). Neither is vnic's
-    /// doing; `say` is told why the boot is repeated, with the first
+    /// after the MTRR lines, before virtio-net probed), or when the kernel
+    /// reported its first problem before it had enumerated any PCI device
+    /// ([`before_any_device`]). None is vnic's doing; `say` is told why the boot is repeated, with the first
     /// error. Any other failure, or a second failure, is returned: a
     /// guest that cannot boot at all fails twice.
     pub fn boot_in(
@@ -303,6 +302,7 @@ impl Session {
             Err(e) => match qemu_aborted(dir)
                 .map(|why| format!("QEMU aborted during boot ({why})"))
                 .or_else(|| boot_hung(&e.0))
+                .or_else(|| before_any_device(dir, &e.0))
             {
                 Some(why) => {
                     say(&format!("{why}; booting once more ({e})"));
@@ -333,7 +333,7 @@ impl Session {
     pub(super) fn wait_device_empty(&mut self, what: &str) -> Result<()> {
         let ctl = &mut self.guest.ctl;
         wait_for(Duration::from_secs(10), what, || {
-            Ok((counter(&ctl.table()?, "/live") == 0).then_some(()))
+            Ok((ctl.table()?.live == 0).then_some(()))
         })
     }
 
@@ -374,7 +374,7 @@ impl Session {
                 .guest
                 .agent
                 .call_value(&Request::UdpStop, Duration::from_secs(30));
-            let _ = self.guest.ctl.gen_stop_all();
+            let _ = self.guest.ctl.gen_stop(None);
         }
         let figures = match r {
             Ok(f) => f,
@@ -432,7 +432,7 @@ impl Session {
     pub fn finish(mut self) -> Vec<String> {
         let mut problems = Vec::new();
         if self.gen_running {
-            let _ = self.guest.ctl.gen_stop_all();
+            let _ = self.guest.ctl.gen_stop(None);
         }
         let _ = self
             .guest
@@ -537,7 +537,7 @@ impl Session {
         }
         let st = &self.settings;
         let entries = st.sock_flow_entries.next_power_of_two();
-        self.guest.agent.req::<Value>(Request::Rfs {
+        self.guest.agent.req::<serde_json::Value>(Request::Rfs {
             ifname: IFNAME.into(),
             sock_flow_entries: entries,
             flow_cnt: st.flow_cnt,
@@ -616,13 +616,11 @@ pub fn report_line(o: &Outcome) -> String {
 /// means the device misread a ring; and a counter that is absent (no
 /// `queues` array, fewer entries than queue pairs, a field gone) is a
 /// problem too, never read as 0.
-pub(super) fn ring_problems(st: &Value, queues: u16) -> Vec<String> {
+pub(super) fn ring_problems(st: &Stats, queues: u16) -> Vec<String> {
+    // (A reply without `queues`, or a queue without one of these fields,
+    // is not a `Stats`: `ctl stats` fails and that is the problem.)
     let mut problems = Vec::new();
-    let Some(qs) = st.get("queues").and_then(Value::as_array) else {
-        return vec![
-            "ctl stats has no `queues` array: the rings' counters cannot be checked".into(),
-        ];
-    };
+    let qs = &st.queues;
     if qs.len() != usize::from(queues) {
         problems.push(format!(
             "ctl stats lists {} queue(s), the daemon offers {queues} pairs",
@@ -634,21 +632,20 @@ pub(super) fn ring_problems(st: &Value, queues: u16) -> Vec<String> {
             problems.push(format!("queue {q}: absent from ctl stats"));
             continue;
         };
-        if e.get("index").and_then(Value::as_u64) != Some(q as u64) {
-            problems.push(format!("queue {q}: listed with index {}", e["index"]));
+        if e.index != q {
+            problems.push(format!("queue {q}: listed with index {}", e.index));
         }
-        for f in ["rx_bad_chains", "tx_bad_chains"] {
-            match e.get(f).and_then(Value::as_u64) {
-                Some(0) => {}
-                Some(v) => problems.push(format!("queue {q}: {f} {v} from a real driver")),
-                None => problems.push(format!("queue {q}: {f} absent from ctl stats")),
+        for (f, v) in [
+            ("rx_bad_chains", e.rx_bad_chains),
+            ("tx_bad_chains", e.tx_bad_chains),
+        ] {
+            if v != 0 {
+                problems.push(format!("queue {q}: {f} {v} from a real driver"));
             }
         }
-        for f in ["rx_stopped", "tx_stopped"] {
-            match e.get(f) {
-                Some(Value::Null) => {}
-                Some(v) => problems.push(format!("queue {q}: {f} {v}")),
-                None => problems.push(format!("queue {q}: {f} absent from ctl stats")),
+        for (f, v) in [("rx_stopped", &e.rx_stopped), ("tx_stopped", &e.tx_stopped)] {
+            if let Some(v) = v {
+                problems.push(format!("queue {q}: {f} {v:?}"));
             }
         }
     }
@@ -663,6 +660,37 @@ fn boot_hung(error: &str) -> Option<String> {
         .then(|| "the guest did not answer the agent's hello: hung in boot".to_string())
 }
 
+/// Why a boot that failed with "kernel reported problems during boot" is
+/// not the device's doing: the first problem stands in the boot's kernel
+/// log (`dmesg.txt` in `dir`) before the first `pci 0000:` line, i.e.
+/// before the kernel had enumerated any PCI device, so before the NIC, its
+/// driver or the module under test existed. Seen once on the TCG debug
+/// kernel (7.3, 2026-12-03): a KASAN report from an edge interrupt taken in
+/// `identify_cpu` at 0.004 s. `None` for any other failure, or a problem
+/// after the first PCI line.
+fn before_any_device(dir: &std::path::Path, error: &str) -> Option<String> {
+    let mut lines = error.lines();
+    if !lines
+        .next()?
+        .contains("kernel reported problems during boot")
+    {
+        return None;
+    }
+    // "[    0.003737] BUG: ..." -> "BUG: ..."
+    let first = lines.next()?;
+    let msg = first.split_once("] ").map_or(first, |(_, m)| m).trim();
+    if msg.is_empty() {
+        return None;
+    }
+    let log = std::fs::read_to_string(dir.join("dmesg.txt")).ok()?;
+    let at = |pred: &dyn Fn(&str) -> bool| log.lines().position(pred);
+    let problem = at(&|l| l.contains(msg))?;
+    let pci = at(&|l| l.contains("pci 0000:")).unwrap_or(usize::MAX);
+    (problem < pci).then(|| {
+        format!("the guest kernel reported a problem before it enumerated any PCI device ({msg})")
+    })
+}
+
 /// The assertion line of a QEMU that aborted in the boot whose artifacts
 /// are in `dir`, if it did.
 fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
@@ -674,37 +702,60 @@ fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{boot_hung, qemu_aborted, ring_problems};
+    use super::{before_any_device, boot_hung, qemu_aborted, ring_problems};
     use serde_json::json;
+    use vnic_ctl_proto::{QueueStats, Stats};
 
-    fn queue(i: u64) -> serde_json::Value {
-        json!({"index": i, "rx_bad_chains": 0, "tx_bad_chains": 0,
-               "rx_stopped": null, "tx_stopped": null})
+    fn queue(i: usize) -> QueueStats {
+        QueueStats {
+            index: i,
+            ..QueueStats::default()
+        }
+    }
+
+    fn stats(queues: Vec<QueueStats>) -> Stats {
+        Stats {
+            queues,
+            ..Stats::default()
+        }
     }
 
     #[test]
     fn ring_check_fails_on_missing_counters_not_only_on_bad_ones() {
-        let good = json!({"queues": [queue(0), queue(1)]});
+        let good = stats(vec![queue(0), queue(1)]);
         assert!(ring_problems(&good, 2).is_empty());
-        // The vacuous case: no `queues` at all must not pass.
-        assert_eq!(ring_problems(&json!({}), 2).len(), 1);
-        assert_eq!(ring_problems(&json!({"queues": null}), 2).len(), 1);
+        // The vacuous case: no `queues` at all must not pass (it is no
+        // `Stats`: the request fails).
+        let full = serde_json::to_value(&good).unwrap();
+        for bad in [json!({}), {
+            let mut v = full.clone();
+            v["queues"] = json!(null);
+            v
+        }] {
+            assert!(serde_json::from_value::<Stats>(bad).is_err());
+        }
         // A queue missing, a counter missing, a counter set, a ring stopped.
-        assert!(!ring_problems(&json!({"queues": [queue(0)]}), 2).is_empty());
+        assert!(!ring_problems(&stats(vec![queue(0)]), 2).is_empty());
         for (field, v) in [
             ("tx_bad_chains", None),
             ("rx_bad_chains", Some(json!(3))),
             ("rx_stopped", Some(json!("bad_avail_jump"))),
             ("tx_stopped", None),
         ] {
-            let mut q1 = queue(1);
+            let mut q1 = serde_json::to_value(queue(1)).unwrap();
             match v {
                 Some(v) => q1[field] = v,
                 None => {
                     q1.as_object_mut().unwrap().remove(field);
                 }
             }
-            let p = ring_problems(&json!({"queues": [queue(0), q1]}), 2);
+            let mut v = full.clone();
+            v["queues"][1] = q1;
+            let p = match serde_json::from_value::<Stats>(v) {
+                Ok(st) => ring_problems(&st, 2),
+                // A counter missing: no `Stats`, the request fails naming it.
+                Err(e) => vec![format!("queue 1: {e}")],
+            };
             assert_eq!(p.len(), 1, "{field}: {p:?}");
             assert!(
                 p[0].starts_with("queue 1: ") && p[0].contains(field),
@@ -712,7 +763,7 @@ mod tests {
             );
         }
         // Queues out of order are not queue 0 and 1.
-        assert!(!ring_problems(&json!({"queues": [queue(1), queue(0)]}), 2).is_empty());
+        assert!(!ring_problems(&stats(vec![queue(1), queue(0)]), 2).is_empty());
     }
 
     #[test]
@@ -740,5 +791,38 @@ mod tests {
         std::fs::write(&log, format!("VNC server running\n{line}\n")).unwrap();
         assert_eq!(qemu_aborted(&dir).as_deref(), Some(line));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A kernel problem before the first PCI line is not the device's; one
+    /// after it, or another failure, is not retried.
+    #[test]
+    fn a_kernel_problem_before_any_pci_device_is_retried() {
+        let dir = std::env::temp_dir().join(format!("vnic-early-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bug = "BUG: KASAN: wild-memory-access in do_raw_spin_lock+0x109/0x240";
+        let err = format!("kernel reported problems during boot:\n[    0.003737] {bug}\n[    0.005584] Call Trace:");
+        let early = format!(
+            "[    0.000000] <5> Linux version 7.3.4-vnic\n[    0.003737] <3> {bug}\n[    6.212100] <6> pci 0000:00:00.0: [8086:29c0] type 00\n"
+        );
+        std::fs::write(dir.join("dmesg.txt"), &early).unwrap();
+        let why = before_any_device(&dir, &err).expect("retried");
+        assert!(why.contains("before it enumerated any PCI device"), "{why}");
+        assert!(why.contains("KASAN"), "{why}");
+        let late = format!(
+            "[    0.000000] <5> Linux version 7.3.4-vnic\n[    6.212100] <6> pci 0000:00:00.0: [8086:29c0] type 00\n[   60.000001] <3> {bug}\n"
+        );
+        std::fs::write(dir.join("dmesg.txt"), &late).unwrap();
+        assert_eq!(before_any_device(&dir, &err), None);
+        assert_eq!(
+            before_any_device(&dir, "the guest did not answer hello"),
+            None
+        );
+        std::fs::remove_file(dir.join("dmesg.txt")).unwrap();
+        assert_eq!(
+            before_any_device(&dir, &err),
+            None,
+            "no kernel log: not retried"
+        );
+        let _ = std::fs::remove_dir(&dir);
     }
 }

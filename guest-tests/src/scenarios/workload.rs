@@ -5,15 +5,14 @@
 use super::{
     Checks, Family, Session, BASE_PORT, GEN_IP, GEN_IP6, GEN_PORT, GUEST_IP, GUEST_IP6, IFNAME,
 };
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
 use crate::proto::{Request, RxQueueNapi, UdpFlowSpec, UdpSpec, UdpStats};
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey, L4Proto, TraceRecord};
-use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::FlowSpec;
 
 /// One flow of a workload.
 #[derive(Debug, Clone)]
@@ -191,20 +190,19 @@ impl Session {
         flows: &[Flow],
         rate: u32,
         count: u64,
-    ) -> Result<Vec<u64>> {
+    ) -> Result<Vec<u32>> {
         let per_flow = (rate / flows.len().max(1) as u32).max(1);
         let mut ids = Vec::with_capacity(flows.len());
         for f in flows {
-            let spec = json!({
-                "flows": 1,
-                "src": f.key.src_ip().to_string(),
-                "sport": GEN_PORT.to_string(),
-                "dst": f.key.dst_ip().to_string(),
-                "dport": f.local_port.to_string(),
-                "count": count,
-                "rate": per_flow,
-                "size": 128,
-            });
+            let spec = FlowSpec::new()
+                .flows(1)
+                .src(f.key.src_ip().to_string())
+                .sport(GEN_PORT.to_string())
+                .dst(f.key.dst_ip().to_string())
+                .dport(f.local_port.to_string())
+                .count(count)
+                .rate(u64::from(per_flow))
+                .size(128);
             ids.push(self.guest.ctl.gen_start(&spec)?);
             self.gen_running = true;
         }
@@ -298,14 +296,7 @@ impl Session {
     /// flow set per flow, see `setup_steering`).
     pub(super) fn gen_sent_by_flow(&mut self) -> Result<Vec<u64>> {
         let l = self.guest.ctl.gen_list()?;
-        let by_id: BTreeMap<u64, u64> = l
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| Some((s["id"].as_u64()?, s["sent"].as_u64()?)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let by_id: BTreeMap<u32, u64> = l.iter().map(|s| (s.id, s.sent)).collect();
         self.gen_sets
             .iter()
             .map(|id| {
@@ -324,7 +315,7 @@ impl Session {
     /// New trace records since the last call.
     pub(super) fn trace_since_mark(&mut self) -> Result<Vec<TraceRecord>> {
         // The writer flushes when idle: make sure what happened is there.
-        self.guest.ctl.call(&json!({"cmd": "trace_flush"}))?;
+        self.guest.ctl.trace_flush()?;
         let text = std::fs::read_to_string(&self.guest.vnic.trace).ctx(format!(
             "reading the trace {}",
             self.guest.vnic.trace.display()
@@ -355,16 +346,10 @@ impl Session {
     pub(super) fn device_filters(&mut self) -> Result<BTreeMap<FlowKey, (u64, usize, u64)>> {
         let t = self.guest.ctl.table()?;
         let mut m = BTreeMap::new();
-        for f in t["filters"].as_array().cloned().unwrap_or_default() {
-            let key: FlowKey = serde_json::from_value(f["flow"].clone())
-                .ctx(format!("table flow {}", f["flow"]))?;
+        for f in &t.filters {
             m.insert(
-                key,
-                (
-                    f["id"].as_u64().unwrap_or(u64::MAX),
-                    f["rxq"].as_u64().unwrap_or(u64::MAX) as usize,
-                    f["hits"].as_u64().unwrap_or(0),
-                ),
+                super::flow_key(&f.flow)?,
+                (u64::from(f.id), usize::from(f.rxq), f.hits),
             );
         }
         Ok(m)
@@ -621,9 +606,7 @@ impl Session {
         let mut still_since = Instant::now();
         wait_for(Duration::from_secs(10), "rx to go quiet", || {
             let st = ctl.stats()?;
-            let n: u64 = st["queues"]
-                .as_array()
-                .map_or(0, |qs| qs.iter().map(|q| counter(q, "/rx_packets")).sum());
+            let n: u64 = st.queues.iter().map(|q| q.rx_packets).sum();
             if n != last {
                 last = n;
                 still_since = Instant::now();
@@ -709,9 +692,7 @@ pub fn table_summary(s: &mut Session) -> Result<String> {
     let _ = writeln!(
         out,
         "  {:<10} {} of capacity {}",
-        "live",
-        counter(&table, "/live"),
-        counter(&table, "/capacity")
+        "live", table.live, table.capacity
     );
     let _ =
         write!(

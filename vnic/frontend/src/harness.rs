@@ -17,6 +17,8 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use vnic_ctl_proto::{Client, CtlError};
+
 /// A directory removed (recursively) on drop.
 #[derive(Debug)]
 pub struct TempDir {
@@ -347,109 +349,11 @@ pub fn wait_for<T>(
     }
 }
 
-/// A client of the daemon's control socket (newline-delimited JSON, see
-/// `vnic/CTL.md`).
-#[derive(Debug)]
-pub struct Ctl {
-    reader: std::io::BufReader<std::os::unix::net::UnixStream>,
-    writer: std::os::unix::net::UnixStream,
-}
-
-impl Ctl {
-    /// Connect, retrying for up to 20 s while the daemon has created the
-    /// socket file but is not listening yet (ECONNREFUSED) or not created it.
-    pub fn connect(path: &Path) -> io::Result<Ctl> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let s = loop {
-            match std::os::unix::net::UnixStream::connect(path) {
-                Ok(s) => break s,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                    ) && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
-            }
-        };
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        Ok(Ctl {
-            reader: std::io::BufReader::new(s.try_clone()?),
-            writer: s,
-        })
-    }
-
-    /// Send one request, return the whole reply; an `"ok": false` reply is
-    /// an error carrying the daemon's message.
-    pub fn request(&mut self, req: &serde_json::Value) -> io::Result<serde_json::Value> {
-        use std::io::{BufRead, Write};
-        let mut line = serde_json::to_string(req).map_err(io::Error::other)?;
-        line.push('\n');
-        self.writer.write_all(line.as_bytes())?;
-        let mut reply = String::new();
-        if self.reader.read_line(&mut reply)? == 0 {
-            return Err(io::Error::other("control socket closed"));
-        }
-        let v: serde_json::Value = serde_json::from_str(&reply)
-            .map_err(|e| io::Error::other(format!("bad control reply {reply:?}: {e}")))?;
-        if v["ok"] != serde_json::Value::Bool(true) {
-            return Err(io::Error::other(format!("{req} failed: {}", v["error"])));
-        }
-        Ok(v)
-    }
-
-    /// `stats`: the `stats` object.
-    pub fn stats(&mut self) -> io::Result<serde_json::Value> {
-        Ok(self.request(&serde_json::json!({"cmd": "stats"}))?["stats"].take())
-    }
-
-    /// `table`: the `table` object.
-    pub fn table(&mut self) -> io::Result<serde_json::Value> {
-        Ok(self.request(&serde_json::json!({"cmd": "table"}))?["table"].take())
-    }
-
-    /// `set KEY=VALUE`.
-    pub fn set(&mut self, key: &str, value: &serde_json::Value) -> io::Result<serde_json::Value> {
-        self.request(&serde_json::json!({"cmd": "set", "key": key, "value": value}))
-    }
-
-    /// `gen start`: returns the flow-set id.
-    pub fn gen_start(&mut self, flow: &serde_json::Value) -> io::Result<u64> {
-        let v = self.request(&serde_json::json!({"cmd": "gen", "op": "start", "flow": flow}))?;
-        v["id"]
-            .as_u64()
-            .ok_or_else(|| io::Error::other(format!("gen start reply without id: {v}")))
-    }
-
-    /// `gen stop` of one set, or of all with `None`.
-    pub fn gen_stop(&mut self, id: Option<u64>) -> io::Result<serde_json::Value> {
-        let req = match id {
-            Some(id) => serde_json::json!({"cmd": "gen", "op": "stop", "id": id}),
-            None => serde_json::json!({"cmd": "gen", "op": "stop"}),
-        };
-        self.request(&req)
-    }
-
-    /// `gen list`: the `flows` array.
-    pub fn gen_list(&mut self) -> io::Result<serde_json::Value> {
-        Ok(self.request(&serde_json::json!({"cmd": "gen", "op": "list"}))?["flows"].take())
-    }
-}
-
-/// A counter out of a JSON object by path (`["queues", 0, "rx_packets"]`
-/// written as `"queues.0.rx_packets"`); panics naming the path when absent.
-pub fn counter(v: &serde_json::Value, path: &str) -> u64 {
-    let mut cur = v;
-    for part in path.split('.') {
-        cur = match part.parse::<usize>() {
-            Ok(i) => &cur[i],
-            Err(_) => &cur[part],
-        };
-    }
-    cur.as_u64()
-        .unwrap_or_else(|| panic!("no counter {path} in {v}"))
+/// A client of the daemon's control socket at `path` (`vnic-ctl-proto`'s),
+/// connecting for up to 20 s while the daemon has created the socket file
+/// but is not listening yet (ECONNREFUSED) or not created it.
+pub fn ctl(path: &Path) -> Result<Client, CtlError> {
+    Client::connect_wait(path, Duration::from_secs(20))
 }
 
 /// The `vnic` daemon binary for the bench binaries: `explicit`, or else

@@ -8,13 +8,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use arfs::{FlowKey, L4Proto, Rss};
-use serde_json::Value;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use vnic_ctl_proto::{Client, FlowSpec, QueueStats, SetValue, Stats};
 use vnic_frontend::guest::Guest;
-use vnic_frontend::harness::{Ctl, Daemon};
+use vnic_frontend::harness::Daemon;
 use vnic_frontend::{parse_flow, Options, RxFrame};
-
-#[allow(unused_imports)] // not every test binary reads counters
-pub use vnic_frontend::harness::counter;
 
 /// Generous: the machine is 2 shared cores and may be loaded.
 pub const T: Duration = Duration::from_mins(1);
@@ -28,8 +26,9 @@ pub fn daemon(args: &[&str]) -> Daemon {
         .unwrap_or_else(|e| panic!("starting vnic serve {args:?}: {e}"))
 }
 
-pub fn ctl(d: &Daemon) -> Ctl {
-    Ctl::connect(&d.ctl).unwrap_or_else(|e| panic!("connecting to {}: {e}", d.ctl.display()))
+pub fn ctl(d: &Daemon) -> Client {
+    vnic_frontend::harness::ctl(&d.ctl)
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", d.ctl.display()))
 }
 
 pub fn opts(pairs: u16, queue_size: u16) -> Options {
@@ -50,19 +49,21 @@ pub fn guest(d: &Daemon, pairs: u16, enable: u16) -> Guest {
         .unwrap_or_else(|e| panic!("frontend connect: {e}\n{}", d.log_text()));
     let mut c = ctl(d);
     wait_stats(&mut c, &format!("{enable} pairs enabled"), |s| {
-        s["connected"] == serde_json::json!(true) && s["enabled_pairs"] == serde_json::json!(enable)
+        s.connected && s.enabled_pairs == enable
     });
     g
 }
 
 /// Poll `stats` until `pred` holds; return the stats that satisfied it.
-pub fn wait_stats(c: &mut Ctl, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let mut last = Value::Null;
+pub fn wait_stats(c: &mut Client, what: &str, pred: impl Fn(&Stats) -> bool) -> Stats {
+    let mut last = None;
     vnic_frontend::harness::wait_for(T, what, || {
-        last = c.stats().expect("ctl stats");
-        pred(&last).then(|| last.clone())
+        let s = c.stats().expect("ctl stats");
+        let done = pred(&s).then(|| s.clone());
+        last = Some(s);
+        done
     })
-    .unwrap_or_else(|e| panic!("{e}; last stats: {last:#}"))
+    .unwrap_or_else(|e| panic!("{e}; last stats: {last:#?}"))
 }
 
 /// The flow key of a received data frame (via the driver's own parser,
@@ -95,41 +96,32 @@ pub fn rss_queue(k: &FlowKey, enabled: u16) -> u16 {
 }
 
 /// Start a generator flow set and wait until it has sent everything.
-pub fn gen_burst(c: &mut Ctl, spec: &Value) -> u64 {
+pub fn gen_burst(c: &mut Client, spec: &FlowSpec) -> u32 {
     let id = c.gen_start(spec).expect("gen start");
     wait_gen_done(c, id);
     id
 }
 
 /// Wait until flow set `id` is inactive (sent its `count`).
-pub fn wait_gen_done(c: &mut Ctl, id: u64) {
-    let mut last = Value::Null;
+pub fn wait_gen_done(c: &mut Client, id: u32) {
+    let mut last = None;
     let r = vnic_frontend::harness::wait_for(T, &format!("gen flow set {id} to finish"), || {
         let flows = c.gen_list().expect("gen list");
         let set = flows
-            .as_array()
-            .and_then(|a| a.iter().find(|f| f["id"].as_u64() == Some(id)))
+            .iter()
+            .find(|f| f.id == id)
             .cloned()
-            .unwrap_or_else(|| panic!("flow set {id} not listed: {flows}"));
-        let done = set["active"] == Value::Bool(false);
-        last = set;
+            .unwrap_or_else(|| panic!("flow set {id} not listed: {flows:?}"));
+        let done = !set.active;
+        last = Some(set);
         done.then_some(())
     });
     if let Err(e) = r {
-        panic!("{e}: last listing {last}; stats {}", c.stats().unwrap());
+        panic!("{e}: last listing {last:?}; stats {:?}", c.stats().unwrap());
     }
 }
 
 /// Sum of a per-queue counter over all queues.
-pub fn sum_queues(stats: &Value, field: &str) -> u64 {
-    stats["queues"]
-        .as_array()
-        .expect("queues array")
-        .iter()
-        .map(|q| {
-            q[field]
-                .as_u64()
-                .unwrap_or_else(|| panic!("no {field} in {q}"))
-        })
-        .sum()
+pub fn sum_queues(stats: &Stats, field: impl Fn(&QueueStats) -> u64) -> u64 {
+    stats.queues.iter().map(field).sum()
 }

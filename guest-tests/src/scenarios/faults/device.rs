@@ -3,16 +3,15 @@
 //! (injected ADD failures) and `misroute` (filter hits delivered to the
 //! wrong queue).
 
-use super::{delta, dev_delta, json_delta, rejects_by_reason, table_of, DevTable, REJECT_HOLDOFF};
+use super::{delta, dev_delta, rejects_by_reason, table_of, DevTable, REJECT_HOLDOFF};
 use crate::bail;
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::module::{self, ResetLog, ResetOp};
 use crate::scenarios::{Checks, Flow, Session};
 use arfs::{EventKind, FlowKey, MsgType, OpStatus, TraceRecord};
-use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::Stats;
 
 // ---- 3. lossy management channel ------------------------------------
 
@@ -90,7 +89,7 @@ fn add_account(trace: &[TraceRecord], unacked: &[ResetOp]) -> AddAccount {
 /// (see the end).
 pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.ensure_module()?;
-    s.guest.ctl.set("mgmt_loss_rate", &json!(0.2))?;
+    s.guest.ctl.set("mgmt_loss_rate", 0.2)?;
     // Before the baselines: the port probe sends packets (no filter asked).
     let flows = s.steering_flows(s.settings.flows)?;
     let m0 = s.module_counters()?;
@@ -115,8 +114,8 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
         let m = s.module_counters()?;
         let st = s.guest.ctl.stats()?;
         let lossy = delta(&m, &m0, "retransmits") > 0
-            && dev_delta(&st, &s0, "/mgmt/dropped_by_loss") > 0
-            && dev_delta(&st, &s0, "/mgmt/replies_dropped_by_loss") > 0;
+            && dev_delta(&st, &s0, |s| s.mgmt.dropped_by_loss) > 0
+            && dev_delta(&st, &s0, |s| s.mgmt.replies_dropped_by_loss) > 0;
         if rounds >= 12 || (rounds >= 3 && lossy) {
             break;
         }
@@ -154,9 +153,13 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
             let same = ["add_ok", "add_ops", "add_unacked", "stalls"]
                 .iter()
                 .all(|n| m1.get(n) == m2.get(n))
-                && ["/table/adds", "/table/replaces", "/table/unchanged"]
-                    .iter()
-                    .all(|p| counter(&s1, p) == counter(&s2, p));
+                && [
+                    |s: &Stats| s.table.adds,
+                    |s: &Stats| s.table.replaces,
+                    |s: &Stats| s.table.unchanged,
+                ]
+                .iter()
+                .all(|f| f(&s1) == f(&s2));
             tries += 1;
             if same {
                 break (m1, s1, r1);
@@ -168,9 +171,9 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
         }
     };
     let retx = delta(&m1, &m0, "retransmits");
-    let lost_in = dev_delta(&s1, &s0, "/mgmt/dropped_by_loss");
-    let lost_out = dev_delta(&s1, &s0, "/mgmt/replies_dropped_by_loss");
-    let dups = dev_delta(&s1, &s0, "/mgmt/duplicates");
+    let lost_in = dev_delta(&s1, &s0, |s| s.mgmt.dropped_by_loss);
+    let lost_out = dev_delta(&s1, &s0, |s| s.mgmt.replies_dropped_by_loss);
+    let dups = dev_delta(&s1, &s0, |s| s.mgmt.duplicates);
     c.check(retx > 0, || "20% loss but no retransmission".to_string());
     c.check(lost_in > 0 && lost_out > 0, || {
         format!("loss knob dropped {lost_in} requests and {lost_out} replies")
@@ -190,13 +193,14 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
     //   lost frame applied counts as `unchanged`);
     // - with no reset, add_ok == adds + replaces and nothing unchanged.
     let add_ok = delta(&m1, &m0, "add_ok");
-    let dev_adds = dev_delta(&s1, &s0, "/table/adds") + dev_delta(&s1, &s0, "/table/replaces");
-    let unchanged = dev_delta(&s1, &s0, "/table/unchanged");
+    let dev_adds =
+        dev_delta(&s1, &s0, |s| s.table.adds) + dev_delta(&s1, &s0, |s| s.table.replaces);
+    let unchanged = dev_delta(&s1, &s0, |s| s.table.unchanged);
     let stalls = delta(&m1, &m0, "stalls");
     let unacked = delta(&m1, &m0, "add_unacked");
     let resets = r1.resets.saturating_sub(r0.resets);
     let trace_lost =
-        dev_delta(&s1, &s0, "/trace/dropped") + dev_delta(&s1, &s0, "/trace/write_errors");
+        dev_delta(&s1, &s0, |s| s.trace.dropped) + dev_delta(&s1, &s0, |s| s.trace.write_errors);
     c.check(trace_lost == 0, || {
         format!("the device trace lost {trace_lost} records: the ADDs cannot be matched")
     });
@@ -247,9 +251,9 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
             )
         });
     }
-    let rej = dev_delta(&s1, &s0, "/table/rejects/table_full")
-        + dev_delta(&s1, &s0, "/table/rejects/bad_queue")
-        + dev_delta(&s1, &s0, "/table/rejects/bad_id");
+    let rej = dev_delta(&s1, &s0, |s| s.table.rejects.table_full)
+        + dev_delta(&s1, &s0, |s| s.table.rejects.bad_queue)
+        + dev_delta(&s1, &s0, |s| s.table.rejects.bad_id);
     c.check(rej == 0, || format!("{rej} rejects under loss"));
     Ok(format!(
         "loss=20%/20% steered_in={:.1}s migrations={rounds} slowest_migration={:.1}s settled+{:.1}s filters={} retransmits={retx} frames_sent={} dev_lost_req={lost_in} dev_lost_rep={lost_out} duplicates={dups} reacks={} add_ok={add_ok} dev_add_ops={dev_adds} unchanged={unchanged} stalls={stalls} window_resets={resets} add_unacked={unacked} extra_matched={}",
@@ -258,7 +262,7 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
         settle.as_secs_f64(),
         dev.len(),
         delta(&m1, &m0, "frames_sent"),
-        dev_delta(&s1, &s0, "/mgmt/duplicate_reacks"),
+        dev_delta(&s1, &s0, |s| s.mgmt.duplicate_reacks),
         a.extra,
     ))
 }
@@ -271,7 +275,7 @@ pub(in crate::scenarios) fn lossy_mgmt(s: &mut Session, c: &mut Checks) -> Resul
 /// retransmission), repeated steer calls for a pending filter are
 /// deduplicated (6.12 calls per packet), convergence time reported.
 pub(in crate::scenarios) fn slow_hw(s: &mut Session, c: &mut Checks) -> Result<String> {
-    s.guest.ctl.set("program_latency", &json!("10ms"))?;
+    s.guest.ctl.set("program_latency", "10ms")?;
     s.ensure_module()?;
     let m0 = s.module_counters()?;
     let lat = m0.get("latency_us");
@@ -337,7 +341,7 @@ pub(in crate::scenarios) fn slow_hw(s: &mut Session, c: &mut Checks) -> Result<S
     let rss_pkts: u64 = acc.via_rss.iter().sum();
     let filt_pkts: u64 = acc.via_filter.iter().sum();
     // Filters applied at least 10 ms after their request: ACK timing.
-    let dev_adds = dev_delta(&s1, &s0, "/table/adds");
+    let dev_adds = dev_delta(&s1, &s0, |s| s.table.adds);
     // The latency was applied: from the driver's side, no ADD/DEL frame
     // was acknowledged sooner than 10 ms after it was first sent.
     let (rtts, rtt_min, rtt_max) = (
@@ -367,7 +371,7 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     // Device totals before the module loads: its counters start at 0.
     let s_pre = s.guest.ctl.stats()?;
     s.ensure_module()?;
-    s.guest.ctl.set("add_fail_rate", &json!(0.1))?;
+    s.guest.ctl.set("add_fail_rate", 0.1)?;
     // Before the baselines: the port probe sends packets (no filter asked).
     let flows = s.steering_flows(s.settings.flows)?;
     let m0 = s.module_counters()?;
@@ -383,18 +387,18 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     // calls), the kernel asks again for each flow and is refused. Then no
     // flow has a filter for the whole window, and the guest must see each
     // flow's packets arrive on its RSS queue.
-    s.guest.ctl.set("add_fail_rate", &json!(1.0))?;
+    s.guest.ctl.set("add_fail_rate", 1.0)?;
     let idle = module::expiry_param();
     s.guest.agent.write_file(&idle, &module::idle_expiry(300))?;
     let ctl = &mut s.guest.ctl;
     let emptied = wait_for(Duration::from_secs(20), "every filter to go idle", || {
-        Ok((counter(&ctl.table()?, "/live") == 0).then_some(()))
+        Ok((ctl.table()?.live == 0).then_some(()))
     });
     s.guest.agent.write_file(&idle, &module::idle_expiry(0))?;
     emptied?;
     std::thread::sleep(Duration::from_secs(1));
     let window = s.measure();
-    s.guest.ctl.set("add_fail_rate", &json!(0.1))?;
+    s.guest.ctl.set("add_fail_rate", 0.1)?;
     let window = window?;
     let unfiltered: Vec<usize> = {
         let now = s.device_filters()?;
@@ -428,7 +432,7 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     let m1 = s.module_counters()?;
     let s1 = s.guest.ctl.stats()?;
     let inj = rejects_by_reason(&trace, "injected_failure");
-    let dev_inj = dev_delta(&s1, &s0, "/table/rejects/injected_failure");
+    let dev_inj = dev_delta(&s1, &s0, |s| s.table.rejects.injected_failure);
     let mod_inj = delta(&m1, &m0, "reject_injected_failure");
     c.check(!inj.is_empty(), || {
         "10% ADD failures but none in the trace".to_string()
@@ -483,7 +487,7 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
         "the id space to empty",
         || {
             let m = s.module_counters()?;
-            let live = counter(&s.guest.ctl.table()?, "/live");
+            let live = s.guest.ctl.table()?.live;
             last = format!(
                 "module ids {} live {} rejected_holdoff {}, device live {live}",
                 m.get("ids"),
@@ -503,7 +507,7 @@ pub(in crate::scenarios) fn add_failures(s: &mut Session, c: &mut Checks) -> Res
     std::thread::sleep(Duration::from_millis(500));
     let m2 = s.module_counters()?;
     let s2 = s.guest.ctl.stats()?;
-    for msg in m2.compare(&json_delta(&s2, &s_pre)) {
+    for msg in m2.compare(&s2, Some(&s_pre)) {
         c.failures.push(msg);
     }
     Ok(format!(

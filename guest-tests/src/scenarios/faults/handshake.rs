@@ -9,13 +9,12 @@
 use super::super::{Checks, Session};
 use super::dev_delta;
 use crate::harness::Result;
-use serde_json::json;
 
 pub(in crate::scenarios) fn handshake(s: &mut Session, c: &mut Checks) -> Result<String> {
     let d0 = s.guest.ctl.stats()?;
-    s.guest.ctl.set("rogue_responder", &json!(1))?;
+    s.guest.ctl.set("rogue_responder", 1)?;
     let steered = steer_with_a_rogue(s, c);
-    s.guest.ctl.set("rogue_responder", &json!(0))?;
+    s.guest.ctl.set("rogue_responder", 0)?;
     // A fresh module (the scenario's setup unloaded it): its counters
     // started at zero with the rogue already answering.
     let m = steered?;
@@ -24,8 +23,9 @@ pub(in crate::scenarios) fn handshake(s: &mut Session, c: &mut Checks) -> Result
     let bad_nonce = m.get("rx_bad_nonce");
     let foreign = m.get("rx_foreign");
     let stale = m.get("rx_stale");
-    let rogue = dev_delta(&d1, &d0, "/mgmt/rogue_sent");
-    let dev_acks = dev_delta(&d1, &d0, "/mgmt/acks_sent") + dev_delta(&d1, &d0, "/mgmt/naks_sent");
+    let rogue = dev_delta(&d1, &d0, |s| s.mgmt.rogue_sent);
+    let dev_acks =
+        dev_delta(&d1, &d0, |s| s.mgmt.acks_sent) + dev_delta(&d1, &d0, |s| s.mgmt.naks_sent);
     let mod_acks = m.get("acks");
     c.check(bad_nonce >= 1, || {
         format!("the rogue CAPS (wrong nonce) was not counted: rx_bad_nonce {bad_nonce}, rogue frames {rogue}")
@@ -54,10 +54,10 @@ pub(in crate::scenarios) fn handshake(s: &mut Session, c: &mut Checks) -> Result
             format!("{name} {count}: the rogue responder disturbed the session")
         });
     }
-    let to_group = dev_delta(&d1, &d0, "/mgmt/dst/hello_to_group");
-    let to_device = dev_delta(&d1, &d0, "/mgmt/dst/to_device");
-    let to_bcast = dev_delta(&d1, &d0, "/mgmt/dst/to_broadcast");
-    let to_other = dev_delta(&d1, &d0, "/mgmt/dst/to_other");
+    let to_group = dev_delta(&d1, &d0, |s| s.mgmt.dst.hello_to_group);
+    let to_device = dev_delta(&d1, &d0, |s| s.mgmt.dst.to_device);
+    let to_bcast = dev_delta(&d1, &d0, |s| s.mgmt.dst.to_broadcast);
+    let to_other = dev_delta(&d1, &d0, |s| s.mgmt.dst.to_other);
     c.check(
         to_group >= 1 && to_device >= 1 && to_bcast == 0 && to_other == 0,
         || {

@@ -14,15 +14,14 @@
 //! `handshake.rs` (handshake) and `reconfig.rs`.
 
 use super::{Checks, Flow, Run, Session};
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
 use crate::module::{self, ModuleCounters};
 use crate::proto::Request;
 use crate::{bail, ensure};
 use arfs::{EventKind, FlowKey, TraceRecord};
-use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::{QueueStats, SetValue, Stats, Table};
 
 pub(super) mod device;
 pub(super) mod expiry;
@@ -80,14 +79,10 @@ struct Accounting {
     drops: u64,
 }
 
-pub(super) fn table_of(v: &Value) -> Result<DevTable> {
+pub(super) fn table_of(t: &Table) -> Result<DevTable> {
     let mut m = BTreeMap::new();
-    for f in v["filters"].as_array().cloned().unwrap_or_default() {
-        let key: FlowKey =
-            serde_json::from_value(f["flow"].clone()).ctx(format!("table flow {}", f["flow"]))?;
-        let id = f["id"].as_u64().unwrap_or(u64::MAX) as u16;
-        let rxq = f["rxq"].as_u64().unwrap_or(u64::MAX) as u16;
-        m.insert(id, (key, rxq));
+    for f in &t.filters {
+        m.insert(f.id, (super::flow_key(&f.flow)?, f.rxq));
     }
     Ok(m)
 }
@@ -96,25 +91,9 @@ fn delta(after: &ModuleCounters, before: &ModuleCounters, name: &str) -> u64 {
     after.get(name).saturating_sub(before.get(name))
 }
 
-fn dev_delta(after: &Value, before: &Value, ptr: &str) -> u64 {
-    counter(after, ptr).saturating_sub(counter(before, ptr))
-}
-
-/// `after - before` for every number of a JSON tree (gauges such as
-/// `live` come out right when they were 0 before).
-fn json_delta(after: &Value, before: &Value) -> Value {
-    match (after, before) {
-        (Value::Object(a), Value::Object(b)) => Value::Object(
-            a.iter()
-                .map(|(k, v)| (k.clone(), json_delta(v, b.get(k).unwrap_or(&Value::Null))))
-                .collect(),
-        ),
-        (Value::Number(a), Value::Number(b)) => match (a.as_u64(), b.as_u64()) {
-            (Some(x), Some(y)) => json!(x.saturating_sub(y)),
-            _ => after.clone(),
-        },
-        _ => after.clone(),
-    }
+/// A device counter's `after - before` (0 if it went down).
+fn dev_delta(after: &Stats, before: &Stats, counter: impl Fn(&Stats) -> u64) -> u64 {
+    counter(after).saturating_sub(counter(before))
 }
 
 /// Flows of the workload that need a filter (RSS does not deliver them to
@@ -135,7 +114,7 @@ impl Session {
 
     /// Stop generator and receivers; forget the workload.
     fn fault_stop_workload(&mut self) {
-        let _ = self.guest.ctl.gen_stop_all();
+        let _ = self.guest.ctl.gen_stop(None);
         self.gen_running = false;
         self.gen_sets.clear();
         if !self.flows.is_empty() {
@@ -184,18 +163,18 @@ impl Session {
     fn fault_restore(&mut self) -> Result<()> {
         let mut errs: Vec<String> = Vec::new();
         self.fault_stop_workload();
-        for (k, v) in [
-            ("add_fail_rate", json!(0)),
-            ("mgmt_loss_rate", json!(0)),
-            ("program_latency", json!(0)),
-            ("misroute", json!(0)),
-            ("rogue_responder", json!(0)),
-            ("drop_rate", json!(0)),
-            ("corrupt_rate", json!(0)),
-            ("bad_csum_rate", json!(0)),
+        for k in [
+            "add_fail_rate",
+            "mgmt_loss_rate",
+            "program_latency",
+            "misroute",
+            "rogue_responder",
+            "drop_rate",
+            "corrupt_rate",
+            "bad_csum_rate",
         ] {
-            if let Err(e) = self.guest.ctl.set(k, &v) {
-                errs.push(e.0);
+            if let Err(e) = self.guest.ctl.set(k, 0) {
+                errs.push(crate::harness::Error::from(e).0);
             }
         }
         if self.net_up {
@@ -213,11 +192,11 @@ impl Session {
             errs.push(e.0);
         }
         for (k, v) in [
-            ("buckets", json!("none")),
-            ("table_capacity", json!(self.boot_capacity)),
+            ("buckets", SetValue::from("none")),
+            ("table_capacity", SetValue::from(self.boot_capacity)),
         ] {
-            if let Err(e) = self.guest.ctl.set(k, &v) {
-                errs.push(e.0);
+            if let Err(e) = self.guest.ctl.set(k, v) {
+                errs.push(crate::harness::Error::from(e).0);
             }
         }
         if errs.is_empty() {
@@ -245,13 +224,13 @@ impl Session {
         if self.gen_sets.is_empty() {
             self.start_gen_per_flow(self.settings.rate)
         } else {
-            self.gen_op("resume")
+            self.gen_op(vnic_ctl_proto::GenOp::Resume)
         }
     }
 
     /// Pause the generator (receivers stay); returns what it sent per flow.
     fn fault_stop_gen(&mut self) -> Result<Vec<u64>> {
-        self.gen_op("pause")?;
+        self.gen_op(vnic_ctl_proto::GenOp::Pause)?;
         self.gen_sent_by_flow()
     }
 
@@ -322,7 +301,7 @@ impl Session {
     fn account(
         &mut self,
         c: &mut Checks,
-        stats0: &Value,
+        stats0: &Stats,
         sent: &[u64],
         trace: &[TraceRecord],
     ) -> Result<Accounting> {
@@ -330,10 +309,8 @@ impl Session {
         let stats1 = self.guest.ctl.stats()?;
         let table = self.guest.ctl.table()?;
         let mut live_hits: BTreeMap<FlowKey, u64> = BTreeMap::new();
-        for f in table["filters"].as_array().cloned().unwrap_or_default() {
-            let key: FlowKey = serde_json::from_value(f["flow"].clone())
-                .ctx(format!("table flow {}", f["flow"]))?;
-            *live_hits.entry(key).or_default() += f["hits"].as_u64().unwrap_or(0);
+        for f in &table.filters {
+            *live_hits.entry(super::flow_key(&f.flow)?).or_default() += f.hits;
         }
         // Hits of entries that are gone: the trace carries them.
         let mut gone_hits: BTreeMap<FlowKey, u64> = BTreeMap::new();
@@ -372,10 +349,10 @@ impl Session {
         let mut drops = 0;
         let slack_flows = 3 * self.flows.len() as u64;
         for (q, &want) in want_rss.iter().enumerate() {
-            let d = |k: &str| dev_delta(&stats1, stats0, &format!("/queues/{q}/{k}"));
-            let rss = d("rx_rss");
-            let dq = d("rx_drops");
-            got_filter += d("rx_filter");
+            let d = |k: fn(&QueueStats) -> u64| dev_delta(&stats1, stats0, |s| k(&s.queues[q]));
+            let rss = d(|q| q.rx_rss);
+            let dq = d(|q| q.rx_drops);
+            got_filter += d(|q| q.rx_filter);
             drops += dq;
             // A dropped frame (the guest had no rx buffer) may have been
             // chosen by RSS or by a filter (filter hits count it): drops

@@ -3,7 +3,6 @@
 
 use super::{dev_delta, need_count, table_of, DevTable};
 use crate::ensure;
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::proto::Request;
 use crate::scenarios::workload::irq_cpu_queue_map;
@@ -75,15 +74,12 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
         });
     }
     let s_low = s.guest.ctl.stats()?;
-    c.check(
-        counter(&s_low, "/enabled_pairs") == u64::from(low_q),
-        || {
-            format!(
-                "device spreads over {} pairs after ethtool -L {low_q}",
-                counter(&s_low, "/enabled_pairs")
-            )
-        },
-    );
+    c.check(s_low.enabled_pairs == low_q, || {
+        format!(
+            "device spreads over {} pairs after ethtool -L {low_q}",
+            s_low.enabled_pairs
+        )
+    });
     // Traffic again on 2 queues for a while: nothing may go to q2/q3.
     s.fault_start_gen()?;
     std::thread::sleep(Duration::from_secs(3));
@@ -116,10 +112,10 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
         )
     });
     let dis_drops = (0..usize::from(full_q))
-        .map(|q| dev_delta(&s_low2, &s_low, &format!("/queues/{q}/rx_drops_disabled")))
+        .map(|q| dev_delta(&s_low2, &s_low, |s| s.queues[q].rx_drops_disabled))
         .sum::<u64>();
     let dis_pkts = (usize::from(low_q)..usize::from(full_q))
-        .map(|q| dev_delta(&s_low2, &s_low, &format!("/queues/{q}/rx_packets")))
+        .map(|q| dev_delta(&s_low2, &s_low, |s| s.queues[q].rx_packets))
         .sum::<u64>();
     c.check(dis_drops == 0 && dis_pkts == 0, || {
         format!("with {low_q} queues: {dis_pkts} packets delivered and {dis_drops} dropped on disabled queues")
@@ -164,14 +160,14 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
     let flushed = wait_for(
         Duration::from_secs(15),
         "the device table to empty with NTUPLE off",
-        || Ok((counter(&ctl.table()?, "/live") == 0).then_some(())),
+        || Ok((ctl.table()?.live == 0).then_some(())),
     );
     if let Err(e) = flushed {
         c.check(false, || e.0);
     }
     std::thread::sleep(Duration::from_secs(2));
     let t_off = s.trace_since_mark()?;
-    let live_off = counter(&s.guest.ctl.table()?, "/live");
+    let live_off = s.guest.ctl.table()?.live;
     // Trace lines are written asynchronously: records from before the
     // switch may come first. Nothing may be added after the flush.
     let last_flush = t_off
@@ -215,7 +211,7 @@ pub(in crate::scenarios) fn reconfig(s: &mut Session, c: &mut Checks) -> Result<
     let again = s.wait_steered(&BTreeSet::new())?;
     let s1 = s.guest.ctl.stats()?;
     let m = s.module_counters()?;
-    let bad_q = dev_delta(&s1, &s0, "/table/rejects/bad_queue");
+    let bad_q = dev_delta(&s1, &s0, |s| s.table.rejects.bad_queue);
     c.check(bad_q == 0, || {
         format!("the module sent {bad_q} ADDs to queues the device has disabled")
     });
@@ -346,7 +342,7 @@ pub(in crate::scenarios) fn relayout_4k(s: &mut Session, c: &mut Checks) -> Resu
     wait_for(
         Duration::from_mins(2),
         &format!("the device to hold {want} filters"),
-        || Ok((counter(&ctl.stats()?, "/table/live") >= want).then_some(())),
+        || Ok((ctl.stats()?.table.live >= want).then_some(())),
     )?;
     let s0 = s.guest.ctl.stats()?;
     let m0 = s.module_counters()?;
@@ -357,7 +353,7 @@ pub(in crate::scenarios) fn relayout_4k(s: &mut Session, c: &mut Checks) -> Resu
         let d0 = s.guest.ctl.stats()?;
         figures.push(change_layout(s, c, low, n, back, Duration::from_secs(5))?);
         let d1 = s.guest.ctl.stats()?;
-        flushed.push(dev_delta(&d1, &d0, "/table/deletes/flush"));
+        flushed.push(dev_delta(&d1, &d0, |s| s.table.deletes.flush));
     }
     let trace = s.trace_since_mark()?;
     let m1 = s.module_counters()?;
@@ -405,7 +401,7 @@ pub(in crate::scenarios) fn relayout_4k(s: &mut Session, c: &mut Checks) -> Resu
             )
         },
     );
-    let flush_dev = dev_delta(&s1, &s0, "/table/flushes");
+    let flush_dev = dev_delta(&s1, &s0, |s| s.table.flushes);
     Ok(format!(
         "filters={want} (synthetic {SYNTHETIC}) flush_frames={frames} device_flushes={flush_dev} flushed={flushes:?} del_ops={del_ops} busy={busy} bulk_batches={batches} bulk_max={bulk_max} settled {} rfs_resets={}",
         figures.join(" "),

@@ -3,12 +3,10 @@
 //! buckets overflow).
 
 use super::{delta, dev_delta, rejects_by_reason, table_of, REJECT_HOLDOFF};
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Result};
 use crate::scenarios::{Checks, Flow, Session, BASE_PORT, GEN_IP, GEN_PORT, GUEST_IP};
 use crate::{bail, ensure};
 use arfs::{EventKind, FilterTable, FlowKey, L4Proto, TableConfig};
-use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -29,7 +27,7 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
     let loaded = s.ensure_module();
     s.settings.module.extra = extra;
     loaded?;
-    s.guest.ctl.set("table_capacity", &json!(CAP))?;
+    s.guest.ctl.set("table_capacity", CAP)?;
     // Before the baselines: the port probe sends packets (no filter asked).
     let flows = s.steering_flows(s.settings.flows)?;
     let m0 = s.module_counters()?;
@@ -51,7 +49,7 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
     wait_for(
         s.settings.warmup_timeout,
         "the device table to fill (16 filters)",
-        || Ok((counter(&ctl.table()?, "/live") == CAP).then_some(())),
+        || Ok((ctl.table()?.live == CAP).then_some(())),
     )?;
     let fill = t0.elapsed();
     // A few hold-off periods of refused flows asking again.
@@ -67,7 +65,7 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
         format!("{} filters in a table of {CAP}", table.len())
     });
     let full = rejects_by_reason(&trace, "table_full");
-    let dev_full = dev_delta(&s1, &s0, "/table/rejects/table_full");
+    let dev_full = dev_delta(&s1, &s0, |s| s.table.rejects.table_full);
     let mod_full = delta(&m1, &m0, "reject_table_full");
     c.check(!full.is_empty(), || {
         "no table_full reject in the trace".to_string()
@@ -103,8 +101,9 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
         format!("a refused flow was asked for {worst} times in {elapsed:?} (bound {bound}: one per {REJECT_HOLDOFF:?} hold-off)")
     });
     let add_ops = delta(&m1, &m0, "add_ops");
-    let dev_ops =
-        dev_delta(&s1, &s0, "/table/adds") + dev_delta(&s1, &s0, "/table/replaces") + dev_full;
+    let dev_ops = dev_delta(&s1, &s0, |s| s.table.adds)
+        + dev_delta(&s1, &s0, |s| s.table.replaces)
+        + dev_full;
     c.check(add_ops == dev_ops, || {
         format!("module sent {add_ops} ADD ops, the device handled {dev_ops}")
     });
@@ -184,7 +183,7 @@ pub(in crate::scenarios) fn table_full(s: &mut Session, c: &mut Checks) -> Resul
 pub(in crate::scenarios) fn bucket_collisions(s: &mut Session, c: &mut Checks) -> Result<String> {
     const B: u32 = 64;
     const W: usize = 2;
-    s.guest.ctl.set("buckets", &json!(format!("{B}x{W}")))?;
+    s.guest.ctl.set("buckets", format!("{B}x{W}"))?;
     let model = FilterTable::new(TableConfig {
         capacity: s.boot_capacity,
         buckets: Some((B, W as u16)),
@@ -279,10 +278,10 @@ pub(in crate::scenarios) fn bucket_collisions(s: &mut Session, c: &mut Checks) -
     let tj = s.guest.ctl.table()?;
 
     // The device's placement is the predicted one.
-    for f in tj["filters"].as_array().cloned().unwrap_or_default() {
-        let key: FlowKey = serde_json::from_value(f["flow"].clone())?;
-        let dev_b = f["bucket"].as_u64();
-        c.check(dev_b == Some(u64::from(bucket(&key))), || {
+    for f in &tj.filters {
+        let key: FlowKey = crate::scenarios::flow_key(&f.flow)?;
+        let dev_b = f.bucket;
+        c.check(dev_b == Some(bucket(&key)), || {
             format!(
                 "filter for {key}: device bucket {dev_b:?}, arfs predicts {}",
                 bucket(&key)
@@ -358,13 +357,13 @@ pub(in crate::scenarios) fn bucket_collisions(s: &mut Session, c: &mut Checks) -
     c.check(full > 0, || {
         "no bucket_full reject in the trace".to_string()
     });
-    let dev_full = dev_delta(&s1, &s0, "/table/rejects/bucket_full");
+    let dev_full = dev_delta(&s1, &s0, |s| s.table.rejects.bucket_full);
     let mod_full = delta(&m1, &m0, "reject_bucket_full");
     c.check(dev_full == full as u64 && mod_full == dev_full, || {
         format!("bucket_full rejects: trace {full}, device {dev_full}, module {mod_full}")
     });
     c.check(
-        dev_delta(&s1, &s0, "/table/rejects/table_full") == 0,
+        dev_delta(&s1, &s0, |s| s.table.rejects.table_full) == 0,
         || "table_full rejects with a nearly empty table".to_string(),
     );
     Ok(format!(

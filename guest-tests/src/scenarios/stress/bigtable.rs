@@ -15,7 +15,6 @@
 //! session's log check: lockdep, KASAN, RCU stalls).
 
 use super::{light_workload, Checks, Session, IFNAME};
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
 use crate::module::{DEBUGFS_DIR, PARAMS_DIR};
 use crate::proto::Request;
@@ -60,7 +59,7 @@ pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<S
     // The real flows first: their filters take a few ids of the table.
     let ctl = &mut s.guest.ctl;
     wait_for(Duration::from_mins(1), "filters for the real flows", || {
-        Ok((counter(&ctl.stats()?, "/table/live") > 0).then_some(()))
+        Ok((ctl.stats()?.table.live > 0).then_some(()))
     })?;
 
     let flowgen = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
@@ -101,7 +100,7 @@ pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<S
         Duration::from_mins(5),
         &format!("the device to hold {want} filters"),
         || {
-            let live = counter(&ctl.stats()?, "/table/live");
+            let live = ctl.stats()?.table.live;
             Ok((live >= want).then_some(live))
         },
     );
@@ -110,7 +109,7 @@ pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<S
         Ok(n) => n,
         Err(e) => {
             c.check(false, || e.0.clone());
-            counter(&s.guest.ctl.stats()?, "/table/live")
+            s.guest.ctl.stats()?.table.live
         }
     };
     let st = state(s)?;

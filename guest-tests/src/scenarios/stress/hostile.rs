@@ -3,7 +3,6 @@
 
 use super::{drop_module, mgmt_bad, ping, tables_agree};
 use crate::ensure;
-use crate::harness::ctl::counter;
 use crate::harness::Result;
 use crate::proto::{hex_decode, hex_encode, RawTxReport, RawTxSpec, Request};
 use crate::scenarios::{Checks, Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
@@ -12,6 +11,7 @@ use arfs::EventKind;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::Stats;
 
 /// The guest NIC's MAC as bytes.
 fn guest_mac() -> [u8; 6] {
@@ -225,8 +225,8 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
     drop_module(s)?;
     s.ensure_net()?;
     let st0 = s.guest.ctl.stats()?;
-    let gen = counter(&st0, "/generation") as u32;
-    let enabled = counter(&st0, "/enabled_pairs") as u16;
+    let gen = st0.generation;
+    let enabled = st0.enabled_pairs;
     let base: u32 = 0x7000_0000;
     // (frame, expected reply: None = silence, Some((type, seq, frame_status, statuses)))
     let mut frames: Vec<(Vec<u8>, Option<Reply>)> = Vec::new();
@@ -316,14 +316,14 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
     });
     std::thread::sleep(Duration::from_millis(300));
     let st1 = s.guest.ctl.stats()?;
-    let d = |p: &str| counter(&st1, p).saturating_sub(counter(&st0, p));
+    let d = |f: fn(&Stats) -> u64| f(&st1).saturating_sub(f(&st0));
     let mut by_reason: BTreeMap<&str, u64> = BTreeMap::new();
     for b in &bad {
         *by_reason.entry(b.reason.name()).or_default() += 1;
     }
     for e in FrameError::ALL {
         let want = by_reason.get(e.name()).copied().unwrap_or(0);
-        let have = mgmt_bad(&st1, e.name()) - mgmt_bad(&st0, e.name());
+        let have = mgmt_bad(&st1, e) - mgmt_bad(&st0, e);
         c.check(have == want, || {
             format!(
                 "in-window: device counted {have} {} frames, {want} sent",
@@ -332,22 +332,39 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
         });
     }
     let naks = bad.iter().filter(|b| b.nak_type.is_some()).count() as u64;
-    for (p, want) in [
-        ("/mgmt/naks_sent", naks),
-        ("/mgmt/caps_sent", 1),
-        ("/mgmt/acks_sent", 2),
-        ("/table/rejects/bad_id", 1),
-        ("/table/rejects/bad_queue", 2),
-        ("/table/rejects/bad_key", 3),
-        ("/table/unknown_deletes", 2),
-        ("/table/adds", 0),
-        ("/mgmt/out_of_order", 0),
-    ] {
-        c.check(d(p) == want, || {
-            format!("in-window: {p} moved by {}, expected {want}", d(p))
+    let moved: [(&str, crate::scenarios::Counter, u64); 9] = [
+        ("/mgmt/naks_sent", |s: &Stats| s.mgmt.naks_sent, naks),
+        ("/mgmt/caps_sent", |s: &Stats| s.mgmt.caps_sent, 1),
+        ("/mgmt/acks_sent", |s: &Stats| s.mgmt.acks_sent, 2),
+        (
+            "/table/rejects/bad_id",
+            |s: &Stats| s.table.rejects.bad_id,
+            1,
+        ),
+        (
+            "/table/rejects/bad_queue",
+            |s: &Stats| s.table.rejects.bad_queue,
+            2,
+        ),
+        (
+            "/table/rejects/bad_key",
+            |s: &Stats| s.table.rejects.bad_key,
+            3,
+        ),
+        (
+            "/table/unknown_deletes",
+            |s: &Stats| s.table.unknown_deletes,
+            2,
+        ),
+        ("/table/adds", |s: &Stats| s.table.adds, 0),
+        ("/mgmt/out_of_order", |s: &Stats| s.mgmt.out_of_order, 0),
+    ];
+    for (p, f, want) in moved {
+        c.check(d(f) == want, || {
+            format!("in-window: {p} moved by {}, expected {want}", d(f))
         });
     }
-    c.check(counter(&st1, "/table/live") == 0, || {
+    c.check(st1.table.live == 0, || {
         "in-window: a refused op left a filter in the table".into()
     });
     Ok(format!(
@@ -355,11 +372,11 @@ fn hostile_in_window(s: &mut Session, c: &mut Checks) -> Result<String> {
         frames.len(),
         got.len(),
         want.len(),
-        d("/mgmt/naks_sent"),
-        d("/table/rejects/bad_id"),
-        d("/table/rejects/bad_queue"),
-        d("/table/rejects/bad_key"),
-        d("/table/unknown_deletes")
+        d(|s| s.mgmt.naks_sent),
+        d(|s| s.table.rejects.bad_id),
+        d(|s| s.table.rejects.bad_queue),
+        d(|s| s.table.rejects.bad_key),
+        d(|s| s.table.unknown_deletes)
     ))
 }
 
@@ -381,8 +398,12 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     // an unauthenticated channel, not something a device can tell apart.
     s.setup_steering()?;
     let st0 = s.guest.ctl.stats()?;
-    let exp = counter(&st0, "/mgmt/expected_seq") as u32;
-    let gen = counter(&st0, "/generation") as u32;
+    let exp = st0.mgmt.expected_seq.unwrap_or_else(|| {
+        // Read as 0 to go on with; the scenario fails.
+        crate::harness::missing("/mgmt/expected_seq (vnic ctl: null)".into());
+        0
+    });
+    let gen = st0.generation;
     let bad = malformed(exp.wrapping_add(0x4000_0000), gen);
     let m0 = s.module_counters()?;
     s.trace_since_mark()?;
@@ -430,7 +451,7 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     });
     std::thread::sleep(Duration::from_secs(1));
     let st1 = s.guest.ctl.stats()?;
-    let d = |p: &str| counter(&st1, p).saturating_sub(counter(&st0, p));
+    let d = |f: fn(&Stats) -> u64| f(&st1).saturating_sub(f(&st0));
     let total: u64 = rep.sent.iter().sum();
     let mut sent_by: BTreeMap<&str, u64> = BTreeMap::new();
     for (b, n) in bad.iter().zip(&rep.sent) {
@@ -439,7 +460,7 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     let mut counted = String::new();
     for e in FrameError::ALL {
         let want = sent_by.get(e.name()).copied().unwrap_or(0);
-        let have = mgmt_bad(&st1, e.name()) - mgmt_bad(&st0, e.name());
+        let have = mgmt_bad(&st1, e) - mgmt_bad(&st0, e);
         let _ = write!(counted, "{}={have}/{want} ", e.name());
         c.check(have == want, || {
             format!(
@@ -448,10 +469,10 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
             )
         });
     }
-    c.check(d("/mgmt/frames_bad_total") == total, || {
+    c.check(d(|s| s.mgmt.frames_bad_total) == total, || {
         format!(
             "frames_bad_total moved by {}, {total} sent",
-            d("/mgmt/frames_bad_total")
+            d(|s| s.mgmt.frames_bad_total)
         )
     });
     let nakable: u64 = bad
@@ -460,16 +481,16 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
         .filter(|(b, _)| b.nak_type.is_some())
         .map(|(_, n)| n)
         .sum();
-    c.check(d("/mgmt/out_of_order") == nakable, || {
+    c.check(d(|s| s.mgmt.out_of_order) == nakable, || {
         format!(
             "out_of_order moved by {}; the NAK-able hostile frames (all ahead of the window) were {nakable}",
-            d("/mgmt/out_of_order")
+            d(|s| s.mgmt.out_of_order)
         )
     });
-    c.check(d("/mgmt/naks_sent") == 0, || {
+    c.check(d(|s| s.mgmt.naks_sent) == 0, || {
         format!(
             "{} NAKs sent for frames outside the window",
-            d("/mgmt/naks_sent")
+            d(|s| s.mgmt.naks_sent)
         )
     });
     // The trace names each one (unless the trace writer had to drop lines).
@@ -478,7 +499,7 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
         .iter()
         .filter(|r| r.event == EventKind::BadFrame)
         .count() as u64;
-    let tdrop = d("/trace/dropped");
+    let tdrop = d(|s| s.trace.dropped);
     c.check(traced + tdrop >= total && traced <= total, || {
         format!("{traced} bad_frame trace lines (+{tdrop} dropped) for {total} frames")
     });
@@ -510,7 +531,7 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
         rep.elapsed_ms as f64 / 1000.0,
         total as f64 * 1000.0 / rep.elapsed_ms.max(1) as f64,
         rep.retries,
-        d("/mgmt/out_of_order"),
+        d(|s| s.mgmt.out_of_order),
         agree.as_ref().copied().unwrap_or(0),
         p.received,
         p.sent

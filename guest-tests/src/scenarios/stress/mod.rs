@@ -21,13 +21,13 @@
 use super::faults::{table_of, DevTable};
 use super::{BootKind, Checks, Session, GEN_IP, IFNAME};
 use crate::bail;
-use crate::harness::ctl::counter;
 use crate::harness::{wait_for, Context, Result};
 use crate::proto::{Kmsg, PingResult, ProbedUnload, Request};
+use arfs::proto::FrameError;
 use arfs::{EventKind, TraceRecord};
-use serde_json::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+use vnic_ctl_proto::Stats;
 
 pub(super) mod bigtable;
 pub(super) mod hostile;
@@ -51,7 +51,7 @@ fn ping(s: &mut Session, count: u32) -> Result<PingResult> {
 /// Stop the workload: generator sets and receivers gone, no delivery mark.
 fn stop_workload(s: &mut Session) -> Result<()> {
     if s.gen_running {
-        s.guest.ctl.gen_stop_all()?;
+        s.guest.ctl.gen_stop(None)?;
         s.gen_running = false;
     }
     s.gen_sets.clear();
@@ -105,8 +105,21 @@ fn tables_agree(s: &mut Session, timeout: Duration) -> Result<std::result::Resul
     }
 }
 
-fn mgmt_bad(stats: &Value, reason: &str) -> u64 {
-    counter(stats, &format!("/mgmt/frames_bad/{reason}"))
+/// The device's count of malformed management frames of one reason.
+fn mgmt_bad(stats: &Stats, reason: FrameError) -> u64 {
+    let b = &stats.mgmt.frames_bad;
+    match reason {
+        FrameError::TooShort => b.too_short,
+        FrameError::BadMagic => b.bad_magic,
+        FrameError::BadVersion => b.bad_version,
+        FrameError::UnknownType => b.unknown_type,
+        FrameError::WrongDirection => b.wrong_direction,
+        FrameError::BadLength => b.bad_length,
+        FrameError::TooManyOps => b.too_many_ops,
+        FrameError::BadReason => b.bad_reason,
+        FrameError::ReservedNonzero => b.reserved_nonzero,
+        FrameError::BadCount => b.bad_count,
+    }
 }
 
 // ---- device-restart ------------------------------------------------------------
@@ -143,8 +156,8 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     // only ever sees the new daemon, so this is the one look at the old
     // one's rings (no bad chain, no stopped ring, none of it missing).
     let st0 = s.guest.ctl.stats()?;
-    let gen0 = counter(&st0, "/generation");
-    let live0 = counter(&st0, "/table/live");
+    let gen0 = st0.generation;
+    let live0 = st0.table.live;
     for p in super::session::ring_problems(&st0, s.settings.queues) {
         c.check(false, || format!("the killed daemon, before the kill: {p}"));
     }
@@ -160,13 +173,11 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
         "QEMU to reconnect and enable every queue pair",
         || {
             let st = ctl.stats()?;
-            Ok((st["connected"] == Value::Bool(true)
-                && counter(&st, "/enabled_pairs") == u64::from(s.pairs))
-            .then_some(st))
+            Ok((st.connected && st.enabled_pairs == s.pairs).then_some(st))
         },
     )?;
     let reconnect = t0.elapsed();
-    let gen1 = counter(&st, "/generation");
+    let gen1 = st.generation;
     c.check(gen1 != gen0, || format!("generation unchanged ({gen0:#x})"));
     // The link comes back.
     let mut p = ping(s, 3)?;
@@ -188,7 +199,7 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
             let m = s.module_counters()?;
             let ok = m.get("generation_changes") > m0.get("generation_changes")
                 && m.get("replays") > m0.get("replays")
-                && m.get("generation") == gen1
+                && m.get("generation") == u64::from(gen1)
                 && m.state(IFNAME) == Some("active");
             let r = ok.then(|| m.clone());
             last = Some(m);
@@ -378,7 +389,7 @@ pub(super) fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         s.rmmod(Duration::from_mins(1))?;
         unload_ms.push(t.elapsed().as_millis() as u64);
         // rmmod returns after the device acknowledged the FLUSH.
-        let after = counter(&s.guest.ctl.table()?, "/live");
+        let after = s.guest.ctl.table()?.live;
         c.check(after == 0, || {
             format!("cycle {cycle}: {after} filters left on the device after rmmod (had {live})")
         });
@@ -432,8 +443,7 @@ pub(super) fn unload_reload(s: &mut Session, c: &mut Checks) -> Result<String> {
         s.ensure_module().ctx(format!("cycle {cycle}: reload"))?;
     }
     let st1 = s.guest.ctl.stats()?;
-    let unload_deletes =
-        counter(&st1, "/table/deletes/unload") - counter(&st0, "/table/deletes/unload");
+    let unload_deletes = st1.table.deletes.unload - st0.table.deletes.unload;
     let total: usize = flushed.iter().sum();
     c.check(unload_deletes == total as u64, || {
         format!("device deletes/unload moved by {unload_deletes}, the flushes removed {total}")
@@ -504,7 +514,7 @@ fn light_delivery(s: &mut Session, c: &mut Checks) -> Result<String> {
 fn wait_live(s: &mut Session, what: &str) -> Result<u64> {
     let ctl = &mut s.guest.ctl;
     wait_for(Duration::from_mins(1), what, || {
-        let n = counter(&ctl.table()?, "/live");
+        let n = ctl.table()?.live;
         Ok((n > 0).then_some(n))
     })
 }
@@ -530,9 +540,7 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
         if s.module_loaded {
             s.rmmod(Duration::from_mins(2))?;
         }
-        s.guest
-            .ctl
-            .set("program_latency", &serde_json::json!(MAX_LATENCY))?;
+        s.guest.ctl.set("program_latency", MAX_LATENCY)?;
         s.ensure_module()?;
         let live = wait_live(
             s,
@@ -547,7 +555,7 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
             },
             Duration::from_mins(2),
         )?;
-        s.guest.ctl.set("program_latency", &serde_json::json!(0))?;
+        s.guest.ctl.set("program_latency", 0)?;
         let what = if toggle {
             "with NTUPLE toggling"
         } else {
@@ -590,7 +598,7 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
         // The FLUSH takes effect on the device 10 s after it was sent.
         let ctl = &mut s.guest.ctl;
         let emptied = wait_for(Duration::from_secs(20), "the unload FLUSH to apply", || {
-            Ok((counter(&ctl.table()?, "/live") == 0).then_some(()))
+            Ok((ctl.table()?.live == 0).then_some(()))
         });
         if let Err(e) = emptied {
             c.check(false, || format!("{what}: {e}"));
@@ -629,7 +637,7 @@ pub(super) fn stacked_ops(s: &mut Session, c: &mut Checks) -> Result<String> {
     let t = Instant::now();
     s.rmmod(Duration::from_mins(1))?;
     let unload_ms = t.elapsed().as_millis();
-    let left = counter(&s.guest.ctl.table()?, "/live");
+    let left = s.guest.ctl.table()?.live;
     c.check(left == 0, || {
         format!("{left} filters left on the device after rmmod (had {live})")
     });

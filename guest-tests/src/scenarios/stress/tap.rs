@@ -4,7 +4,6 @@
 
 use super::ping;
 use crate::bail;
-use crate::harness::ctl::counter;
 use crate::harness::vnic::VnicOptions;
 use crate::harness::{wait_for, Context, Result};
 use crate::proto::{Request, TcpStats};
@@ -739,7 +738,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     // 0.5^40 < 1e-12.
     let bite = corrupt_bites(s, c, &client, &flows, &clean)?;
     let st = s.guest.ctl.stats()?;
-    let tap_rx = counter(&st, "/peer/tap_rx");
+    let tap_rx = st.peer.tap_rx;
     c.check(tap_rx > 0, || "the device read nothing from the tap".into());
     drop(client);
     Ok(format!(
@@ -753,7 +752,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         100.0 * min_hw,
         100.0 * min_guest_q,
         want.len(),
-        counter(&st, "/peer/tap_tx")
+        st.peer.tap_tx
     ))
 }
 
@@ -812,16 +811,16 @@ fn corrupt_bites(
     flows: &[(usize, Flow)],
     before: &StreamCounts,
 ) -> Result<String> {
-    let f0 = counter(&s.guest.ctl.stats()?, "/peer/fault_corrupted");
+    let f0 = s.guest.ctl.stats()?.peer.fault_corrupted;
     let d0 = s.device_filters()?;
-    s.guest.ctl.set("corrupt_rate", &serde_json::json!(0.5))?;
+    s.guest.ctl.set("corrupt_rate", 0.5)?;
     client.resume();
     std::thread::sleep(Duration::from_secs(2));
     client.pause();
-    s.guest.ctl.set("corrupt_rate", &serde_json::json!(0))?;
+    s.guest.ctl.set("corrupt_rate", 0)?;
     let after = stream_check(s, client, flows);
     let d1 = s.device_filters()?;
-    let corrupted = counter(&s.guest.ctl.stats()?, "/peer/fault_corrupted").saturating_sub(f0);
+    let corrupted = s.guest.ctl.stats()?.peer.fault_corrupted.saturating_sub(f0);
     // The fault hits filter hits only: a connection is within its reach
     // when its flow's filter counted hits over the phase. That is every
     // steered connection, and also one whose RSS queue is its receiver's

@@ -36,9 +36,9 @@ use std::time::{Duration, Instant};
 use arfs::proto::AddOp;
 use arfs::{FlowKey, L4Proto, OpStatus};
 use clap::{ArgAction, CommandFactory, Parser};
-use serde_json::json;
+use vnic_ctl_proto::{Client, FlowSpec, QueueStats, Stats};
 use vnic_frontend::guest::{Guest, GUEST_MAC};
-use vnic_frontend::harness::{counter, vnic_binary, Ctl, Daemon};
+use vnic_frontend::harness::{ctl, vnic_binary, Daemon};
 use vnic_frontend::pump::{rx_loop, tx_loop, PumpStats};
 use vnic_frontend::{build_frame, FrameSpec, Options};
 
@@ -315,12 +315,12 @@ fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
 /// its generator running once [`Side::start_gen`] was called).
 struct Side {
     _d: Daemon,
-    c: Ctl,
+    c: Client,
     g: Guest,
     qps: Vec<vnic_frontend::QueuePair>,
     dpid: u32,
     stats: Vec<Arc<PumpStats>>,
-    gen_id: Option<u64>,
+    gen_id: Option<u32>,
 }
 
 impl Side {
@@ -338,7 +338,7 @@ impl Side {
             ],
         )
         .map_err(|e| e.to_string())?;
-        let mut c = Ctl::connect(&d.ctl).map_err(|e| e.to_string())?;
+        let mut c = ctl(&d.ctl).map_err(|e| e.to_string())?;
         let dpid = d.pid().ok_or("daemon has no pid")?;
         let opts = Options {
             pairs: case.pairs,
@@ -349,15 +349,13 @@ impl Side {
         // The daemon learns of enabled pairs asynchronously: wait until it
         // reports all of them before any ADD.
         vnic_frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
-            c.stats()
-                .ok()
-                .filter(|s| s["enabled_pairs"] == json!(case.pairs))
+            c.stats().ok().filter(|s| s.enabled_pairs == case.pairs)
         })?;
         g.hello(Duration::from_secs(30))?;
         if case.filters > 0 {
             let t0 = Instant::now();
             install_filters(&mut g, case.filters, case.pairs, case.steer)?;
-            let live = counter(&c.table().map_err(|e| e.to_string())?, "live");
+            let live = c.table().map_err(|e| e.to_string())?.live;
             if live != u64::from(case.filters) {
                 return Err(format!("{live} filters live, wanted {}", case.filters));
             }
@@ -390,13 +388,14 @@ impl Side {
         if case.dir == Dir::Rx {
             self.gen_id = Some(
                 self.c
-                    .gen_start(&json!({
-                        "flows": GEN_FLOWS,
-                        "sport": format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1),
-                        "dport": GEN_DPORT.to_string(),
-                        "rate": 0,
-                        "size": case.size,
-                    }))
+                    .gen_start(
+                        &FlowSpec::new()
+                            .flows(GEN_FLOWS.into())
+                            .sport(format!("{}-{}", GEN_SPORT, GEN_SPORT + GEN_FLOWS - 1))
+                            .dport(GEN_DPORT)
+                            .rate(0)
+                            .size(case.size),
+                    )
                     .map_err(|e| e.to_string())?,
             );
         }
@@ -443,12 +442,10 @@ impl Side {
         let (cpu1, wcpu1) = cpu_seconds(self.dpid)?;
         let s1 = self.c.stats().map_err(|e| e.to_string())?;
         let Some(o) = acc else { return Ok(()) };
-        let sum = |v: &serde_json::Value, f: &str| -> u64 {
-            (0..case.pairs as usize)
-                .map(|q| counter(v, &format!("queues.{q}.{f}")))
-                .sum()
+        let sum = |v: &Stats, f: fn(&QueueStats) -> u64| -> u64 {
+            v.queues[..usize::from(case.pairs)].iter().map(f).sum()
         };
-        let d = |f: &str| sum(&s1, f) - sum(&s0, f);
+        let d = |f: fn(&QueueStats) -> u64| sum(&s1, f) - sum(&s0, f);
         o.frames += frames(&self.stats) - f0;
         o.waits += waits(&self.stats) - w0;
         o.secs += el;
@@ -456,18 +453,22 @@ impl Side {
         o.worker_cpu += wcpu1 - wcpu0;
         match case.dir {
             Dir::Rx => {
-                o.device_frames += d("rx_packets");
-                o.device_drops += d("rx_drops");
-                for (i, r) in ["no_buffers", "ring_full", "too_big", "disabled"]
-                    .iter()
-                    .enumerate()
-                {
-                    o.drops_by_reason[i] += d(&format!("rx_drops_{r}"));
+                o.device_frames += d(|q| q.rx_packets);
+                o.device_drops += d(|q| q.rx_drops);
+                // In the order of `drops_by_reason` (see its report).
+                let reasons: [fn(&QueueStats) -> u64; 4] = [
+                    |q| q.rx_drops_no_buffers,
+                    |q| q.rx_drops_ring_full,
+                    |q| q.rx_drops_too_big,
+                    |q| q.rx_drops_disabled,
+                ];
+                for (i, r) in reasons.into_iter().enumerate() {
+                    o.drops_by_reason[i] += d(r);
                 }
             }
             Dir::Tx => {
-                o.device_frames += d("tx_packets");
-                o.device_drops += d("tx_drops");
+                o.device_frames += d(|q| q.tx_packets);
+                o.device_drops += d(|q| q.tx_drops);
             }
         }
         Ok(())

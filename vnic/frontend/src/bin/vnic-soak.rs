@@ -20,11 +20,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use serde_json::json;
+use vnic_ctl_proto::Client;
 use vnic_frontend::guest::{Guest, GUEST_MAC};
-use vnic_frontend::harness::{
-    counter, footprint, settled_footprint, vnic_binary, wait_for, Ctl, Daemon,
-};
+use vnic_frontend::harness::{ctl, footprint, settled_footprint, vnic_binary, wait_for, Daemon};
 use vnic_frontend::{build_frame, FrameSpec, Options};
 
 const AFTER_HELP: &str = "\
@@ -91,7 +89,7 @@ fn main() {
     let d = Daemon::start(&bin, &["--queues", pairs.as_str()])
         .unwrap_or_else(|e| fail(&format!("starting {}: {e}", bin.display())));
     let pid = d.pid().unwrap_or_else(|| fail("daemon has no pid"));
-    let mut c = Ctl::connect(&d.ctl).unwrap_or_else(|e| fail(&format!("ctl: {e}")));
+    let mut c = ctl(&d.ctl).unwrap_or_else(|e| fail(&format!("ctl: {e}")));
     let frame = build_frame(&FrameSpec {
         src_mac: GUEST_MAC,
         dst_mac: [0xff; 6],
@@ -104,7 +102,7 @@ fn main() {
     });
     let t = Duration::from_mins(1);
     let mut n = 0u64;
-    let mut cycle = |c: &mut Ctl| {
+    let mut cycle = |c: &mut Client| {
         n += 1;
         let opts = Options {
             pairs: a.pairs,
@@ -119,19 +117,17 @@ fn main() {
         }
         wait_for(t, "frames counted and pairs enabled", || {
             let s = c.stats().ok()?;
-            (counter(&s, "connections") == n
-                && s["enabled_pairs"] == json!(a.pairs)
-                && (0..a.pairs).all(|p| {
-                    counter(&s, &format!("queues.{p}.tx_packets"))
-                        > counter(&before, &format!("queues.{p}.tx_packets"))
-                }))
+            (s.connections == n
+                && s.enabled_pairs == a.pairs
+                && (0..usize::from(a.pairs))
+                    .all(|p| s.queues[p].tx_packets > before.queues[p].tx_packets))
             .then_some(())
         })
         .unwrap_or_else(|e| fail(&format!("cycle {n}: {e}")));
         drop(g);
         wait_for(t, "disconnected", || {
             let s = c.stats().ok()?;
-            (s["connected"] == json!(false)).then_some(())
+            (!s.connected).then_some(())
         })
         .unwrap_or_else(|e| fail(&format!("cycle {n}: {e}")));
     };
