@@ -23,13 +23,13 @@ use crate::virtq::{Mem, Vring};
 use crate::worker::{ev_inbox, ev_peer, Worker};
 
 /// Virtio features the device offers.
-pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+pub(crate) const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_NET_F_MQ)
     | (1 << VIRTIO_NET_F_MRG_RXBUF)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC);
 
-pub struct VnicBackend {
+pub(crate) struct VnicBackend {
     sh: Arc<Shared>,
     conn: Arc<Conn>,
     workers: Vec<Mutex<Worker>>,
@@ -41,7 +41,7 @@ pub struct VnicBackend {
 }
 
 impl VnicBackend {
-    pub fn new(sh: &Arc<Shared>, conn: &Arc<Conn>, mem: &Mem) -> io::Result<Self> {
+    pub(crate) fn new(sh: &Arc<Shared>, conn: &Arc<Conn>, mem: &Mem) -> io::Result<Self> {
         let workers = (0..sh.pairs())
             .map(|t| Worker::new(t, sh, conn, mem).map(Mutex::new))
             .collect::<io::Result<_>>()?;
@@ -56,7 +56,7 @@ impl VnicBackend {
     /// Closes the exit-event fds vhost-user-backend leaked. Only call once
     /// every worker thread of this connection has exited (no epoll of theirs
     /// can still be waiting on them).
-    pub fn close_exit_fds(&self) {
+    pub(crate) fn close_exit_fds(&self) {
         let fds = std::mem::take(
             &mut *self
                 .exit_fds
@@ -75,7 +75,7 @@ impl VnicBackend {
 
     /// Registers the workers' own fds (inbox eventfd, peer) with their
     /// epoll loops.
-    pub fn register(
+    pub(crate) fn register(
         &self,
         handlers: &[Arc<VringEpollHandler<Arc<VnicBackend>>>],
     ) -> io::Result<()> {

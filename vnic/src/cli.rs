@@ -1,11 +1,13 @@
 //! Command line (clap): `vnic serve ...` and `vnic ctl ...`.
 
+use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::{json, Value};
+use serde_json::Value;
+use vnic_ctl_proto::{Client, FlowSpec, GenOp, Request};
 
 use crate::config::{self, Config, PeerKind};
 
@@ -148,6 +150,14 @@ pub struct ServeArgs {
     /// the gaps are shorter than N, and its rx work waits meanwhile (at most N us). 0..=1000.
     #[arg(long, value_name = "N", default_value = "0", value_parser = config::parse_poll_us)]
     pub poll_us: u64,
+    /// How the device picks a frame's rx queue. `filters` (the default): parse the frame, look
+    /// its flow up in the filter table, RSS on a miss, as an aRFS NIC does. `none`, for
+    /// benchmarks of the data path alone (the same work as a vhost backend that does not
+    /// steer): no parse and no lookup; a frame goes to the rx queue of the worker that has it,
+    /// counted in rx_rss; filters can be installed but steer nothing; management frames from
+    /// the peer are still refused.
+    #[arg(long, value_name = "MODE", default_value = "filters", value_parser = ["filters", "none"])]
+    pub steer: String,
 }
 
 impl ServeArgs {
@@ -187,6 +197,7 @@ impl ServeArgs {
                 matching: self.preload_match,
             },
             poll: Duration::from_micros(self.poll_us),
+            steer_none: self.steer == "none",
         }
     }
 }
@@ -241,6 +252,17 @@ pub enum GenCmd {
         /// Flow set id.
         id: Option<u32>,
     },
+    /// Pause one flow set, or all when no id is given: it sends nothing, stays listed with
+    /// its count, and resumes with each flow's next sequence number.
+    Pause {
+        /// Flow set id.
+        id: Option<u32>,
+    },
+    /// Resume one paused flow set, or all when no id is given.
+    Resume {
+        /// Flow set id.
+        id: Option<u32>,
+    },
     /// List flow sets with packets sent.
     List,
 }
@@ -278,27 +300,19 @@ pub struct FlowArgs {
 }
 
 impl FlowArgs {
-    fn to_json(&self) -> Value {
-        let mut m = serde_json::Map::new();
-        macro_rules! put {
-            ($f:ident) => {
-                if let Some(v) = &self.$f {
-                    m.insert(stringify!($f).into(), json!(v));
-                }
-            };
+    /// The flow spec of the given options (a flag not given is left out).
+    fn to_spec(&self) -> FlowSpec {
+        FlowSpec {
+            flows: self.flows,
+            src: self.src.clone(),
+            sport: self.sport.clone(),
+            dst: self.dst.clone(),
+            dport: self.dport.clone(),
+            count: self.count,
+            rate: self.rate,
+            size: self.size,
+            stamp: self.stamp.then_some(true),
         }
-        put!(flows);
-        put!(src);
-        put!(sport);
-        put!(dst);
-        put!(dport);
-        put!(count);
-        put!(rate);
-        put!(size);
-        if self.stamp {
-            m.insert("stamp".into(), json!(true));
-        }
-        Value::Object(m)
     }
 }
 
@@ -324,36 +338,57 @@ pub fn serve(args: ServeArgs) -> Result<(), crate::error::Error> {
     crate::serve::run(args.into_config())
 }
 
+/// Why `vnic ctl` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlFailed {
+    /// No reply.
+    #[error(transparent)]
+    Ctl(#[from] vnic_ctl_proto::CtlError),
+    /// `vnic ctl raw` with text that is not JSON.
+    #[error("invalid JSON request: {0}")]
+    BadJson(serde_json::Error),
+    /// The daemon's error message (`"ok": false`).
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// `vnic ctl`: one request, the reply pretty-printed.
-pub fn run_ctl(args: &CtlArgs) -> Result<(), crate::ctl::CtlError> {
+pub fn run_ctl(args: &CtlArgs) -> Result<(), CtlFailed> {
+    let gen = |op, id, flow| Request::gen(op, id, flow);
     let req = match &args.cmd {
-        CtlCmd::Stats => json!({"cmd": "stats"}),
-        CtlCmd::Table => json!({"cmd": "table"}),
-        CtlCmd::Knobs => json!({"cmd": "knobs"}),
-        CtlCmd::Set { kv } => json!({"cmd": "set", "key": kv.0, "value": kv.1}),
-        CtlCmd::Gen(GenCmd::Start(f)) => json!({"cmd": "gen", "op": "start", "flow": f.to_json()}),
-        CtlCmd::Gen(GenCmd::Set { id, flow }) => {
-            json!({"cmd": "gen", "op": "set", "id": id, "flow": flow.to_json()})
+        CtlCmd::Stats => Request::Stats,
+        CtlCmd::Table => Request::Table,
+        CtlCmd::Knobs => Request::Knobs,
+        CtlCmd::Set { kv } => Request::set(kv.0.clone(), kv.1.clone()),
+        CtlCmd::Gen(GenCmd::Start(f)) => gen(GenOp::Start, None, Some(f.to_spec())),
+        CtlCmd::Gen(GenCmd::Set { id, flow }) => gen(GenOp::Set, Some(*id), Some(flow.to_spec())),
+        CtlCmd::Gen(GenCmd::Stop { id }) => gen(GenOp::Stop, *id, None),
+        CtlCmd::Gen(GenCmd::Pause { id }) => gen(GenOp::Pause, *id, None),
+        CtlCmd::Gen(GenCmd::Resume { id }) => gen(GenOp::Resume, *id, None),
+        CtlCmd::Gen(GenCmd::List) => gen(GenOp::List, None, None),
+        CtlCmd::Raw { json } => {
+            let v = serde_json::from_str(json).map_err(CtlFailed::BadJson)?;
+            return print_reply(&Client::connect(&args.ctl)?.send_value(&v)?);
         }
-        CtlCmd::Gen(GenCmd::Stop { id }) => match id {
-            Some(id) => json!({"cmd": "gen", "op": "stop", "id": id}),
-            None => json!({"cmd": "gen", "op": "stop"}),
-        },
-        CtlCmd::Gen(GenCmd::List) => json!({"cmd": "gen", "op": "list"}),
-        CtlCmd::Raw { json } => serde_json::from_str(json)
-            .map_err(|e| crate::ctl::CtlError::Refused(format!("invalid JSON request: {e}")))?,
     };
-    let reply = crate::ctl::request(&args.ctl, &req)?;
-    if reply["ok"] == json!(true) {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&reply).unwrap_or_default()
-        );
+    let v = serde_json::to_value(&req).map_err(vnic_ctl_proto::CtlError::Encode)?;
+    print_reply(&Client::connect(&args.ctl)?.send_value(&v)?)
+}
+
+/// Prints an `ok` reply; the daemon's error otherwise.
+fn print_reply(reply: &Value) -> Result<(), CtlFailed> {
+    if reply.get("ok") == Some(&Value::Bool(true)) {
+        // A reader that went away (`vnic ctl stats | head`) ends the
+        // output, not the process with a panic.
+        let mut out = std::io::stdout().lock();
+        let text = serde_json::to_string_pretty(reply).unwrap_or_default();
+        let _ = writeln!(out, "{text}").and_then(|()| out.flush());
         Ok(())
     } else {
-        Err(crate::ctl::CtlError::Refused(
-            reply["error"]
-                .as_str()
+        Err(CtlFailed::Refused(
+            reply
+                .get("error")
+                .and_then(Value::as_str)
                 .unwrap_or("request failed")
                 .to_string(),
         ))
@@ -437,8 +472,8 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            f.to_json(),
-            json!({"flows": 10, "sport": "1-10", "rate": 0})
+            serde_json::to_value(f.to_spec()).unwrap(),
+            serde_json::json!({"flows": 10, "sport": "1-10", "rate": 0})
         );
     }
 }

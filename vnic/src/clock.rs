@@ -10,13 +10,13 @@ use vmm_sys_util::timerfd::TimerFd;
 static START: OnceLock<Instant> = OnceLock::new();
 
 /// Monotonic nanoseconds since the process first asked (at daemon start).
-pub fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// An initial generation: derived from the wall clock and the pid so that
 /// a restarted daemon never reuses its predecessor's; never 0.
-pub fn initial_generation() -> u32 {
+pub(crate) fn initial_generation() -> u32 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -34,7 +34,7 @@ pub fn initial_generation() -> u32 {
 }
 
 /// The generation after `g` (skips 0).
-pub fn next_generation(g: u32) -> u32 {
+pub(crate) fn next_generation(g: u32) -> u32 {
     match g.wrapping_add(1) {
         0 => 1,
         n => n,
@@ -43,7 +43,7 @@ pub fn next_generation(g: u32) -> u32 {
 
 /// A timerfd in non-blocking mode: a read after the timer was re-armed or
 /// cleared between epoll and read must not block the thread.
-pub fn timer() -> std::io::Result<TimerFd> {
+pub(crate) fn timer() -> std::io::Result<TimerFd> {
     let t = TimerFd::new()?;
     let fd = t.as_raw_fd();
     // SAFETY: F_GETFL on a descriptor `t` owns; no memory is passed.

@@ -26,7 +26,7 @@ pub enum PeerKind {
 
 /// Everything `vnic serve` needs.
 #[derive(Clone, Debug)]
-pub struct Config {
+pub(crate) struct Config {
     pub socket: PathBuf,
     pub ctl: PathBuf,
     pub queues: u16,
@@ -56,10 +56,13 @@ pub struct Config {
     /// `--poll-us`: how long a worker busy-polls its tx ring after the
     /// last chain (zero: not at all).
     pub poll: Duration,
+    /// `--steer none`: no parse and no lookup; a frame goes to the rx
+    /// queue of the worker that has it (benchmarks of the data path).
+    pub steer_none: bool,
 }
 
 /// `--poll-us`: 0..=1000 microseconds.
-pub fn parse_poll_us(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_poll_us(s: &str) -> Result<u64, String> {
     let v: u64 = s
         .parse()
         .map_err(|_| format!("{s:?}: a whole number of microseconds"))?;
@@ -73,7 +76,7 @@ pub fn parse_poll_us(s: &str) -> Result<u64, String> {
 /// (`vnic serve --preload-filters N --preload-match M`), for benchmark
 /// frontends that cannot send management frames (DPDK's virtio-user).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Preload {
+pub(crate) struct Preload {
     /// How many (ids `0..filters`); 0: none.
     pub filters: u32,
     /// The first `matching` of them match the generator's default flows.
@@ -84,14 +87,14 @@ impl Preload {
     /// Source port of the generator's first flow and the destination
     /// port of all (its defaults, CTL.md): matching filter `i` is for
     /// sport `SPORT + i`.
-    pub const SPORT: u16 = 10000;
-    pub const DPORT: u16 = 5001;
+    pub(crate) const SPORT: u16 = 10000;
+    pub(crate) const DPORT: u16 = 5001;
     /// Most matching filters: sports `SPORT..=65535`.
-    pub const MAX_MATCHING: u32 = 65536 - Self::SPORT as u32;
+    pub(crate) const MAX_MATCHING: u32 = 65536 - Self::SPORT as u32;
 
     /// Checks the pair against the table capacity; the message names the
     /// options and the limit.
-    pub fn check(self, table_capacity: u32) -> Result<(), InvalidValue> {
+    pub(crate) fn check(self, table_capacity: u32) -> Result<(), InvalidValue> {
         if self.filters > table_capacity {
             return Err(invalid(format!(
                 "--preload-filters {} exceeds --table-capacity {table_capacity}",
@@ -117,7 +120,7 @@ impl Preload {
 }
 
 /// Parses a group name or a numeric gid (`--group`).
-pub fn parse_group(s: &str) -> Result<u32, InvalidValue> {
+pub(crate) fn parse_group(s: &str) -> Result<u32, InvalidValue> {
     if let Ok(gid) = s.parse::<u32>() {
         return Ok(gid);
     }
@@ -152,7 +155,7 @@ pub fn parse_group(s: &str) -> Result<u32, InvalidValue> {
 }
 
 /// Parses `gen` or `tap:IFNAME`.
-pub fn parse_peer(s: &str) -> Result<PeerKind, InvalidValue> {
+pub(crate) fn parse_peer(s: &str) -> Result<PeerKind, InvalidValue> {
     if s == "gen" {
         return Ok(PeerKind::Gen);
     }
@@ -174,7 +177,7 @@ pub fn parse_peer(s: &str) -> Result<PeerKind, InvalidValue> {
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(s: &str) -> Result<[u8; 6], InvalidValue> {
+pub(crate) fn parse_mac(s: &str) -> Result<[u8; 6], InvalidValue> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
         return Err(invalid(format!(
@@ -199,7 +202,7 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], InvalidValue> {
     Ok(m)
 }
 
-pub fn fmt_mac(m: [u8; 6]) -> String {
+pub(crate) fn fmt_mac(m: [u8; 6]) -> String {
     format!(
         "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
         m[0], m[1], m[2], m[3], m[4], m[5]
@@ -207,7 +210,7 @@ pub fn fmt_mac(m: [u8; 6]) -> String {
 }
 
 /// Parses `BxW` (buckets x ways), e.g. `1024x4`; `0` or `none` for no placement model.
-pub fn parse_buckets(s: &str) -> Result<Option<(u32, u16)>, InvalidValue> {
+pub(crate) fn parse_buckets(s: &str) -> Result<Option<(u32, u16)>, InvalidValue> {
     if s == "0" || s == "none" {
         return Ok(None);
     }
@@ -237,7 +240,7 @@ pub fn parse_buckets(s: &str) -> Result<Option<(u32, u16)>, InvalidValue> {
 }
 
 /// Parses a duration: `0`, `250us`, `2ms`, `1.5s`, `100ns`; a bare number is microseconds.
-pub fn parse_duration(s: &str) -> Result<Duration, InvalidValue> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, InvalidValue> {
     let s = s.trim();
     let (num, mult_ns) = if let Some(n) = s.strip_suffix("ns") {
         (n, 1.0)
@@ -271,7 +274,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, InvalidValue> {
 }
 
 /// Parses a probability 0.0..=1.0.
-pub fn parse_rate(s: &str) -> Result<f64, InvalidValue> {
+pub(crate) fn parse_rate(s: &str) -> Result<f64, InvalidValue> {
     let v: f64 = s.trim().parse().map_err(|_| {
         invalid(format!(
             "invalid probability {s:?}: expected a number in 0.0..=1.0"
@@ -286,7 +289,7 @@ pub fn parse_rate(s: &str) -> Result<f64, InvalidValue> {
 }
 
 /// Parses the number of queue pairs, 1..=16.
-pub fn parse_queues(s: &str) -> Result<u16, InvalidValue> {
+pub(crate) fn parse_queues(s: &str) -> Result<u16, InvalidValue> {
     let v: u16 = s
         .parse()
         .map_err(|_| invalid(format!("invalid queue pair count {s:?}: expected 1..=16")))?;
@@ -299,7 +302,7 @@ pub fn parse_queues(s: &str) -> Result<u16, InvalidValue> {
 }
 
 /// Parses the filter table capacity, 1..=65535.
-pub fn parse_capacity(s: &str) -> Result<u32, InvalidValue> {
+pub(crate) fn parse_capacity(s: &str) -> Result<u32, InvalidValue> {
     let v: u32 = s
         .parse()
         .map_err(|_| invalid(format!("invalid table capacity {s:?}: expected 1..=65535")))?;
@@ -313,7 +316,7 @@ pub fn parse_capacity(s: &str) -> Result<u32, InvalidValue> {
 
 /// Parses a filter count of `--preload-filters` / `--preload-match`,
 /// 0..=65535 (checked against the table capacity at start).
-pub fn parse_filter_count(s: &str) -> Result<u32, InvalidValue> {
+pub(crate) fn parse_filter_count(s: &str) -> Result<u32, InvalidValue> {
     let v: u32 = s
         .parse()
         .map_err(|_| invalid(format!("invalid filter count {s:?}: expected 0..=65535")))?;
@@ -326,7 +329,7 @@ pub fn parse_filter_count(s: &str) -> Result<u32, InvalidValue> {
 }
 
 /// Parses the largest virtqueue size offered: a power of two 256..=32768.
-pub fn parse_queue_size(s: &str) -> Result<u16, InvalidValue> {
+pub(crate) fn parse_queue_size(s: &str) -> Result<u16, InvalidValue> {
     let v: u16 = s
         .parse()
         .map_err(|_| invalid(format!("invalid queue size {s:?}")))?;
@@ -339,18 +342,18 @@ pub fn parse_queue_size(s: &str) -> Result<u16, InvalidValue> {
 }
 
 /// Parses an IPv4 address.
-pub fn parse_ipv4(s: &str) -> Result<Ipv4Addr, InvalidValue> {
+pub(crate) fn parse_ipv4(s: &str) -> Result<Ipv4Addr, InvalidValue> {
     s.parse()
         .map_err(|_| invalid(format!("invalid IPv4 address {s:?}")))
 }
 
-pub fn parse_ipv6(s: &str) -> Result<Ipv6Addr, InvalidValue> {
+pub(crate) fn parse_ipv6(s: &str) -> Result<Ipv6Addr, InvalidValue> {
     s.parse()
         .map_err(|_| invalid(format!("invalid IPv6 address {s:?}")))
 }
 
 /// Parses an inclusive port range `LO-HI` or a single port.
-pub fn parse_port_range(s: &str) -> Result<(u16, u16), InvalidValue> {
+pub(crate) fn parse_port_range(s: &str) -> Result<(u16, u16), InvalidValue> {
     let (a, b) = s.split_once('-').unwrap_or((s, s));
     let lo: u16 = a
         .trim()
@@ -369,7 +372,7 @@ pub fn parse_port_range(s: &str) -> Result<(u16, u16), InvalidValue> {
 }
 
 /// Parses an inclusive address range `A-B` or a single address (both ends of one family).
-pub fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), InvalidValue> {
+pub(crate) fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), InvalidValue> {
     let s = text;
     let (first, last) = s.split_once('-').unwrap_or((s, s));
     let lo: IpAddr = first
@@ -398,7 +401,7 @@ pub fn parse_addr_range(text: &str) -> Result<(IpAddr, IpAddr), InvalidValue> {
 }
 
 /// Parses `0`/`1`, `off`/`on`, `false`/`true`.
-pub fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
+pub(crate) fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
     match s.trim() {
         "0" | "off" | "false" => Ok(false),
         "1" | "on" | "true" => Ok(true),
@@ -413,7 +416,7 @@ pub fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
 /// [`RATE_ONE`]: every hit), drawn after the hit is counted, so that the
 /// device's own counters (hits, per-queue filter deliveries) cannot see it.
 #[derive(Debug, Default)]
-pub struct PathFaults {
+pub(crate) struct PathFaults {
     /// A hit is delivered to the next enabled rx queue after the filter's
     /// (a NIC that steers wrongly); counted in `peer.misrouted`.
     pub misroute: std::sync::atomic::AtomicU64,
@@ -429,22 +432,22 @@ pub struct PathFaults {
 }
 
 /// [`PathFaults`]: the threshold of a probability of 1.
-pub const RATE_ONE: u64 = 1 << 32;
+pub(crate) const RATE_ONE: u64 = 1 << 32;
 
 /// The [`PathFaults`] threshold of probability `p` (0.0..=1.0).
-pub fn rate_threshold(p: f64) -> u64 {
+pub(crate) fn rate_threshold(p: f64) -> u64 {
     (p.clamp(0.0, 1.0) * RATE_ONE as f64).round() as u64
 }
 
 /// The probability of a [`PathFaults`] threshold.
-pub fn threshold_rate(t: u64) -> f64 {
+pub(crate) fn threshold_rate(t: u64) -> f64 {
     t as f64 / RATE_ONE as f64
 }
 
 /// A fault knob the control socket sets at run time (`set KEY VALUE`),
 /// parsed and checked before the management lock is taken.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Knob {
+pub(crate) enum Knob {
     AddFailRate(f64),
     MgmtLossRate(f64),
     ProgramLatency(Duration),
@@ -460,10 +463,10 @@ pub enum Knob {
 
 impl Knob {
     /// The knob names, as `set` takes them.
-    pub const NAMES: &'static str =
+    pub(crate) const NAMES: &'static str =
         "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate or rogue_responder";
 
-    pub fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
+    pub(crate) fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
             key: key.to_string(),
             err,
@@ -487,7 +490,7 @@ impl Knob {
 
 /// Why `set KEY VALUE` was refused before reaching the device.
 #[derive(Debug, thiserror::Error)]
-pub enum KnobError {
+pub(crate) enum KnobError {
     #[error("unknown knob {0:?}: expected {names}", names = Knob::NAMES)]
     Unknown(String),
     #[error("{key}: {err}")]

@@ -17,7 +17,7 @@ use crate::stats::Hits;
 use crate::virtq::watchdog::Watchdog;
 use crate::virtq::{Mem, Vring};
 
-pub struct Conn {
+pub(crate) struct Conn {
     pub lanes: Arc<Lanes>,
     pub pairs: Arc<Pairs>,
     pub hits: Arc<Hits>,
@@ -36,7 +36,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    pub fn new(pairs: usize) -> std::io::Result<Self> {
+    pub(crate) fn new(pairs: usize) -> std::io::Result<Self> {
         Ok(Self {
             lanes: Arc::new(Lanes::new(pairs)?),
             pairs: Arc::new(Pairs::new(pairs)),
@@ -51,26 +51,26 @@ impl Conn {
     }
 
     /// The frontend stopped vring `index`.
-    pub fn ring_stopped(&self, index: usize) {
+    pub(crate) fn ring_stopped(&self, index: usize) {
         if let Some(r) = self.ring_restarts.get(index) {
             r.fetch_add(1, Ordering::AcqRel);
         }
     }
 
     /// How many times the frontend stopped vring `index`.
-    pub fn ring_restarts(&self, index: usize) -> u32 {
+    pub(crate) fn ring_restarts(&self, index: usize) -> u32 {
         self.ring_restarts
             .get(index)
             .map_or(0, |r| r.load(Ordering::Acquire))
     }
 
     /// Whether the driver acked VIRTIO_NET_F_MRG_RXBUF.
-    pub fn mrg_rxbuf(&self) -> bool {
+    pub(crate) fn mrg_rxbuf(&self) -> bool {
         self.acked_features.load(Ordering::Relaxed) & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0
     }
 
     /// Worker `pair` hands over its vrings and the guest memory.
-    pub fn register_rings(&self, pair: usize, vrings: &[Vring], mem: &Mem) {
+    pub(crate) fn register_rings(&self, pair: usize, vrings: &[Vring], mem: &Mem) {
         if let Some(slot) = self
             .rings
             .lock()
@@ -87,7 +87,7 @@ impl Conn {
 
     /// The 50 ms poll: the rings' state goes to the enabled pairs (a
     /// disable raises no event), then the notification watchdog looks.
-    pub fn poll(&self) {
+    pub(crate) fn poll(&self) {
         let rings = self
             .rings
             .lock()

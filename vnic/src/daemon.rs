@@ -19,7 +19,7 @@ use crate::peer::flows::GenControl;
 use crate::stats::Stats;
 use crate::trace::Tracer;
 
-pub struct Shared {
+pub(crate) struct Shared {
     pub cfg: Config,
     pub start: Instant,
     /// The device generation (moved by the management path only).
@@ -39,7 +39,7 @@ pub struct Shared {
 impl Shared {
     /// Builds the state: opens the trace file and the tap, validates the
     /// table configuration.
-    pub fn build(cfg: Config) -> Result<Arc<Self>, Error> {
+    pub(crate) fn build(cfg: Config) -> Result<Arc<Self>, Error> {
         let _ = now_ns();
         let tracer = Arc::new(match &cfg.trace {
             Some(p) => Tracer::open(p).map_err(|source| Error::Trace {
@@ -98,20 +98,20 @@ impl Shared {
         Ok(sh)
     }
 
-    pub fn generation(&self) -> u32 {
+    pub(crate) fn generation(&self) -> u32 {
         self.generation.load(Ordering::Relaxed)
     }
 
-    pub fn pairs(&self) -> usize {
+    pub(crate) fn pairs(&self) -> usize {
         usize::from(self.cfg.queues)
     }
 
     /// The current connection (its one owner is the management state).
-    pub fn current_conn(&self) -> Option<Arc<Conn>> {
+    pub(crate) fn current_conn(&self) -> Option<Arc<Conn>> {
         self.lock_mgmt().conn()
     }
 
-    pub fn lock_mgmt(&self) -> MutexGuard<'_, Mgmt> {
+    pub(crate) fn lock_mgmt(&self) -> MutexGuard<'_, Mgmt> {
         self.mgmt
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -4,9 +4,9 @@
 //! frames with it, steering's fault knobs damage them with it. Nothing here
 //! panics on any input.
 
-pub const ETH_P_IP: u16 = 0x0800;
-pub const ETH_P_ARP: u16 = 0x0806;
-pub const ETH_P_IPV6: u16 = 0x86DD;
+pub(crate) const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_ARP: u16 = 0x0806;
+pub(crate) const ETH_P_IPV6: u16 = 0x86DD;
 
 /// The L4 protocol and the span of the L4 segment of an Ethernet frame
 /// (IPv4 without options or IPv6 with the L4 header after the fixed
@@ -43,7 +43,7 @@ fn ip_l4(frame: &[u8]) -> Option<(u8, usize, usize)> {
 
 /// The UDP payload of an Ethernet frame (see [`ip_l4`]), with the offset
 /// of its UDP header: `None` for anything else.
-pub fn udp_payload(frame: &[u8]) -> Option<(usize, &[u8])> {
+pub(crate) fn udp_payload(frame: &[u8]) -> Option<(usize, &[u8])> {
     let (proto, l4, end) = ip_l4(frame)?;
     if proto != 17 {
         return None;
@@ -59,7 +59,7 @@ pub fn udp_payload(frame: &[u8]) -> Option<(usize, &[u8])> {
 /// The TCP payload of an Ethernet frame (see [`ip_l4`]): the offset of its
 /// TCP header, the header's length (data offset) and the payload. `None`
 /// for anything else.
-pub fn tcp_payload(frame: &[u8]) -> Option<(usize, usize, &[u8])> {
+pub(crate) fn tcp_payload(frame: &[u8]) -> Option<(usize, usize, &[u8])> {
     let (proto, l4, end) = ip_l4(frame)?;
     if proto != 6 {
         return None;
@@ -75,7 +75,7 @@ pub fn tcp_payload(frame: &[u8]) -> Option<(usize, usize, &[u8])> {
 #[cfg(test)]
 /// Whether the UDP checksum of `frame` verifies (IPv4: 0 = none counts as
 /// valid; IPv6: 0 is invalid). `false` for a frame [`udp_payload`] refuses.
-pub fn udp_checksum_ok(frame: &[u8]) -> bool {
+pub(crate) fn udp_checksum_ok(frame: &[u8]) -> bool {
     let Some((l4, payload)) = udp_payload(frame) else {
         return false;
     };
@@ -104,7 +104,7 @@ pub fn udp_checksum_ok(frame: &[u8]) -> bool {
 
 /// Internet checksum over the concatenation of `parts` (each even-length
 /// except possibly the last), plus `init`.
-pub fn checksum(parts: &[&[u8]], init: u32) -> u16 {
+pub(crate) fn checksum(parts: &[&[u8]], init: u32) -> u16 {
     let mut sum = u64::from(init);
     for p in parts {
         let mut ch = p.chunks_exact(2);

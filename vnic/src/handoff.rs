@@ -20,6 +20,7 @@ use std::sync::Arc;
 use crate::config::PathFaults;
 use crate::lanes::{FrameBatch, Inbox, Lanes, Reply};
 use crate::pairs::Pairs;
+use crate::peer::Sink;
 use crate::stats::{add, Hits, HitsOwner, QueueOwner, QueueWriter, SharedCounter, Stats};
 use crate::steer::{
     corrupt_payload, Steer, FAULT_BAD_CSUM, FAULT_CORRUPT, FAULT_DROP, MISROUTED, UNPARSABLE,
@@ -35,7 +36,7 @@ const INFLIGHT_BATCHES: usize = 16;
 const REPLY_BACKLOG: usize = 256;
 
 /// Steering and delivery state of one worker for its rx queue.
-pub struct Router {
+pub(crate) struct Router {
     pub id: usize,
     lanes: Arc<Lanes>,
     pairs: Arc<Pairs>,
@@ -64,7 +65,7 @@ pub struct Router {
 
 /// What happened to the rx side during one batch of work.
 #[derive(Default)]
-pub struct BatchFlags {
+pub(crate) struct BatchFlags {
     /// The batch used rx chains.
     pub added: bool,
     /// The batch found this worker's rx queue out of buffers.
@@ -146,7 +147,7 @@ impl Local<'_> {
 }
 
 /// What a [`Router`] shares with the rest of its connection and daemon.
-pub struct RouterLinks {
+pub(crate) struct RouterLinks {
     pub lanes: Arc<Lanes>,
     pub pairs: Arc<Pairs>,
     pub stats: Arc<Stats>,
@@ -157,7 +158,8 @@ pub struct RouterLinks {
 }
 
 impl Router {
-    pub fn new(id: usize, capacity: usize, l: RouterLinks) -> Self {
+    /// Worker `id`'s router; `steer_none`: see [`Steer::new`].
+    pub(crate) fn new(id: usize, capacity: usize, steer_none: bool, l: RouterLinks) -> Self {
         Self {
             id,
             lanes: l.lanes,
@@ -168,7 +170,7 @@ impl Router {
             tracer: l.tracer,
             generation: l.generation,
             faults: l.faults,
-            steer: Steer::new(id, capacity),
+            steer: Steer::new(id, capacity, steer_none),
             scratch: Vec::new(),
             kick: 0,
             out: Vec::new(),
@@ -180,27 +182,27 @@ impl Router {
 
     /// This worker's queue counters, as their one writer.
     #[inline]
-    pub fn stats(&self) -> QueueWriter<'_> {
+    pub(crate) fn stats(&self) -> QueueWriter<'_> {
         self.owner.writer()
     }
 
     /// This worker's inbox.
-    pub fn inbox(&self) -> &Inbox {
+    pub(crate) fn inbox(&self) -> &Inbox {
         self.lanes.inbox(self.id)
     }
 
-    pub fn lanes(&self) -> &Lanes {
+    pub(crate) fn lanes(&self) -> &Lanes {
         &self.lanes
     }
 
     /// Starts a batch of work on the rx queue.
-    pub fn begin(&mut self) {
+    pub(crate) fn begin(&mut self) {
         self.flags.added = false;
         self.flags.nobufs = false;
     }
 
     /// Applies pending table events and picks up enabled-pair changes.
-    pub fn sync(&mut self, mrg: bool) {
+    pub(crate) fn sync(&mut self, mrg: bool) {
         let steer = &mut self.steer;
         self.lanes.apply_updates(self.id, |e| steer.apply(e));
         self.steer.set_faults([
@@ -218,7 +220,7 @@ impl Router {
     /// RSS), None for management replies; `fake_drop`: the `drop_rate`
     /// fault (counted delivered, not written).
     #[inline]
-    pub fn deliver_local(
+    pub(crate) fn deliver_local(
         &mut self,
         b: &mut RxBatch<'_>,
         pkt: &mut [u8],
@@ -255,7 +257,7 @@ impl Router {
     /// the header space followed by the frame. What [`Steer::decide`] says
     /// is counted here: the hit, and the faults after it.
     #[inline]
-    pub fn route(&mut self, rx: &mut RxBatch<'_>, pkt: &mut [u8]) {
+    pub(crate) fn route(&mut self, rx: &mut RxBatch<'_>, pkt: &mut [u8]) {
         let Some(d) = self.steer.decide(&pkt[NET_HDR_LEN..]) else {
             self.spoofed(&pkt[NET_HDR_LEN..]);
             return;
@@ -397,7 +399,7 @@ impl Router {
     }
 
     /// Sends every waiting hand-off batch and wakes their workers.
-    pub fn flush_kicks(&mut self) {
+    pub(crate) fn flush_kicks(&mut self) {
         for q in 0..self.out.len() {
             if self.out[q].as_ref().is_some_and(|b| !b.is_empty()) {
                 self.send(q);
@@ -415,7 +417,7 @@ impl Router {
     /// workers steered here, and management replies (`own`: the replies
     /// of the frames this worker just handled itself). Then wakes the
     /// workers that paused on this inbox if it can take frames again.
-    pub fn drain_inbox(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
+    pub(crate) fn drain_inbox(&mut self, rx: &mut RxBatch<'_>, own: &mut Vec<Reply>) {
         let lanes = &*self.lanes;
         let ib = lanes.inbox(self.id);
         let local = Local {
@@ -484,10 +486,46 @@ impl Router {
 
     /// Whether this worker's rx queue is starved and the driver has added
     /// buffers since: then it is not starved any more.
-    pub fn recheck_starved(&self, avail_moved: impl FnOnce() -> bool) {
+    pub(crate) fn recheck_starved(&self, avail_moved: impl FnOnce() -> bool) {
         let st = &self.lanes.inbox(self.id).starved;
         if st.load(Ordering::Relaxed) && avail_moved() {
             st.store(false, Ordering::Relaxed);
         }
+    }
+}
+/// A worker as its peer's [`Sink`]: the frames the peer hands over are
+/// routed ([`Router::route`]) into this batch of the worker's rx queue.
+pub(crate) struct ToGuest<'r, 'b, 'm> {
+    pub(crate) router: &'r mut Router,
+    pub(crate) rx: &'b mut RxBatch<'m>,
+}
+
+impl Sink for ToGuest<'_, '_, '_> {
+    #[inline]
+    fn pair(&self) -> usize {
+        self.router.id
+    }
+
+    #[inline]
+    fn frame(&mut self, pkt: &mut [u8]) {
+        self.router.route(self.rx, pkt);
+    }
+
+    #[inline]
+    fn congested(&self) -> bool {
+        self.router.flags.nobufs || self.router.flags.nobufs_remote
+    }
+
+    #[inline]
+    fn clear_congestion(&mut self) {
+        self.router.flags.nobufs_remote = false;
+    }
+
+    fn wake_self(&self) {
+        self.router.inbox().wake();
+    }
+
+    fn wake_all(&self) {
+        self.router.lanes().wake_all();
     }
 }

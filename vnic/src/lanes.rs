@@ -17,13 +17,13 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Batches in flight from other workers towards one rx queue (up to
 /// [`HANDOFF_FRAMES`] frames each).
-pub const XRING_LEN: usize = 64;
+pub(crate) const XRING_LEN: usize = 64;
 /// Frames per hand-off batch: a worker sends a batch to another worker's
 /// inbox when it holds this many frames (or [`HANDOFF_BYTES`]), and at the
 /// end of every batch of its own work, with one kick per destination.
-pub const HANDOFF_FRAMES: usize = 32;
+pub(crate) const HANDOFF_FRAMES: usize = 32;
 /// Bytes per hand-off batch before it is sent.
-pub const HANDOFF_BYTES: usize = 64 * 1024;
+pub(crate) const HANDOFF_BYTES: usize = 64 * 1024;
 /// Record header of a frame in a [`FrameBatch`]: length (u32 LE), flag, padding.
 const REC_HDR: usize = 8;
 /// Frames handed from one worker to another worker's rx queue, packed back
@@ -32,13 +32,13 @@ const REC_HDR: usize = 8;
 /// Each frame carries its virtio-net header space and whether a filter
 /// steered it.
 #[derive(Default)]
-pub struct FrameBatch {
+pub(crate) struct FrameBatch {
     buf: Vec<u8>,
     count: usize,
 }
 
 impl FrameBatch {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             buf: Vec::with_capacity(HANDOFF_BYTES + 2048),
             count: 0,
@@ -47,7 +47,7 @@ impl FrameBatch {
 
     /// Appends a frame (header space included); `drop`: the `drop_rate`
     /// fault chose it (the receiving worker counts it delivered and drops it).
-    pub fn push(&mut self, pkt: &[u8], filter: bool, drop: bool) {
+    pub(crate) fn push(&mut self, pkt: &[u8], filter: bool, drop: bool) {
         let mut h = [0u8; REC_HDR];
         h[..4].copy_from_slice(&(pkt.len() as u32).to_le_bytes());
         h[4] = u8::from(filter);
@@ -58,27 +58,27 @@ impl FrameBatch {
     }
 
     /// Frames in the batch.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.count == 0
     }
 
     /// Whether the batch should be sent now.
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.count >= HANDOFF_FRAMES || self.buf.len() >= HANDOFF_BYTES
     }
 
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.buf.clear();
         self.count = 0;
     }
 
     /// The frame at `*off` (start with 0) and its filter flag, advancing
     /// `*off`; `None` at the end.
-    pub fn next_mut(&mut self, off: &mut usize) -> Option<(&mut [u8], bool, bool)> {
+    pub(crate) fn next_mut(&mut self, off: &mut usize) -> Option<(&mut [u8], bool, bool)> {
         let h = self.buf.get(*off..*off + REC_HDR)?;
         let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
         let filter = h[4] == 1;
@@ -93,13 +93,13 @@ impl FrameBatch {
 /// A management reply for the guest: the frame with its virtio-net header
 /// space in front, and the number of table events every replica must have
 /// applied before it may leave (what an ACK promises: PROTOCOL.md).
-pub struct Reply {
+pub(crate) struct Reply {
     pub pkt: Vec<u8>,
     pub needs: u64,
 }
 
 /// One worker's inbox: what other threads hand to it.
-pub struct Inbox {
+pub(crate) struct Inbox {
     /// Batches of frames steered to this worker's rx queue by another worker.
     pub frames: ArrayQueue<FrameBatch>,
     /// Recycled batches for `frames`.
@@ -143,19 +143,19 @@ impl Inbox {
         })
     }
 
-    pub fn wake(&self) {
+    pub(crate) fn wake(&self) {
         let _ = self.kick.write(1);
     }
 
     /// Asks the worker to poll its tx ring (a kick may have been lost).
-    pub fn recheck_tx(&self) {
+    pub(crate) fn recheck_tx(&self) {
         self.tx_recheck.store(true, Ordering::Release);
         self.wake();
     }
 }
 
 /// The inboxes of one connection's workers.
-pub struct Lanes {
+pub(crate) struct Lanes {
     inbox: Box<[Inbox]>,
     /// Table events published to every replica so far.
     published: AtomicU64,
@@ -165,7 +165,7 @@ pub struct Lanes {
 }
 
 impl Lanes {
-    pub fn new(pairs: usize) -> std::io::Result<Self> {
+    pub(crate) fn new(pairs: usize) -> std::io::Result<Self> {
         let mut inbox = Vec::with_capacity(pairs);
         for _ in 0..pairs {
             inbox.push(Inbox::new()?);
@@ -177,19 +177,19 @@ impl Lanes {
         })
     }
 
-    pub fn get(&self, i: usize) -> Option<&Inbox> {
+    pub(crate) fn get(&self, i: usize) -> Option<&Inbox> {
         self.inbox.get(i)
     }
 
     /// Worker `w`'s inbox (`w` < the pairs the lanes were made for).
     #[inline]
-    pub fn inbox(&self, w: usize) -> &Inbox {
+    pub(crate) fn inbox(&self, w: usize) -> &Inbox {
         &self.inbox[w]
     }
 
     /// Worker `w` applies the table events published to it, in order, to
     /// its replica (`apply`), and says so ([`Self::applied_by`]).
-    pub fn apply_updates(&self, w: usize, mut apply: impl FnMut(&TableEvent)) {
+    pub(crate) fn apply_updates(&self, w: usize, mut apply: impl FnMut(&TableEvent)) {
         let ib = &self.inbox[w];
         let mut n = 0;
         while let Some(e) = ib.updates.pop() {
@@ -204,11 +204,11 @@ impl Lanes {
     /// The next table event waiting for worker `w` (tests of the
     /// management path look at what it published).
     #[cfg(test)]
-    pub fn pop_update(&self, w: usize) -> Option<Arc<TableEvent>> {
+    pub(crate) fn pop_update(&self, w: usize) -> Option<Arc<TableEvent>> {
         self.inbox[w].updates.pop()
     }
 
-    pub fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         for ib in &*self.inbox {
             ib.wake();
         }
@@ -216,7 +216,7 @@ impl Lanes {
 
     /// Hands a table event to every replica (applied at each worker's
     /// next wake-up, before anything it routes).
-    pub fn publish(&self, e: TableEvent) {
+    pub(crate) fn publish(&self, e: TableEvent) {
         let e = Arc::new(e);
         for ib in &*self.inbox {
             ib.updates.push(e.clone());
@@ -229,7 +229,7 @@ impl Lanes {
     /// still have to are woken. When `w` is the caller (`caller`, a worker
     /// handling a management frame) the reply is returned for it to
     /// deliver itself; otherwise it goes on `w`'s inbox and `w` is woken.
-    pub fn reply(&self, w: usize, pkt: Vec<u8>, caller: Option<usize>) -> Option<Reply> {
+    pub(crate) fn reply(&self, w: usize, pkt: Vec<u8>, caller: Option<usize>) -> Option<Reply> {
         let needs = self.published.load(Ordering::SeqCst);
         for (i, o) in self.inbox.iter().enumerate() {
             if Some(i) != caller && o.applied.load(Ordering::SeqCst) < needs {

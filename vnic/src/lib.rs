@@ -5,12 +5,17 @@
 //! The library is the daemon's binary split for testing; only the CLI is
 //! public.
 
+// Only what another crate uses is `pub`: everything else is `pub(crate)`
+// or private (the lint keeps it so).
+#![deny(unreachable_pub)]
+
 mod backend;
 pub mod cli;
 mod clock;
 mod config;
 mod conn;
 mod ctl;
+mod ctlsock;
 mod daemon;
 mod error;
 mod frame;

@@ -31,11 +31,11 @@ use crate::trace::Tracer;
 use crate::virtq::NET_HDR_LEN;
 
 /// ACKs kept for duplicate requests.
-pub const ACK_CACHE: usize = 256;
+pub(crate) const ACK_CACHE: usize = 256;
 
 /// Management counters (under the mutex).
 #[derive(Default, Clone)]
-pub struct MgmtCounters {
+pub(crate) struct MgmtCounters {
     pub frames_rx: u64,
     pub frames_ok: u64,
     pub bad: [u64; 11],
@@ -56,7 +56,7 @@ pub struct MgmtCounters {
 
 /// Destination MACs of the frames the driver sent.
 #[derive(Default, Clone)]
-pub struct DstCounters {
+pub(crate) struct DstCounters {
     /// HELLO to [`proto::HELLO_GROUP_MAC`].
     pub hello_to_group: u64,
     /// Any other type to [`DEVICE_MAC`].
@@ -74,7 +74,7 @@ struct Route {
     dst: [u8; 6],
 }
 
-pub struct Mgmt {
+pub(crate) struct Mgmt {
     pub table: FilterTable,
     tracer: Arc<Tracer>,
     generation: Arc<AtomicU32>,
@@ -120,10 +120,10 @@ pub struct Mgmt {
 /// Source of the `rogue_responder` knob's frames: a second station on the
 /// link answering the driver's HELLO (locally administered, not
 /// [`proto::DEVICE_MAC`]).
-pub const ROGUE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x0b, 0xad, 0x01];
+pub(crate) const ROGUE_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x0b, 0xad, 0x01];
 
 impl Mgmt {
-    pub fn new(
+    pub(crate) fn new(
         cfg: TableConfig,
         tracer: Arc<Tracer>,
         generation: Arc<AtomicU32>,
@@ -158,7 +158,7 @@ impl Mgmt {
 
     /// `--preload-filters`: install `p` (matching flows from `gen_ip` to
     /// `guest_ip`) each time the device comes up; see [`Self::preload_if_ready`].
-    pub fn set_preload(&mut self, p: Preload, gen_ip: Ipv4Addr, guest_ip: Ipv4Addr) {
+    pub(crate) fn set_preload(&mut self, p: Preload, gen_ip: Ipv4Addr, guest_ip: Ipv4Addr) {
         if p.filters > 0 {
             self.preload = Some((p, gen_ip, guest_ip));
             self.preload_due = true;
@@ -172,7 +172,7 @@ impl Mgmt {
     /// (applied at once, whatever the programming latency): table events,
     /// trace records and replica updates as for any ADD, but no ACK. Called
     /// by the 50 ms poll; returns whether it installed anything.
-    pub fn preload_if_ready(&mut self) -> bool {
+    pub(crate) fn preload_if_ready(&mut self) -> bool {
         let Some((p, gen_ip, guest_ip)) = self.preload else {
             return false;
         };
@@ -229,7 +229,7 @@ impl Mgmt {
     }
 
     /// The timer that fires when a delayed request comes due.
-    pub fn timer_fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn timer_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
         self.timer.as_raw_fd()
     }
@@ -239,31 +239,31 @@ impl Mgmt {
     }
 
     /// Enabled queue pairs of the current connection.
-    pub fn enabled_pairs(&self) -> u16 {
+    pub(crate) fn enabled_pairs(&self) -> u16 {
         self.conn.as_ref().map_or(0, |c| c.pairs.count())
     }
 
     /// The current connection.
-    pub fn conn(&self) -> Option<Arc<Conn>> {
+    pub(crate) fn conn(&self) -> Option<Arc<Conn>> {
         self.conn.clone()
     }
 
     /// The frontend went away and the connection's workers are gone: no
     /// current connection until the next one (its reset). The table and
     /// its hit counters stay until then.
-    pub fn disconnect(&mut self) {
+    pub(crate) fn disconnect(&mut self) {
         self.conn = None;
     }
 
     /// Hits of filter `id` since it was (re)installed.
-    pub fn hits(&self, id: u16) -> u64 {
+    pub(crate) fn hits(&self, id: u16) -> u64 {
         let h = self.hits.as_ref().map_or(0, |h| h.sum(id));
         h.saturating_sub(self.hits_base[usize::from(id)])
     }
 
     /// A device reset or a new connection: new generation, empty table,
     /// no session. `conn` becomes the connection replies go to.
-    pub fn reset(&mut self, conn: Option<Arc<Conn>>, cause: &str) {
+    pub(crate) fn reset(&mut self, conn: Option<Arc<Conn>>, cause: &str) {
         let now = now_ns();
         let prev = self.generation();
         let gen = next_generation(prev);
@@ -297,7 +297,7 @@ impl Mgmt {
     /// Handles one management frame sent by the guest on pair `worker`.
     /// Replies for other pairs go to their inboxes; the replies for
     /// `worker` itself are appended to `own`, for it to deliver.
-    pub fn handle_frame(&mut self, worker: usize, frame: &[u8], own: &mut Vec<Reply>) {
+    pub(crate) fn handle_frame(&mut self, worker: usize, frame: &[u8], own: &mut Vec<Reply>) {
         self.count_destination(frame);
         self.caller = Some(worker);
         self.frame(worker, frame);
@@ -457,7 +457,7 @@ impl Mgmt {
     }
 
     /// Applies what is due at `now`, sends the ACKs, re-arms the timer.
-    pub fn advance(&mut self, now: u64) {
+    pub(crate) fn advance(&mut self, now: u64) {
         let enabled = self.enabled_pairs();
         let mut evs = Vec::new();
         self.table.advance(now, enabled, &mut |e| evs.push(e));
@@ -588,14 +588,14 @@ impl Mgmt {
     }
 
     /// Called by the management thread when its timer fired.
-    pub fn on_timer(&mut self) {
+    pub(crate) fn on_timer(&mut self) {
         let _ = self.timer.wait();
         self.armed_for = None;
         self.advance(now_ns());
     }
 
     /// Sets a knob (parsed by the caller, see [`Knob::parse`]).
-    pub fn set_knob(&mut self, knob: Knob) -> Result<(), KnobRefused> {
+    pub(crate) fn set_knob(&mut self, knob: Knob) -> Result<(), KnobRefused> {
         match knob {
             Knob::AddFailRate(v) => self.table.set_add_fail_rate(v)?,
             Knob::MgmtLossRate(v) => self.table.set_mgmt_loss_rate(v)?,
@@ -630,7 +630,7 @@ impl Mgmt {
 
     /// What the control socket shows, copied out under the lock.
     /// `filters`: include every live filter with its hits.
-    pub fn snapshot(&self, filters: bool) -> Snapshot {
+    pub(crate) fn snapshot(&self, filters: bool) -> Snapshot {
         Snapshot {
             counters: self.c.clone(),
             table_counters: self.table.counters(),
@@ -659,7 +659,7 @@ impl Mgmt {
 
 /// Why the device refused a knob value.
 #[derive(Debug, thiserror::Error)]
-pub enum KnobRefused {
+pub(crate) enum KnobRefused {
     #[error("{0}")]
     Table(#[from] arfs::ConfigError),
     #[error("{0}; unload the guest driver (its FLUSH empties the table) and retry")]
@@ -669,7 +669,7 @@ pub enum KnobRefused {
 }
 
 /// The management state as the control socket shows it.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub counters: MgmtCounters,
     pub table_counters: arfs::table::Counters,
     pub table: TableConfig,

@@ -34,7 +34,7 @@ struct Sources {
     running: u32,
 }
 
-pub struct Pairs {
+pub(crate) struct Pairs {
     count: u32,
     sources: Mutex<Sources>,
     /// `!stopped | running << 32` as last recorded (read without the lock
@@ -44,7 +44,7 @@ pub struct Pairs {
 }
 
 impl Pairs {
-    pub fn new(pairs: usize) -> Self {
+    pub(crate) fn new(pairs: usize) -> Self {
         Self {
             count: pairs as u32,
             sources: Mutex::new(Sources::default()),
@@ -54,13 +54,13 @@ impl Pairs {
     }
 
     /// Bit i set: pair i is enabled.
-    pub fn mask(&self) -> u32 {
+    pub(crate) fn mask(&self) -> u32 {
         self.published.load(Ordering::Acquire)
     }
 
     /// Enabled pairs counted from pair 0: what RSS spreads over, what
     /// CAPS reports and what an op's rx queue is checked against.
-    pub fn count(&self) -> u16 {
+    pub(crate) fn count(&self) -> u16 {
         self.mask().trailing_ones() as u16
     }
 
@@ -87,7 +87,7 @@ impl Pairs {
     }
 
     /// The frontend's SET_VRING_ENABLE (any vring; rx vrings decide).
-    pub fn frontend_enable(&self, vring: u32, enable: bool) {
+    pub(crate) fn frontend_enable(&self, vring: u32, enable: bool) {
         if !vring.is_multiple_of(2) || vring / 2 >= self.count {
             return;
         }
@@ -105,7 +105,7 @@ impl Pairs {
 
     /// Pair `pair`'s rx ring is (not) started, and (not) enabled. Cheap
     /// when nothing changed.
-    pub fn observe(&self, pair: usize, started: bool, enabled: bool) {
+    pub(crate) fn observe(&self, pair: usize, started: bool, enabled: bool) {
         let bit = 1u32 << pair;
         let running = started && enabled;
         let seen = self.seen.load(Ordering::Acquire);

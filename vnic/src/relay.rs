@@ -189,7 +189,7 @@ fn set_features_msg(features: u64) -> Msg {
 
 /// Called with (vring index, enable) for every SET_VRING_ENABLE the
 /// frontend sends, before it is forwarded.
-pub type EnableHook = Box<dyn Fn(u32, bool) + Send>;
+pub(crate) type EnableHook = Box<dyn Fn(u32, bool) + Send>;
 
 fn pump(
     from: &UnixStream,
@@ -230,7 +230,7 @@ fn pump(
 /// Relays between `frontend` and `backend` until either side closes; then
 /// shuts both down. `on_enable` sees every SET_VRING_ENABLE request. Returns
 /// the two relay threads.
-pub fn start(
+pub(crate) fn start(
     frontend: UnixStream,
     backend: UnixStream,
     on_enable: EnableHook,

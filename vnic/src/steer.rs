@@ -16,20 +16,20 @@ use arfs::{FlowIndex, Rss, TableEvent, L3};
 use crate::frame::{tcp_payload, udp_payload};
 
 /// [`Decision::flags`]: the `drop_rate` fault chose the frame.
-pub const FAULT_DROP: u8 = 1;
+pub(crate) const FAULT_DROP: u8 = 1;
 /// [`Decision::flags`]: the `corrupt_rate` fault chose the frame.
-pub const FAULT_CORRUPT: u8 = 2;
+pub(crate) const FAULT_CORRUPT: u8 = 2;
 /// [`Decision::flags`]: the `bad_csum_rate` fault chose the frame.
-pub const FAULT_BAD_CSUM: u8 = 4;
+pub(crate) const FAULT_BAD_CSUM: u8 = 4;
 /// [`Decision::flags`]: the `misroute_rate` fault moved the frame to
 /// another queue than its filter's.
-pub const MISROUTED: u8 = 8;
+pub(crate) const MISROUTED: u8 = 8;
 /// [`Decision::flags`]: the frame did not parse; it goes to queue 0.
-pub const UNPARSABLE: u8 = 16;
+pub(crate) const UNPARSABLE: u8 = 16;
 
 /// Where a frame goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// The rx queue.
     pub q: usize,
     /// The filter it hit (its id), or None: RSS chose the queue.
@@ -40,7 +40,7 @@ pub struct Decision {
 }
 
 /// One worker's steering state (see the module's doc).
-pub struct Steer {
+pub(crate) struct Steer {
     index: FlowIndex<u16>,
     rss: Rss,
     /// Enabled pairs (bit i: pair i; always a prefix).
@@ -50,42 +50,52 @@ pub struct Steer {
     fault: [u64; 4],
     /// The fault draws' state (xorshift64*, seeded per worker).
     rng: u64,
+    /// `--steer none`: no parse, no lookup (see [`Steer::new`]).
+    off: bool,
+    /// The worker's own pair.
+    own: usize,
 }
 
 impl Steer {
     /// Worker `id`'s steering, for a table of `capacity` filters, with no
-    /// pair enabled yet.
-    pub fn new(id: usize, capacity: usize) -> Self {
+    /// pair enabled yet. `off` (`--steer none`, benchmarks of the data
+    /// path alone): no frame is parsed or looked up; each goes to the
+    /// worker's own rx queue (queue 0 while that one is not enabled) as an
+    /// RSS decision, and only a management frame from the peer is still
+    /// refused.
+    pub(crate) fn new(id: usize, capacity: usize, off: bool) -> Self {
         Self {
             index: FlowIndex::new(capacity),
             rss: Rss::new(1),
             mask: 0,
             fault: [0; 4],
             rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
+            off,
+            own: id,
         }
     }
 
     /// Applies one event of the filter table to the replica.
     #[inline]
-    pub fn apply(&mut self, e: &TableEvent) {
+    pub(crate) fn apply(&mut self, e: &TableEvent) {
         self.index.apply(e);
     }
 
     /// The enabled pairs (bit i: pair i); RSS spreads over them.
-    pub fn set_mask(&mut self, mask: u32) {
+    pub(crate) fn set_mask(&mut self, mask: u32) {
         if mask != self.mask {
             self.mask = mask;
             self.rss.set_enabled(mask.trailing_ones().max(1) as u16);
         }
     }
 
-    pub fn mask(&self) -> u32 {
+    pub(crate) fn mask(&self) -> u32 {
         self.mask
     }
 
     /// The path faults' thresholds: misroute, drop, corrupt, bad checksum
     /// (each a probability times 2^32).
-    pub fn set_faults(&mut self, f: [u64; 4]) {
+    pub(crate) fn set_faults(&mut self, f: [u64; 4]) {
         self.fault = f;
     }
 
@@ -94,7 +104,10 @@ impl Steer {
     /// frame with the management EtherType (never delivered: a peer must
     /// not speak for the device).
     #[inline]
-    pub fn decide(&mut self, frame: &[u8]) -> Option<Decision> {
+    pub(crate) fn decide(&mut self, frame: &[u8]) -> Option<Decision> {
+        if self.off {
+            return self.unsteered(frame);
+        }
         let Ok(p) = arfs::parse_frame(frame) else {
             if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
                 return None;
@@ -153,6 +166,20 @@ impl Steer {
         })
     }
 
+    /// `--steer none`'s decision: the worker's own queue, no parse.
+    #[inline(never)]
+    fn unsteered(&self, frame: &[u8]) -> Option<Decision> {
+        if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
+            return None;
+        }
+        let own = 1u32.checked_shl(self.own as u32).unwrap_or(0);
+        Some(Decision {
+            q: if self.mask & own != 0 { self.own } else { 0 },
+            hit: None,
+            flags: 0,
+        })
+    }
+
     /// One fault draw: true with probability `thr / 2^32` (xorshift64*).
     #[inline]
     fn draw(&mut self, thr: u64) -> bool {
@@ -181,7 +208,7 @@ impl Steer {
 /// content can see it (without: the `bad_csum_rate` fault, a checksum error
 /// for the guest's stack). `false` (frame untouched) for anything but UDP
 /// or TCP with a payload.
-pub fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
+pub(crate) fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
     // (L4 offset, payload offset in the segment, payload length, checksum
     // offset in the segment, UDP)
     let (l4, hdr, len, csum_at, udp) = if let Some((l4, p)) = udp_payload(frame) {
@@ -272,7 +299,7 @@ mod tests {
 
     #[test]
     fn a_hit_takes_the_filters_queue_a_miss_rss() {
-        let mut s = Steer::new(0, 64);
+        let mut s = Steer::new(0, 64, false);
         s.set_mask(0b1111);
         let rss = Rss::new(4);
         // Empty table: RSS.
@@ -317,7 +344,7 @@ mod tests {
 
     #[test]
     fn management_frames_are_refused_and_garbage_goes_to_queue_0() {
-        let mut s = Steer::new(0, 64);
+        let mut s = Steer::new(0, 64, false);
         s.set_mask(0b11);
         let mut m = udp4(1, 2);
         m[12..14].copy_from_slice(&ETHERTYPE_MGMT.to_be_bytes());
@@ -329,9 +356,32 @@ mod tests {
         }
     }
 
+    /// `--steer none`: every frame to the worker's own queue (queue 0 while
+    /// that is not enabled), a filter for the flow steers nothing, garbage
+    /// is not parsed, management frames are still refused.
+    #[test]
+    fn steer_none_keeps_frames_on_the_workers_queue() {
+        let mut s = Steer::new(2, 64, true);
+        s.set_mask(0b1111);
+        add(&mut s, 7, key(1000, 5001), 3);
+        let own = Decision {
+            q: 2,
+            hit: None,
+            flags: 0,
+        };
+        assert_eq!(s.decide(&udp4(1000, 5001)), Some(own));
+        assert_eq!(s.decide(&udp4(1001, 5001)), Some(own));
+        assert_eq!(s.decide(&[0u8; 20]), Some(own));
+        let mut m = udp4(1000, 5001);
+        m[12..14].copy_from_slice(&ETHERTYPE_MGMT.to_be_bytes());
+        assert_eq!(s.decide(&m), None);
+        s.set_mask(0b11);
+        assert_eq!(s.decide(&udp4(1000, 5001)).map(|d| d.q), Some(0));
+    }
+
     #[test]
     fn rss_follows_the_enabled_pairs() {
-        let mut s = Steer::new(0, 64);
+        let mut s = Steer::new(0, 64, false);
         for (mask, n) in [(0b1u32, 1u16), (0b11, 2), (0b111, 3), (0b1111, 4)] {
             s.set_mask(mask);
             let rss = Rss::new(n);
@@ -353,7 +403,7 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            let mut s = Steer::new(3, 64);
+            let mut s = Steer::new(3, 64, false);
             s.set_mask(0b1111);
             add(&mut s, 1, key(1000, 2000), 2);
             let mut f = [0; 4];
@@ -383,7 +433,7 @@ mod tests {
             );
         }
         // One enabled queue: a misroute has nowhere to go.
-        let mut s = Steer::new(0, 64);
+        let mut s = Steer::new(0, 64, false);
         s.set_mask(0b1);
         add(&mut s, 1, key(1000, 2000), 0);
         s.set_faults([rate(1.0) - 1, 0, 0, 0]);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use arfs::TraceRecord;
 
 /// Capacity of the channel between producers and the writer thread.
-pub const TRACE_QUEUE: usize = 65_536;
+pub(crate) const TRACE_QUEUE: usize = 65_536;
 
 /// Bytes of serialized records the writer batches before writing them out
 /// (it also writes when idle for 50 ms and on a flush request).
@@ -30,14 +30,14 @@ enum Msg {
 
 /// Counters of the trace writer.
 #[derive(Default)]
-pub struct TraceCounters {
+pub(crate) struct TraceCounters {
     pub written: AtomicU64,
     pub dropped: AtomicU64,
     pub write_errors: AtomicU64,
 }
 
 /// Handle to the trace writer (cheap to share; `emit` never blocks).
-pub struct Tracer {
+pub(crate) struct Tracer {
     tx: Option<SyncSender<Msg>>,
     pub counters: Arc<TraceCounters>,
     _thread: Option<JoinHandle<()>>,
@@ -45,7 +45,7 @@ pub struct Tracer {
 
 impl Tracer {
     /// A tracer that records nothing.
-    pub fn disabled() -> Self {
+    pub(crate) fn disabled() -> Self {
         Self {
             tx: None,
             counters: Arc::default(),
@@ -54,7 +54,7 @@ impl Tracer {
     }
 
     /// Creates (truncates) `path` and starts the writer thread.
-    pub fn open(path: &Path) -> std::io::Result<Self> {
+    pub(crate) fn open(path: &Path) -> std::io::Result<Self> {
         let file = File::create(path)?;
         let (tx, rx) = sync_channel(TRACE_QUEUE);
         let counters = Arc::new(TraceCounters::default());
@@ -69,12 +69,12 @@ impl Tracer {
         })
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.tx.is_some()
     }
 
     /// Queues a record; drops (and counts) it when the writer is behind.
-    pub fn emit(&self, rec: TraceRecord) {
+    pub(crate) fn emit(&self, rec: TraceRecord) {
         let Some(tx) = &self.tx else { return };
         match tx.try_send(Msg::Rec(Box::new(rec))) {
             Ok(()) => {}
@@ -85,7 +85,7 @@ impl Tracer {
     }
 
     /// Writes out everything queued so far (waits at most `timeout`).
-    pub fn flush(&self, timeout: Duration) -> bool {
+    pub(crate) fn flush(&self, timeout: Duration) -> bool {
         let Some(tx) = &self.tx else { return true };
         let (atx, arx) = sync_channel(1);
         // Blocking send is fine here: the writer always drains the channel
@@ -96,13 +96,14 @@ impl Tracer {
         arx.recv_timeout(timeout).is_ok()
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "enabled": self.enabled(),
-            "written": self.counters.written.load(Ordering::Relaxed),
-            "dropped": self.counters.dropped.load(Ordering::Relaxed),
-            "write_errors": self.counters.write_errors.load(Ordering::Relaxed),
-        })
+    /// The writer's accounting as `ctl stats` shows it (`trace`).
+    pub(crate) fn to_wire(&self) -> vnic_ctl_proto::TraceStats {
+        vnic_ctl_proto::TraceStats {
+            enabled: self.enabled(),
+            written: self.counters.written.load(Ordering::Relaxed),
+            dropped: self.counters.dropped.load(Ordering::Relaxed),
+            write_errors: self.counters.write_errors.load(Ordering::Relaxed),
+        }
     }
 }
 

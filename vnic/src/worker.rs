@@ -17,15 +17,15 @@ use vm_memory::GuestAddressSpace;
 use crate::config::PeerKind;
 use crate::conn::Conn;
 use crate::daemon::Shared;
-use crate::handoff::{Router, RouterLinks};
+use crate::handoff::{Router, RouterLinks, ToGuest};
 use crate::lanes::Reply;
 use crate::peer::gen::GenPeer;
 use crate::peer::tap::TapPeer;
 use crate::peer::{AnyPeer, Peer};
 use crate::stats::add;
-use crate::virtq::rx::RxBatch;
-use crate::virtq::tx::avail_ahead;
-use crate::virtq::tx::{gather_tx, TxChain, TxRing};
+use crate::virtq::ring::needs_notification;
+use crate::virtq::rx::{RxBatch, RxKicks};
+use crate::virtq::tx::{TxChain, TxRing};
 use crate::virtq::{Mem, StopLatch, Vring, NET_HDR_LEN};
 
 /// Most tx chains handled per event before yielding to other events.
@@ -33,18 +33,18 @@ const TX_BUDGET: usize = 1024;
 
 /// Event ids of a worker's epoll (vring events are 0 = rx, 1 = tx; custom
 /// ids must be above the number of queues).
-pub const EV_RX: u16 = 0;
-pub const EV_TX: u16 = 1;
+pub(crate) const EV_RX: u16 = 0;
+pub(crate) const EV_TX: u16 = 1;
 /// The worker's inbox eventfd.
-pub fn ev_inbox(nq: usize) -> u16 {
+pub(crate) fn ev_inbox(nq: usize) -> u16 {
     nq as u16 + 1
 }
 /// The peer's descriptor (tap queue, generator timer).
-pub fn ev_peer(nq: usize) -> u16 {
+pub(crate) fn ev_peer(nq: usize) -> u16 {
     nq as u16 + 2
 }
 
-pub struct Worker {
+pub(crate) struct Worker {
     router: Router,
     peer: AnyPeer,
     sh: Arc<Shared>,
@@ -55,15 +55,20 @@ pub struct Worker {
     /// Management replies of the frames this worker handled itself.
     own: Vec<Reply>,
     tx_pending: bool,
-    /// Avail index at the last retry after rx notifications were re-enabled.
-    rx_retry_avail: Option<std::num::Wrapping<u16>>,
+    /// The driver's kicks on the rx ring (off while the device works).
+    rx_kicks: RxKicks,
     /// The rings the device stopped (a driver it cannot follow).
     rx_stop: StopLatch,
     tx_stop: StopLatch,
 }
 
 impl Worker {
-    pub fn new(id: usize, sh: &Arc<Shared>, conn: &Arc<Conn>, mem: &Mem) -> std::io::Result<Self> {
+    pub(crate) fn new(
+        id: usize,
+        sh: &Arc<Shared>,
+        conn: &Arc<Conn>,
+        mem: &Mem,
+    ) -> std::io::Result<Self> {
         let links = RouterLinks {
             lanes: conn.lanes.clone(),
             pairs: conn.pairs.clone(),
@@ -84,7 +89,7 @@ impl Worker {
             PeerKind::Tap(_) => AnyPeer::Tap(TapPeer::new(sh.taps.clone(), id, sh.stats.clone())),
         };
         Ok(Self {
-            router: Router::new(id, sh.cfg.table_capacity as usize, links),
+            router: Router::new(id, sh.cfg.table_capacity as usize, sh.cfg.steer_none, links),
             peer,
             sh: sh.clone(),
             conn: conn.clone(),
@@ -93,18 +98,18 @@ impl Worker {
             txbuf: vec![0; 4096],
             own: Vec::new(),
             tx_pending: false,
-            rx_retry_avail: None,
+            rx_kicks: RxKicks::default(),
             rx_stop: StopLatch::default(),
             tx_stop: StopLatch::default(),
         })
     }
 
     /// The descriptor of this worker's peer, for its epoll.
-    pub fn peer_fd(&self) -> Option<std::os::fd::RawFd> {
+    pub(crate) fn peer_fd(&self) -> Option<std::os::fd::RawFd> {
         self.peer.fd()
     }
 
-    pub fn handle(&mut self, ev: u16, vrings: &[Vring]) {
+    pub(crate) fn handle(&mut self, ev: u16, vrings: &[Vring]) {
         let id = self.router.id;
         let nq = 2 * self.sh.pairs();
         if !self.registered {
@@ -151,31 +156,36 @@ impl Worker {
         let mem = self.mem.memory();
         let mut rx = vrings[0].get_mut();
         let running = rx.is_enabled() && rx.get_queue().ready();
+        let restarts = self.conn.ring_restarts(2 * id);
+        let qs = &self.sh.stats.queues[id];
         if running {
-            let qs = &self.sh.stats.queues[id];
-            let restarts = self.conn.ring_restarts(2 * id);
-            if !self.rx_stop.holds(restarts, &qs.rx_stopped, id, "rx") {
-                if let Err(why) = avail_ahead(rx.get_queue(), &*mem) {
-                    self.rx_stop
-                        .stop(restarts, why, &qs.rx_stops, &qs.rx_stopped, id, "rx");
-                    vrings[0].signal_err();
-                }
+            // A ring the frontend restarted since the device stopped it
+            // runs again.
+            self.rx_stop.holds(restarts, &qs.rx_stopped, id, "rx");
+        }
+        let mut b = RxBatch::open(
+            &mut rx,
+            &mem,
+            self.rx_stop.is_set(),
+            &mut self.rx_kicks,
+            restarts,
+        );
+        match b.check_avail() {
+            Err(why) => {
+                self.rx_stop
+                    .stop(restarts, why, &qs.rx_stops, &qs.rx_stopped, id, "rx");
+                vrings[0].signal_err();
             }
-        }
-        if running && !self.rx_stop.is_set() {
             // Out of buffers at the last look: has the driver added some?
-            let q = rx.get_queue();
-            self.router.recheck_starved(|| {
-                q.avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
-                    .ok()
-                    != Some(std::num::Wrapping(q.next_avail()))
-            });
+            Ok(more) => self.router.recheck_starved(|| more),
         }
-        let mut b = RxBatch::open(&mut rx, &mem, self.rx_stop.is_set());
         self.router.begin();
         self.router.drain_inbox(&mut b, &mut self.own);
-        self.peer
-            .frames_for_guest(&mut self.router, &mut b, peer_event);
+        let mut to_guest = ToGuest {
+            router: &mut self.router,
+            rx: &mut b,
+        };
+        self.peer.frames_for_guest(&mut to_guest, peer_event);
         self.finish(b);
     }
 
@@ -184,12 +194,7 @@ impl Worker {
     fn finish(&mut self, b: RxBatch<'_>) {
         self.router.flush_kicks();
         let r = &self.router;
-        if b.finish(
-            r.id,
-            r.flags.added,
-            r.flags.nobufs,
-            &mut self.rx_retry_avail,
-        ) {
+        if b.finish(r.id, r.flags.added, r.flags.nobufs, &mut self.rx_kicks) {
             r.inbox().wake();
         }
     }
@@ -208,7 +213,14 @@ impl Worker {
         if self.tx_stop.holds(restarts, &q.tx_stopped, id, "tx") {
             return;
         }
-        let mut b = RxBatch::open(&mut rx, &mem, self.rx_stop.is_set());
+        let rx_restarts = self.conn.ring_restarts(2 * id);
+        let mut b = RxBatch::open(
+            &mut rx,
+            &mem,
+            self.rx_stop.is_set(),
+            &mut self.rx_kicks,
+            rx_restarts,
+        );
         self.router.begin();
         let mut done = 0usize;
         let mut mgmt_seen = false;
@@ -216,7 +228,6 @@ impl Worker {
         // Used index before the batch: the notification window of the
         // ring path (which leaves virtio-queue's num_added alone).
         let start_used = tx.get_queue().next_used();
-        let mut ring_used = false;
         'outer: loop {
             // No kicks while the device is at work on the ring: with
             // EVENT_IDX through avail_event, without it through the used
@@ -225,32 +236,23 @@ impl Worker {
             if let Err(e) = tx.disable_notification() {
                 log::debug!("pair {id}: tx disable_notification: {e}");
             }
-            // The direct ring view, or virtio-queue per chain when the
-            // rings do not resolve to host memory.
-            let mut ring = TxRing::open(tx.get_queue(), &mem);
-            ring_used |= ring.is_some();
+            let Some(mut ring) = TxRing::open(tx.get_queue(), &mem) else {
+                break;
+            };
             loop {
                 if done == TX_BUDGET {
                     self.tx_pending = true;
                     self.router.inbox().wake();
-                    if let Some(r) = ring.take() {
-                        r.finish(tx.get_queue_mut());
-                    }
+                    ring.finish(tx.get_queue_mut());
                     break 'outer;
                 }
-                let next = match &mut ring {
-                    Some(r) => r.next(&mut self.txbuf),
-                    None => gather_tx(tx.get_queue_mut(), &*mem, &mut self.txbuf),
-                };
-                let r = match next {
+                let r = match ring.next(&mut self.txbuf) {
                     Ok(Some(r)) => r,
                     Ok(None) => break,
                     Err(why) => {
                         // Nothing popped; no notification loop either (the
                         // avail index would read "more" for ever).
-                        if let Some(r) = ring.take() {
-                            r.finish(tx.get_queue_mut());
-                        }
+                        ring.finish(tx.get_queue_mut());
                         self.tx_stop
                             .stop(restarts, why, &q.tx_stops, &q.tx_stopped, id, "tx");
                         vrings[1].signal_err();
@@ -276,16 +278,18 @@ impl Worker {
                             self.sh.lock_mgmt().handle_frame(id, frame, &mut self.own);
                             mgmt_seen = true;
                         } else {
-                            self.peer.guest_frame(pkt, &mut self.router, &mut b);
+                            let mut to_guest = ToGuest {
+                                router: &mut self.router,
+                                rx: &mut b,
+                            };
+                            self.peer.guest_frame(pkt, &mut to_guest);
                         }
                     }
                 }
             }
             // The queue's positions are current again before it decides
             // on notifications.
-            if let Some(r) = ring.take() {
-                r.finish(tx.get_queue_mut());
-            }
+            ring.finish(tx.get_queue_mut());
             // --poll-us: wait for more chains with kicks still off.
             if !poll.is_zero() && poll_tx(tx.get_queue(), &*mem, poll) {
                 continue;
@@ -303,20 +307,8 @@ impl Worker {
             "pair {id}: tx {done} chain(s), next_avail {}",
             tx.get_queue().next_avail()
         );
-        if used {
-            let notify = if ring_used {
-                // Also right when some rounds ran per chain: those moved
-                // the same next_used.
-                crate::virtq::rx::needs_notification(tx.get_queue(), &*mem, start_used)
-            } else {
-                tx.needs_notification().unwrap_or_else(|e| {
-                    log::debug!("pair {id}: tx needs_notification: {e}");
-                    true
-                })
-            };
-            if notify {
-                let _ = tx.signal_used_queue();
-            }
+        if used && needs_notification(tx.get_queue(), &*mem, start_used) {
+            let _ = tx.signal_used_queue();
         }
         drop(tx);
         self.peer.tx_batch_end();

@@ -6,73 +6,29 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
-
 use crate::config::{parse_addr_range, parse_port_range, InvalidValue};
-pub use crate::frame::checksum;
+pub(crate) use crate::frame::checksum;
 use crate::virtq::NET_HDR_LEN;
 
-pub use crate::frame::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6};
+pub(crate) use crate::frame::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6};
 /// Largest frame the generator builds.
-pub const MAX_FRAME: usize = 1514;
+pub(crate) const MAX_FRAME: usize = 1514;
 
 /// Most flows in one flow set.
-pub const MAX_FLOWS_PER_SET: u32 = 65_536;
+pub(crate) const MAX_FLOWS_PER_SET: u32 = 65_536;
 /// Most flows over all live flow sets (each flow costs a tuple and one
 /// prebuilt header per worker: about 100 bytes per worker).
-pub const MAX_FLOWS_TOTAL: u64 = 262_144;
+pub(crate) const MAX_FLOWS_TOTAL: u64 = 262_144;
 /// Most live flow sets.
-pub const MAX_SETS: usize = 1024;
+pub(crate) const MAX_SETS: usize = 1024;
 
-/// A flow set as given over the control socket (every field optional).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FlowSpec {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flows: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub src: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sport: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dst: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dport: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size: Option<usize>,
-    /// Carry a send time stamp in each frame's payload, so that a guest
-    /// echoing the payload back to the generator gives a round-trip time
-    /// (see [`super::rtt`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stamp: Option<bool>,
-}
-
-impl FlowSpec {
-    /// `self` with the fields of `over` that are set.
-    #[must_use]
-    pub fn merged(&self, over: &FlowSpec) -> FlowSpec {
-        FlowSpec {
-            flows: over.flows.or(self.flows),
-            src: over.src.clone().or_else(|| self.src.clone()),
-            sport: over.sport.clone().or_else(|| self.sport.clone()),
-            dst: over.dst.clone().or_else(|| self.dst.clone()),
-            dport: over.dport.clone().or_else(|| self.dport.clone()),
-            count: over.count.or(self.count),
-            rate: over.rate.or(self.rate),
-            size: over.size.or(self.size),
-            stamp: over.stamp.or(self.stamp),
-        }
-    }
-}
+/// A flow set as given over the control socket (every field optional):
+/// the protocol's type.
+pub(crate) use vnic_ctl_proto::FlowSpec;
 
 /// One UDP 5-tuple (as sent: `src` is the generator side).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuple {
+pub(crate) struct Tuple {
     pub src: IpAddr,
     pub sport: u16,
     pub dst: IpAddr,
@@ -80,7 +36,7 @@ pub struct Tuple {
 }
 
 /// A validated flow set.
-pub struct FlowSet {
+pub(crate) struct FlowSet {
     pub id: u32,
     pub spec: FlowSpec,
     pub tuples: Vec<Tuple>,
@@ -106,7 +62,7 @@ pub struct FlowSet {
 
 impl FlowSet {
     /// Validates `spec` (defaults filled in from the daemon's addresses).
-    pub fn new(
+    pub(crate) fn new(
         id: u32,
         spec: FlowSpec,
         gen_ip: Ipv4Addr,
@@ -225,12 +181,12 @@ impl FlowSet {
     }
 
     /// Whether worker `w` generates tuple `i`.
-    pub fn owns(&self, i: usize, w: usize) -> bool {
+    pub(crate) fn owns(&self, i: usize, w: usize) -> bool {
         self.owner.get(i).is_some_and(|&o| usize::from(o) == w)
     }
 
     /// Packets and rate worker `w` must send (count 0 = unlimited).
-    pub fn share(&self, w: usize) -> (u64, f64) {
+    pub(crate) fn share(&self, w: usize) -> (u64, f64) {
         let f = self.tuples.len() as u64;
         let mine: u64 = (0..f).filter(|&i| self.owns(i as usize, w)).count() as u64;
         let count = if self.count == 0 {
@@ -245,38 +201,39 @@ impl FlowSet {
         (count, rate)
     }
 
-    pub fn sent(&self) -> u64 {
+    pub(crate) fn sent(&self) -> u64 {
         self.sent.iter().map(|s| s.load(Ordering::Relaxed)).sum()
     }
 
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         !self.stopped.load(Ordering::Relaxed) && (self.count == 0 || self.sent() < self.count)
     }
 
-    pub fn to_json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "spec": {
-                "flows": self.tuples.len(),
-                "src": self.spec.src,
-                "sport": self.spec.sport,
-                "dst": self.spec.dst,
-                "dport": self.spec.dport,
-                "count": self.count,
-                "rate": self.rate,
-                "size": self.size,
-                "stamp": self.stamp,
+    /// The set as `gen list` and `gen set` show it.
+    pub(crate) fn to_wire(&self) -> vnic_ctl_proto::FlowSetInfo {
+        vnic_ctl_proto::FlowSetInfo {
+            id: self.id,
+            spec: vnic_ctl_proto::ResolvedFlowSpec {
+                flows: self.tuples.len() as u32,
+                src: self.spec.src.clone().unwrap_or_default(),
+                sport: self.spec.sport.clone().unwrap_or_default(),
+                dst: self.spec.dst.clone().unwrap_or_default(),
+                dport: self.spec.dport.clone().unwrap_or_default(),
+                count: self.count,
+                rate: self.rate,
+                size: self.size,
+                stamp: self.stamp,
             },
-            "sent": self.sent(),
-            "active": self.active(),
-        })
+            sent: self.sent(),
+            active: self.active(),
+        }
     }
 }
 
 /// The generator's flow sets, changed by the control socket; workers copy
 /// their share when `version` moves.
 #[derive(Default)]
-pub struct GenControl {
+pub(crate) struct GenControl {
     pub sets: Mutex<(u32, Vec<Arc<FlowSet>>)>,
     pub version: AtomicU64,
     /// The guest's MAC as learned from its frames (0: unknown, broadcast).
@@ -284,7 +241,7 @@ pub struct GenControl {
 }
 
 impl GenControl {
-    pub fn snapshot(&self) -> Vec<Arc<FlowSet>> {
+    pub(crate) fn snapshot(&self) -> Vec<Arc<FlowSet>> {
         self.sets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -292,7 +249,7 @@ impl GenControl {
             .clone()
     }
 
-    pub fn bump(&self) {
+    pub(crate) fn bump(&self) {
         self.version.fetch_add(1, Ordering::Release);
     }
 }
@@ -303,13 +260,13 @@ impl GenControl {
 /// ([`super::rtt::STAMP_LEN`] bytes) of a stamped set. The guest agent
 /// verifies both and the fill after them (`vnic_agent::payload`, which
 /// must agree with [`seq_tag`] and [`fill_byte`]).
-pub const SEQ_LEN: usize = 16;
+pub(crate) const SEQ_LEN: usize = 16;
 
 /// The tag of sequence number `seq` of the flow from port `sport` to port
 /// `dport`: a frame of another flow, or with a damaged sequence number,
 /// does not carry it.
 #[inline]
-pub fn seq_tag(sport: u16, dport: u16, seq: u64) -> u64 {
+pub(crate) fn seq_tag(sport: u16, dport: u16, seq: u64) -> u64 {
     // One multiply by an odd constant: a bijection, so another sequence
     // number (below 2^32) or another flow never gives the same tag.
     (seq ^ ((u64::from(sport) << 48) | (u64::from(dport) << 32)))
@@ -320,13 +277,13 @@ pub fn seq_tag(sport: u16, dport: u16, seq: u64) -> u64 {
 /// the start of the UDP payload): fixed, so that it is written once per
 /// flow set and the checksum covers it from the template on.
 #[inline]
-pub fn fill_byte(k: usize) -> u8 {
+pub(crate) fn fill_byte(k: usize) -> u8 {
     (k as u8).wrapping_mul(31).wrapping_add(0xa5)
 }
 
 /// Offset of the sequence head in the UDP payload of a set's frames.
 #[inline]
-pub fn seq_offset(stamp: bool) -> usize {
+pub(crate) fn seq_offset(stamp: bool) -> usize {
     if stamp {
         super::rtt::STAMP_LEN
     } else {
@@ -339,7 +296,7 @@ pub fn seq_offset(stamp: bool) -> usize {
 /// head (stamp and sequence head, when the payload has room for them:
 /// `var` bytes), and the UDP checksum (IPv4 and IPv6) covers it, so that
 /// the per-frame head can be folded in incrementally ([`fold_head`]).
-pub fn build_udp(
+pub(crate) fn build_udp(
     buf: &mut [u8],
     dst_mac: [u8; 6],
     src_mac: [u8; 6],
@@ -413,7 +370,7 @@ pub fn build_udp(
 /// The ones' complement sum of the four 16-bit words of `x` (as written
 /// big endian), not yet folded to 16 bits.
 #[inline]
-pub fn word_sum(x: u64) -> u64 {
+pub(crate) fn word_sum(x: u64) -> u64 {
     (x >> 32) + (x & 0xffff_ffff)
 }
 
@@ -421,7 +378,7 @@ pub fn word_sum(x: u64) -> u64 {
 /// head of a frame [`build_udp`] made) into the frame's UDP checksum:
 /// RFC 1624's incremental update.
 #[inline]
-pub fn fold_sum(frame: &mut [u8], hdr_len: usize, sum: u64) {
+pub(crate) fn fold_sum(frame: &mut [u8], hdr_len: usize, sum: u64) {
     let at = hdr_len - 2;
     let old = u16::from_be_bytes([frame[at], frame[at + 1]]);
     let mut s = u64::from(!old) + sum;
@@ -441,7 +398,7 @@ pub fn fold_sum(frame: &mut [u8], hdr_len: usize, sum: u64) {
 /// the frame's UDP checksum: RFC 1624's incremental update, so a frame
 /// costs a sum over its head, not over its payload.
 #[inline]
-pub fn fold_head(frame: &mut [u8], hdr_len: usize, head: &[u8]) {
+pub(crate) fn fold_head(frame: &mut [u8], hdr_len: usize, head: &[u8]) {
     let at = hdr_len - 2;
     let old = u16::from_be_bytes([frame[at], frame[at + 1]]);
     let mut c = checksum(&[head], u32::from(!old));
@@ -452,7 +409,7 @@ pub fn fold_head(frame: &mut [u8], hdr_len: usize, head: &[u8]) {
 }
 
 /// A worker's share of one flow set.
-pub struct LocalSet {
+pub(crate) struct LocalSet {
     pub set: Arc<FlowSet>,
     /// Prebuilt headers, one per tuple (`hdr_len` bytes each).
     pub headers: Vec<[u8; 62]>,
@@ -473,7 +430,7 @@ pub struct LocalSet {
 }
 
 /// Builds the share of worker `w` (see [`FlowSet::owner`]).
-pub fn local_sets(
+pub(crate) fn local_sets(
     sets: &[Arc<FlowSet>],
     w: usize,
     dst_mac: [u8; 6],

@@ -17,17 +17,15 @@ use super::flows::{
     checksum, fold_sum, local_sets, seq_offset, seq_tag, word_sum, GenControl, LocalSet, ETH_P_ARP,
     ETH_P_IP, ETH_P_IPV6, MAX_FRAME, SEQ_LEN,
 };
-use super::Peer;
-use crate::handoff::Router;
+use super::{Peer, Sink};
 use crate::stats::{add, Stats};
-use crate::virtq::rx::RxBatch;
 use crate::virtq::NET_HDR_LEN;
 
 /// Most frames generated per event in unlimited mode.
 const GEN_BUDGET: usize = 1024;
 
 /// The generator as one worker runs it.
-pub struct GenPeer {
+pub(crate) struct GenPeer {
     ctl: Arc<GenControl>,
     stats: Arc<Stats>,
     ip: Ipv4Addr,
@@ -48,7 +46,7 @@ pub struct GenPeer {
 }
 
 impl GenPeer {
-    pub fn new(
+    pub(crate) fn new(
         ctl: Arc<GenControl>,
         stats: Arc<Stats>,
         ip: Ipv4Addr,
@@ -111,13 +109,13 @@ impl GenPeer {
         self.last_tick = Instant::now();
     }
 
-    fn run(&mut self, r: &mut Router, rx: &mut RxBatch<'_>) {
+    fn run(&mut self, r: &mut impl Sink) {
         let now = Instant::now();
         let dt = now.duration_since(self.last_tick).as_secs_f64();
         self.last_tick = now;
         let mut total = 0u64;
         let mut changed = false;
-        r.flags.nobufs_remote = false;
+        r.clear_congestion();
         for s in &mut self.sets {
             let mut n = if s.rate > 0.0 {
                 s.credit = (s.credit + s.rate * dt).min((s.rate * 0.02).max(32.0));
@@ -169,10 +167,10 @@ impl GenPeer {
                 if stamp || with_seq {
                     fold_sum(frame, hl, sum);
                 }
-                r.route(rx, &mut s.buf[..NET_HDR_LEN + size]);
+                r.frame(&mut s.buf[..NET_HDR_LEN + size]);
                 n += 1;
                 // Unlimited sets stop at the first full destination.
-                if unlimited && (r.flags.nobufs || r.flags.nobufs_remote) {
+                if unlimited && r.congested() {
                     break;
                 }
             }
@@ -185,7 +183,7 @@ impl GenPeer {
                     changed = true;
                 }
             }
-            s.set.sent[r.id].fetch_add(n, Ordering::Relaxed);
+            s.set.sent[r.pair()].fetch_add(n, Ordering::Relaxed);
             total += n;
         }
         add(&self.stats.peer.gen_sent, total);
@@ -196,8 +194,8 @@ impl GenPeer {
         // Unlimited mode: come back at once unless a destination queue is
         // out of room (then the guest's rx kick or the 1 ms timer resumes):
         // as fast as the rx rings take the frames, not faster.
-        if self.unlimited && !r.flags.nobufs && !r.flags.nobufs_remote {
-            r.inbox().wake();
+        if self.unlimited && !r.congested() {
+            r.wake_self();
         }
     }
 }
@@ -207,7 +205,7 @@ impl Peer for GenPeer {
         Some(self.timer.as_raw_fd())
     }
 
-    fn guest_frame(&mut self, pkt: &mut [u8], r: &mut Router, rx: &mut RxBatch<'_>) {
+    fn guest_frame(&mut self, pkt: &mut [u8], r: &mut impl Sink) {
         let frame = &pkt[NET_HDR_LEN..];
         let mut src = [0u8; 6];
         src.copy_from_slice(&frame[6..12]);
@@ -219,7 +217,7 @@ impl Peer for GenPeer {
                 && self.ctl.guest_mac.swap(m, Ordering::Relaxed) != m
             {
                 self.ctl.bump();
-                r.lanes().wake_all();
+                r.wake_all();
             }
         }
         let peer = &self.stats.peer;
@@ -251,7 +249,7 @@ impl Peer for GenPeer {
                 self.pkt.clear();
                 self.pkt.resize(NET_HDR_LEN, 0);
                 self.pkt.extend_from_slice(&self.reply);
-                r.route(rx, &mut self.pkt);
+                r.frame(&mut self.pkt);
             }
         }
     }
@@ -264,20 +262,20 @@ impl Peer for GenPeer {
         }
     }
 
-    fn frames_for_guest(&mut self, r: &mut Router, rx: &mut RxBatch<'_>, fd_event: bool) {
+    fn frames_for_guest(&mut self, r: &mut impl Sink, fd_event: bool) {
         if fd_event {
             let _ = self.timer.wait();
         }
-        self.check_sets(r.id);
+        self.check_sets(r.pair());
         if !self.sets.is_empty() {
-            self.run(r, rx);
+            self.run(r);
         }
     }
 }
 
 /// What the responder did with a frame from the guest.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Response {
+pub(crate) enum Response {
     /// An ARP reply was written to `out`.
     Arp,
     /// An ICMP or ICMPv6 echo reply was written to `out`.
@@ -290,7 +288,7 @@ pub enum Response {
 }
 
 /// The addresses the responder answers for.
-pub struct Me {
+pub(crate) struct Me {
     pub ip: Ipv4Addr,
     pub ip6: Ipv6Addr,
     pub mac: [u8; 6],
@@ -316,7 +314,7 @@ fn icmp6_checksum(src: &[u8], dst: &[u8], body: &[u8]) -> u16 {
 
 /// Answers ARP requests and ICMP echo requests for `me.ip`, neighbour
 /// solicitations and ICMPv6 echo requests for `me.ip6`.
-pub fn respond(frame: &[u8], me: &Me, out: &mut Vec<u8>) -> Response {
+pub(crate) fn respond(frame: &[u8], me: &Me, out: &mut Vec<u8>) -> Response {
     if frame.len() < 14 {
         return Response::Sink;
     }
@@ -490,13 +488,13 @@ fn respond6(frame: &[u8], me: &Me, out: &mut Vec<u8>) -> Response {
     }
 }
 
-pub fn mac_to_u64(m: [u8; 6]) -> u64 {
+pub(crate) fn mac_to_u64(m: [u8; 6]) -> u64 {
     let mut b = [0u8; 8];
     b[2..].copy_from_slice(&m);
     u64::from_be_bytes(b)
 }
 
-pub fn mac_from_u64(v: u64) -> [u8; 6] {
+pub(crate) fn mac_from_u64(v: u64) -> [u8; 6] {
     let b = v.to_be_bytes();
     let mut m = [0u8; 6];
     m.copy_from_slice(&b[2..]);

@@ -17,16 +17,16 @@ use super::flows::{ETH_P_IP, ETH_P_IPV6};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Bytes of the stamp in the payload: magic, then the send time.
-pub const STAMP_LEN: usize = 16;
+pub(crate) const STAMP_LEN: usize = 16;
 /// What starts a stamped payload.
-pub const MAGIC: [u8; 8] = *b"vnic-rtt";
+pub(crate) const MAGIC: [u8; 8] = *b"vnic-rtt";
 
 #[cfg(test)]
 /// Writes the stamp into `frame` (an Ethernet frame with `hdr_len` bytes
 /// of headers built by `flows::build_udp` with a zero head of at least
 /// [`STAMP_LEN`] bytes) and folds it into the UDP checksum. `frame` must
 /// hold `hdr_len + STAMP_LEN` bytes (the flow set checked its size).
-pub fn stamp(frame: &mut [u8], hdr_len: usize, now: u64) {
+pub(crate) fn stamp(frame: &mut [u8], hdr_len: usize, now: u64) {
     let mut head = [0u8; STAMP_LEN];
     head[..8].copy_from_slice(&MAGIC);
     head[8..].copy_from_slice(&now.to_be_bytes());
@@ -41,7 +41,7 @@ pub fn stamp(frame: &mut [u8], hdr_len: usize, now: u64) {
 /// the generator's addresses whose payload starts with [`MAGIC`] (IPv4 of
 /// any header length, unfragmented; IPv6 with UDP right after the fixed
 /// header).
-pub fn echoed_stamp(frame: &[u8], ip: Ipv4Addr, ip6: Ipv6Addr) -> Option<u64> {
+pub(crate) fn echoed_stamp(frame: &[u8], ip: Ipv4Addr, ip6: Ipv6Addr) -> Option<u64> {
     let et = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
     let payload = if et == ETH_P_IP {
         let h = frame.get(14..34)?;

@@ -11,10 +11,8 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Arc;
 
-use super::Peer;
-use crate::handoff::Router;
+use super::{Peer, Sink};
 use crate::stats::{add, Stats};
-use crate::virtq::rx::RxBatch;
 use crate::virtq::NET_HDR_LEN;
 
 /// Most frames read from the tap per event.
@@ -37,7 +35,7 @@ struct IfReq {
 
 /// Opens `queues` queues of tap `name` (created if missing; needs
 /// CAP_NET_ADMIN, or a persistent tap owned by the user).
-pub fn open_tap(name: &str, queues: usize) -> io::Result<Vec<File>> {
+pub(crate) fn open_tap(name: &str, queues: usize) -> io::Result<Vec<File>> {
     if name.is_empty() || name.len() > 15 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -84,7 +82,7 @@ pub fn open_tap(name: &str, queues: usize) -> io::Result<Vec<File>> {
 }
 
 /// One worker's queue of the tap.
-pub struct TapPeer {
+pub(crate) struct TapPeer {
     queues: Arc<[File]>,
     id: usize,
     stats: Arc<Stats>,
@@ -93,7 +91,7 @@ pub struct TapPeer {
 
 impl TapPeer {
     /// Worker `id`'s queue of `queues` (one per pair, opened by [`open_tap`]).
-    pub fn new(queues: Arc<[File]>, id: usize, stats: Arc<Stats>) -> Self {
+    pub(crate) fn new(queues: Arc<[File]>, id: usize, stats: Arc<Stats>) -> Self {
         Self {
             queues,
             id,
@@ -108,7 +106,7 @@ impl Peer for TapPeer {
         self.queues.get(self.id).map(AsRawFd::as_raw_fd)
     }
 
-    fn guest_frame(&mut self, pkt: &mut [u8], _r: &mut Router, _rx: &mut RxBatch<'_>) {
+    fn guest_frame(&mut self, pkt: &mut [u8], _to_guest: &mut impl Sink) {
         let Some(mut tap) = self.queues.get(self.id) else {
             return;
         };
@@ -125,7 +123,7 @@ impl Peer for TapPeer {
         }
     }
 
-    fn frames_for_guest(&mut self, r: &mut Router, rx: &mut RxBatch<'_>, fd_event: bool) {
+    fn frames_for_guest(&mut self, r: &mut impl Sink, fd_event: bool) {
         if !fd_event {
             return;
         }
@@ -136,7 +134,7 @@ impl Peer for TapPeer {
             match tap.read(&mut self.buf) {
                 Ok(n) if n >= NET_HDR_LEN + 14 => {
                     add(&self.stats.peer.tap_rx, 1);
-                    r.route(rx, &mut self.buf[..n]);
+                    r.frame(&mut self.buf[..n]);
                 }
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

@@ -5,9 +5,11 @@
 //! (its avail index more than a ring ahead: [`RingStop`]) is stopped, with
 //! the reason in `ctl stats`, until the frontend re-initialises it.
 //!
-//! - [`rx`]: filling rx chains (one delivery algorithm over [`rx::RxAccess`],
-//!   with a batch ring view and a per-frame virtio-queue fallback) and the
-//!   used-buffer notification of a batch;
+//! - [`ring`]: the one path into a ring for both directions (a batch view
+//!   of the split ring), its avail-index check and its used-buffer
+//!   notification rule;
+//! - [`chain`]: the one descriptor-chain walker;
+//! - [`rx`]: filling rx chains;
 //! - [`tx`]: gathering tx chains;
 //! - [`watchdog`]: making up for notifications lost around a call-fd switch.
 
@@ -21,30 +23,31 @@ use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, Vring
 use virtio_queue::{Error as VirtQueError, QueueT};
 use vm_memory::{Address, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
-pub mod ring;
-pub mod rx;
-pub mod tx;
-pub mod watchdog;
+pub(crate) mod chain;
+pub(crate) mod ring;
+pub(crate) mod rx;
+pub(crate) mod tx;
+pub(crate) mod watchdog;
 
 /// Guest memory as the daemon and its workers share it.
-pub type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+pub(crate) type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 
 /// Size of `struct virtio_net_hdr_v1` (VERSION_1 always uses it, with or
 /// without MRG_RXBUF).
-pub const NET_HDR_LEN: usize = 12;
+pub(crate) const NET_HDR_LEN: usize = 12;
 
-pub use crate::stats::RingStop;
+pub(crate) use crate::stats::RingStop;
 
 /// A ring's stop as its worker keeps it: the frontend's restart count of
 /// the ring (see `Conn::ring_restarts`) when the device stopped it.
 #[derive(Default)]
-pub struct StopLatch(Option<u32>);
+pub(crate) struct StopLatch(Option<u32>);
 
 impl StopLatch {
     /// Whether the ring is still stopped. A ring the frontend restarted
     /// since (`restarts` moved) runs again: the latch and the queue's
     /// `*_stopped` state are cleared.
-    pub fn holds(&mut self, restarts: u32, now: &AtomicU64, pair: usize, dir: &str) -> bool {
+    pub(crate) fn holds(&mut self, restarts: u32, now: &AtomicU64, pair: usize, dir: &str) -> bool {
         match self.0 {
             Some(r) if r == restarts => true,
             Some(_) => {
@@ -58,13 +61,13 @@ impl StopLatch {
     }
 
     /// Whether the ring was stopped (without looking for a restart).
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.0.is_some()
     }
 
     /// Stops the ring for `why`: counted once in `stops`, the reason kept
     /// in `now`, one log line (rate-limited over all rings).
-    pub fn stop(
+    pub(crate) fn stop(
         &mut self,
         restarts: u32,
         why: RingStop,
@@ -91,19 +94,19 @@ impl StopLatch {
 static STOP_LOG: RateLimit = RateLimit::new();
 
 /// Lets one log line through per second; the others go to debug.
-pub struct RateLimit {
+pub(crate) struct RateLimit {
     last: AtomicU64,
 }
 
 impl RateLimit {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
             last: AtomicU64::new(0),
         }
     }
 
     /// Whether a line may be logged now (then no other for a second).
-    pub fn allow(&self) -> bool {
+    pub(crate) fn allow(&self) -> bool {
         let now = crate::clock::now_ns().max(1);
         let last = self.last.load(Ordering::Relaxed);
         (last == 0 || now.saturating_sub(last) >= 1_000_000_000)
@@ -122,7 +125,7 @@ impl Default for RateLimit {
 
 /// Guest address of a split ring's `used_event` field (the last entry of
 /// the avail ring, VIRTIO_F_EVENT_IDX): `None` if it overflows.
-pub fn used_event_addr<Q: QueueT>(q: &Q) -> Option<GuestAddress> {
+pub(crate) fn used_event_addr<Q: QueueT>(q: &Q) -> Option<GuestAddress> {
     GuestAddress(q.avail_ring()).checked_add(4 + 2 * u64::from(q.size()))
 }
 
@@ -149,14 +152,14 @@ pub fn used_event_addr<Q: QueueT>(q: &Q) -> Option<GuestAddress> {
 /// tells the frontend that the device stopped the ring (QEMU reports
 /// "vhost vring error in virtqueue N").
 #[derive(Clone)]
-pub struct Vring(
+pub(crate) struct Vring(
     VringRwLock<Mem>,
     std::sync::Arc<std::sync::Mutex<Option<File>>>,
 );
 
 impl Vring {
     /// Signals the ring's error eventfd, if the frontend gave one.
-    pub fn signal_err(&self) {
+    pub(crate) fn signal_err(&self) {
         let err = self
             .1
             .lock()

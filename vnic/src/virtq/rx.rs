@@ -1,35 +1,32 @@
 //! Filling rx chains (with `VIRTIO_NET_F_MRG_RXBUF`).
 //!
-//! One delivery algorithm, [`deliver`], over a small ring-access trait
-//! ([`RxAccess`]) with two implementations: [`RxRing`], a batch view of a
-//! split ring resolved to host memory once per batch (the fast path), and
-//! [`QueueAccess`], virtio-queue's per-frame calls for rings that do not sit
-//! in one piece of host memory. [`RxBatch`] is what a worker holds for one
-//! batch of deliveries: it picks the path, and at the end publishes the
-//! batch and decides on one used-buffer notification.
+//! One delivery algorithm, [`deliver`], over the one ring path,
+//! [`RxRing`]: a batch view of a split ring ([`RingView`], resolved once
+//! per batch). [`RxBatch`] is what a worker holds for one batch of
+//! deliveries: at the end it publishes the batch and decides on one
+//! used-buffer notification.
 
 use std::num::Wrapping;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 
 use vhost_user_backend::VringState;
-use virtio_queue::desc::split::Descriptor;
-use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap, Permissions,
-    VolatileSlice,
+    Address, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions, VolatileSlice,
 };
 
-use super::ring::RingView;
-use super::{used_event_addr, Mem, NET_HDR_LEN};
+use super::chain::Chain as Walk;
+use super::ring::{needs_notification, prefetch_write, RingView};
+use super::{Mem, RingStop, NET_HDR_LEN};
 
 /// Offset of `num_buffers` in the header.
 const NUM_BUFFERS_OFF: usize = 10;
 /// Most rx chains one frame may span.
-pub const MAX_BUFS_PER_FRAME: usize = 64;
+pub(crate) const MAX_BUFS_PER_FRAME: usize = 64;
 
 /// What became of a frame offered to an rx queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RxOutcome {
+pub(crate) enum RxOutcome {
     /// Written into `buffers` chains and published in the used ring.
     Delivered { buffers: u16 },
     /// The ring ran out of buffers: nothing was published (chains put back).
@@ -41,33 +38,7 @@ pub enum RxOutcome {
 /// A chain that cannot be used: a descriptor outside guest memory or
 /// read-only, a broken link or loop, a bad indirect table, no room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BadChain;
-
-/// What [`deliver`] needs of an rx ring.
-pub trait RxAccess {
-    /// A chain taken from the ring, to be filled.
-    type Chain;
-    /// Takes the next available chain: its head index and the chain;
-    /// `None` when the ring holds no more.
-    fn pop(&mut self) -> Option<(u16, Self::Chain)>;
-    /// Puts back the last `n` chains taken.
-    fn unpop(&mut self, n: usize);
-    /// Writes `src[*off..]` into `chain` from the chain's start, advancing
-    /// `*off`, and validates the whole chain even when the frame ends
-    /// early. `nb`: guest addresses of the two `num_buffers` bytes,
-    /// recorded where they are written.
-    fn fill(
-        &mut self,
-        chain: Self::Chain,
-        src: &[u8],
-        off: &mut usize,
-        nb: &mut [Option<GuestAddress>; 2],
-    ) -> Result<(), BadChain>;
-    /// Adds a used-ring entry (published per the implementation's rules).
-    fn add_used(&mut self, head: u16, len: u32);
-    /// Writes `bytes` at guest address `at`.
-    fn write(&mut self, bytes: &[u8], at: GuestAddress);
-}
+pub(crate) struct BadChain;
 
 /// Writes `pkt` (12-byte virtio-net header space followed by the frame)
 /// into rx chains of `r`. The header is written as all zero except
@@ -76,7 +47,7 @@ pub trait RxAccess {
 /// entries are added but the guest is not notified: the caller decides on
 /// one notification per batch ([`needs_notification`]).
 #[inline]
-pub fn deliver<R: RxAccess>(r: &mut R, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
+pub(crate) fn deliver(r: &mut RxRing<'_>, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
     debug_assert!(pkt.len() >= NET_HDR_LEN);
     pkt[..NET_HDR_LEN].fill(0);
     // num_buffers = 1 is the common case, patched later when more are used.
@@ -93,12 +64,12 @@ pub fn deliver<R: RxAccess>(r: &mut R, pkt: &mut [u8], mrg: bool, bad: &mut u64)
             r.unpop(nused);
             return RxOutcome::TooBig;
         }
-        let Some((head, chain)) = r.pop() else {
+        let Some(head) = r.pop() else {
             r.unpop(nused);
             return RxOutcome::NoBuffers;
         };
         let start = off;
-        let res = r.fill(chain, pkt, &mut off, &mut nb_addr);
+        let res = r.fill(head, pkt, &mut off, &mut nb_addr);
         // The first chain must at least hold the whole header; every
         // chain must take some of the frame.
         let ok = res.is_ok() && off != start && !(nused == 0 && off < NET_HDR_LEN.min(total));
@@ -164,92 +135,8 @@ impl Used {
     }
 }
 
-/// virtio-queue's per-frame path: every call goes through the queue and a
-/// guest-memory lookup (the fallback when [`RxRing::open`] cannot resolve
-/// the rings). Used entries are added with `Queue::add_used`.
-pub struct QueueAccess<'a, M: GuestMemory> {
-    pub queue: &'a mut Queue,
-    pub mem: &'a M,
-}
-
-impl<'a, M: GuestMemory> RxAccess for QueueAccess<'a, M> {
-    type Chain = DescriptorChain<&'a M>;
-
-    fn pop(&mut self) -> Option<(u16, Self::Chain)> {
-        let chain = self.queue.pop_descriptor_chain(self.mem)?;
-        Some((chain.head_index(), chain))
-    }
-
-    fn unpop(&mut self, n: usize) {
-        for _ in 0..n {
-            self.queue.go_to_previous_position();
-        }
-    }
-
-    fn fill(
-        &mut self,
-        chain: Self::Chain,
-        src: &[u8],
-        off: &mut usize,
-        nb: &mut [Option<GuestAddress>; 2],
-    ) -> Result<(), BadChain> {
-        let total = src.len();
-        let qsize = usize::from(self.queue.size());
-        let mut ndesc = 0usize;
-        let mut last_next = false;
-        // Walk the whole chain even once the frame is written: a chain that
-        // is broken further on (loop, next out of range, bad indirect
-        // table, descriptor outside memory) is rejected as a whole.
-        for desc in chain {
-            ndesc += 1;
-            last_next = desc.has_next();
-            let len = desc.len() as usize;
-            if !desc.is_write_only() {
-                return Err(BadChain);
-            }
-            // One walk over the descriptor's memory validates all of it and
-            // writes the part of the frame that goes there.
-            let mut doff = 0usize;
-            let slices = self
-                .mem
-                .get_slices(desc.addr(), len, Permissions::Write)
-                .map_err(|_| BadChain)?;
-            for slice in slices {
-                let slice = slice.map_err(|_| BadChain)?;
-                let n = slice.len().min(total - *off);
-                if n > 0 {
-                    slice.copy_from(&src[*off..*off + n]);
-                    for (i, slot) in nb.iter_mut().enumerate() {
-                        let b = NUM_BUFFERS_OFF + i;
-                        if slot.is_none() && b >= *off && b < *off + n {
-                            *slot = desc.addr().checked_add((doff + b - *off) as u64);
-                        }
-                    }
-                    *off += n;
-                }
-                doff += slice.len();
-            }
-        }
-        // The iterator ends silently on a broken link: a last descriptor
-        // that still says NEXT means the chain was cut short. Longer than
-        // the ring (possible through an indirect table): invalid.
-        if ndesc == 0 || last_next || ndesc > qsize {
-            return Err(BadChain);
-        }
-        Ok(())
-    }
-
-    fn add_used(&mut self, head: u16, len: u32) {
-        let _ = self.queue.add_used(self.mem, head, len);
-    }
-
-    fn write(&mut self, bytes: &[u8], at: GuestAddress) {
-        let _ = self.mem.write_slice(bytes, at);
-    }
-}
-
-/// Host view of one split rx virtqueue for one batch of frames
-/// ([`RingView`]: rings resolved to host memory once per batch, the avail
+/// The one path into an rx ring: a view of the split ring for one batch
+/// of frames ([`RingView`]: rings resolved once per batch, the avail
 /// index read once per batch, used entries written as frames are delivered
 /// and the used index published every [`super::ring::PUBLISH_EVERY`]
 /// entries and at [`RxRing::finish`]). Per frame this costs no
@@ -259,34 +146,39 @@ impl<'a, M: GuestMemory> RxAccess for QueueAccess<'a, M> {
 ///
 /// The caller holds the vring's lock from [`RxRing::open`] to
 /// [`RxRing::finish`] and decides on notifications with
-/// [`needs_notification`] (see [`RingView`]).
-///
-/// Frames go in through [`deliver`], as on the per-frame path.
-pub struct RxRing<'a> {
+/// [`needs_notification`] (see [`RingView`]). Frames go in through
+/// [`deliver`].
+pub(crate) struct RxRing<'a> {
     r: RingView<'a>,
     stage: Stage<'a>,
 }
+
+/// Whether the frame's first buffer `buf` already holds the virtio-net
+/// header `src` starts with, in cache lines of its own: the frame's data
+/// then starts at a line boundary (a driver that puts the header in the
+/// headroom before its packet data, as DPDK's virtio PMD does). Then the
+/// header is not written again (as DPDK's vhost library does with
+/// `ASSIGN_UNLESS_EQUAL`): its line is read, never taken from the driver's
+/// CPU for writing. When the header shares a line with the data, the line
+/// is written anyway and the header goes with it, unread.
+#[inline]
+fn header_holds(buf: VolatileSlice<'_, ()>, src: &[u8]) -> bool {
+    let data = buf.ptr_guard().as_ptr() as usize + NET_HDR_LEN;
+    if !data.is_multiple_of(64) {
+        return false;
+    }
+    let mut held = [0u8; NET_HDR_LEN];
+    buf.copy_to(&mut held[..]) == NET_HDR_LEN && held[..] == src[..NET_HDR_LEN]
+}
+
+/// The descriptor of the chain this many entries ahead is asked for as a
+/// chain is taken (see [`RingView::prefetch_desc_ahead`]).
+const DESC_AHEAD: u16 = 4;
 
 /// Pieces of at most this many bytes are staged (see [`Stage`]).
 const STAGE_PIECE: usize = 128;
 /// Staged pieces at most.
 const STAGE_SLOTS: usize = 32;
-
-/// Asks for the cache line at `p` in a writable state (PREFETCHW), so that
-/// the store that comes later finds it: the line's transfer from the
-/// driver's CPU overlaps the work before that store.
-#[inline]
-fn prefetch_write(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch only hints the cache: it reads and writes no
-    // memory, never faults (not even on an unmapped address) and changes
-    // no register or flag.
-    unsafe {
-        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 /// Small frame pieces waiting to be copied into guest memory together.
 ///
@@ -344,18 +236,28 @@ impl<'a> Stage<'a> {
 }
 
 impl<'a> RxRing<'a> {
-    /// Resolves the rings of `q`; `None` when [`RingView::open`] cannot:
-    /// the caller then uses [`QueueAccess`].
-    pub fn open(q: &Queue, mem: &'a GuestMemoryMmap) -> Option<Self> {
-        RingView::open(q, mem).map(|r| Self {
+    /// Resolves the rings of `q`; `None` when the queue is not ready
+    /// (see [`RingView::open`]).
+    pub(crate) fn open(q: &Queue, mem: &'a GuestMemoryMmap) -> Option<Self> {
+        RingView::open(q, mem).map(Self::on)
+    }
+
+    /// As [`RxRing::open`], every ring area reached by guest address.
+    #[cfg(test)]
+    fn open_by_address(q: &Queue, mem: &'a GuestMemoryMmap) -> Option<Self> {
+        RingView::open_by_address(q, mem).map(Self::on)
+    }
+
+    fn on(r: RingView<'a>) -> Self {
+        Self {
             r,
             stage: Stage::new(),
-        })
+        }
     }
 
     /// Copies the staged pieces, publishes the used index and hands the
     /// ring positions back to `q`. Returns the used index.
-    pub fn finish(mut self, q: &mut Queue) -> u16 {
+    pub(crate) fn finish(mut self, q: &mut Queue) -> u16 {
         self.stage.flush();
         self.r.finish(q)
     }
@@ -364,7 +266,10 @@ impl<'a> RxRing<'a> {
     #[inline]
     fn pop_head(&mut self) -> Option<u16> {
         match self.r.pop_head() {
-            Ok(h) => h,
+            Ok(h) => {
+                self.r.prefetch_desc_ahead(DESC_AHEAD);
+                h
+            }
             Err(e) => {
                 let (idx, next) = self.r.positions();
                 log::debug!("rx ring: {e} (avail idx {idx}, device at {next})");
@@ -382,46 +287,9 @@ impl<'a> RxRing<'a> {
         nb: &mut [Option<GuestAddress>; 2],
     ) -> Result<(), BadChain> {
         let total = src.len();
-        let mut table = self.r.desc;
-        let mut table_len = self.r.size;
-        let mut indirect = false;
-        let mut idx = head;
-        let mut ttl = table_len;
-        let mut ndesc = 0usize;
+        let mut chain = Walk::in_ring(self.r.mem, self.r.desc, self.r.size, head);
         let mut bytes = 0u32;
-        // An indirect table outside one region is copied here.
-        let mut copied: Vec<u8> = Vec::new();
-        loop {
-            if idx >= table_len {
-                return Err(BadChain);
-            }
-            let d: Descriptor = table
-                .read_obj(16 * usize::from(idx))
-                .map_err(|_| BadChain)?;
-            if d.refers_to_indirect_table() {
-                // One level only; a table of whole descriptors.
-                if indirect || !d.len().is_multiple_of(16) || d.len() == 0 || d.len() / 16 > 0xFFFF
-                {
-                    return Err(BadChain);
-                }
-                let len = d.len() as usize;
-                table = if let Ok(t) = self.r.mem.get_slice(d.addr(), len) {
-                    t
-                } else {
-                    copied.resize(len, 0);
-                    self.r
-                        .mem
-                        .read_slice(&mut copied, d.addr())
-                        .map_err(|_| BadChain)?;
-                    VolatileSlice::from(copied.as_mut_slice())
-                };
-                table_len = (len / 16) as u16;
-                ttl = table_len;
-                indirect = true;
-                idx = 0;
-                continue;
-            }
-            ndesc += 1;
+        while let Some(d) = chain.next_buffer().map_err(|_| BadChain)? {
             if !d.is_write_only() {
                 return Err(BadChain);
             }
@@ -429,11 +297,20 @@ impl<'a> RxRing<'a> {
             let len = d.len() as usize;
             let n = len.min(total - *off);
             if let Some(buf) = self.r.buffer(d.addr(), len) {
-                if n > 0 && n <= STAGE_PIECE {
-                    self.stage.push(buf, &src[*off..*off + n]);
-                } else if n > 0 {
+                let (buf, piece) = if *off == 0 && n > NET_HDR_LEN && header_holds(buf, src) {
+                    // The header's line stays the driver's (see header_holds).
+                    match buf.offset(NET_HDR_LEN) {
+                        Ok(rest) => (rest, &src[NET_HDR_LEN..n]),
+                        Err(_) => (buf, &src[..n]),
+                    }
+                } else {
+                    (buf, &src[*off..*off + n])
+                };
+                if !piece.is_empty() && piece.len() <= STAGE_PIECE {
+                    self.stage.push(buf, piece);
+                } else if !piece.is_empty() {
                     self.stage.flush();
-                    buf.copy_from(&src[*off..*off + n]);
+                    buf.copy_from(piece);
                 }
             } else {
                 self.stage.flush();
@@ -463,36 +340,29 @@ impl<'a> RxRing<'a> {
                 }
                 *off += n;
             }
-            if !d.has_next() {
-                break;
-            }
-            ttl -= 1;
-            if ttl == 0 {
-                // A loop, or a chain longer than its table.
-                return Err(BadChain);
-            }
-            idx = d.next();
-        }
-        if ndesc > usize::from(self.r.size) {
-            return Err(BadChain);
         }
         Ok(())
     }
 }
 
-impl RxAccess for RxRing<'_> {
-    type Chain = u16;
-
+impl RxRing<'_> {
+    /// Takes the next available chain (its head); `None` when the ring
+    /// holds no more.
     #[inline]
-    fn pop(&mut self) -> Option<(u16, u16)> {
-        self.pop_head().map(|h| (h, h))
+    fn pop(&mut self) -> Option<u16> {
+        self.pop_head()
     }
 
+    /// Puts back the last `n` chains taken.
     #[inline]
     fn unpop(&mut self, n: usize) {
         self.r.unpop(n);
     }
 
+    /// Writes `src[*off..]` into the chain at `head` from its start,
+    /// advancing `*off`, and validates the whole chain even when the frame
+    /// ends early. `nb`: guest addresses of the two `num_buffers` bytes,
+    /// recorded where they are written.
     #[inline]
     fn fill(
         &mut self,
@@ -504,6 +374,8 @@ impl RxAccess for RxRing<'_> {
         self.fill_chain(head, src, off, nb)
     }
 
+    /// Adds a used-ring entry (published every
+    /// [`super::ring::PUBLISH_EVERY`] and at [`RxRing::finish`]).
     #[inline]
     fn add_used(&mut self, head: u16, len: u32) {
         if self.r.publishes_next() {
@@ -512,6 +384,7 @@ impl RxAccess for RxRing<'_> {
         self.r.push_used(head, len);
     }
 
+    /// Writes `bytes` at guest address `at`.
     #[inline]
     fn write(&mut self, bytes: &[u8], at: GuestAddress) {
         self.stage.flush();
@@ -519,78 +392,96 @@ impl RxAccess for RxRing<'_> {
     }
 }
 
-/// Whether the driver wants a used-buffer notification after the used
-/// index moved from `old` to the queue's `next_used` (VIRTIO_F_EVENT_IDX:
-/// `used_event` lies in that window; without it: always, as virtio-queue
-/// does). Use this after [`RxRing`] batches, which leave the queue's
-/// `num_added` alone.
-pub fn needs_notification<M: GuestMemory>(q: &Queue, mem: &M, old: u16) -> bool {
-    // The used index and elements are written before used_event is read.
-    fence(Ordering::SeqCst);
-    if !q.event_idx_enabled() {
-        return true;
-    }
-    let new = Wrapping(q.next_used());
-    let Some(addr) = used_event_addr(q) else {
-        return true;
-    };
-    let Ok(ev) = mem.load::<u16>(addr, Ordering::Relaxed) else {
-        return true;
-    };
-    let ev = Wrapping(u16::from_le(ev));
-    (new - ev - Wrapping(1)) < (new - Wrapping(old))
+/// The driver's kicks on a worker's rx ring, across batches. The device
+/// needs no kick to use rx buffers while it is at work (it takes them as
+/// frames come), so kicks are off (`VRING_USED_F_NO_NOTIFY`; with
+/// EVENT_IDX, `avail_event` is left behind) from the first batch on, and
+/// turned on only when the ring runs out of buffers, with the usual
+/// re-check of the avail index after turning them on
+/// ([`RxBatch::finish`]); the next batch turns them off again. A polling
+/// driver otherwise writes the kick eventfd after every refill.
+#[derive(Default)]
+pub(crate) struct RxKicks {
+    /// Kicks were turned off under this restart count of the ring (a
+    /// restarted ring starts with them on).
+    off: Option<u32>,
+    /// Avail index at the last retry after kicks were turned on again.
+    retry_avail: Option<Wrapping<u16>>,
 }
 
 /// A worker's rx queue during one batch of deliveries (taken with the
-/// vring's lock held for the whole batch): the fast ring view when the
-/// rings resolve to host memory, the per-frame virtio-queue path otherwise.
-pub struct RxBatch<'m> {
+/// vring's lock held for the whole batch): the ring view while the queue
+/// is enabled, started and not stopped by the device.
+pub(crate) struct RxBatch<'m> {
     vring: &'m mut VringState<Mem>,
     mem: &'m GuestMemoryMmap,
+    /// The ring view; `None` when the queue is not enabled, not started or
+    /// stopped by the device (set at open, taken by [`RxBatch::check_avail`]
+    /// when the driver broke the ring).
     ring: Option<RxRing<'m>>,
-    /// The queue is enabled and started (cannot change while the lock is held).
-    ready: bool,
     /// Used index when the batch started: the notification window.
     start_used: u16,
 }
 
 impl<'m> RxBatch<'m> {
     /// Opens a batch; `stopped`: the device stopped this ring (frames for
-    /// it are dropped as for a disabled queue).
-    pub fn open(vring: &'m mut VringState<Mem>, mem: &'m GuestMemoryMmap, stopped: bool) -> Self {
-        let ready = !stopped && vring.is_enabled() && vring.get_queue().ready();
+    /// it are dropped as for a disabled queue); `restarts`: the frontend's
+    /// restart count of the ring (see [`RxKicks`]).
+    pub(crate) fn open(
+        vring: &'m mut VringState<Mem>,
+        mem: &'m GuestMemoryMmap,
+        stopped: bool,
+        kicks: &mut RxKicks,
+        restarts: u32,
+    ) -> Self {
+        let on = !stopped && vring.is_enabled();
         let q = vring.get_queue();
         let start_used = q.next_used();
-        let ring = if ready { RxRing::open(q, mem) } else { None };
+        let ring = if on { RxRing::open(q, mem) } else { None };
+        if ring.is_some() && kicks.off != Some(restarts) {
+            match vring.disable_notification() {
+                Ok(()) => kicks.off = Some(restarts),
+                Err(e) => log::debug!("rx disable_notification: {e}"),
+            }
+        }
         Self {
             vring,
             mem,
             ring,
-            ready,
             start_used,
         }
     }
 
     /// Whether the queue is enabled and started.
     #[inline]
-    pub fn ready(&self) -> bool {
-        self.ready
+    pub(crate) fn ready(&self) -> bool {
+        self.ring.is_some()
     }
 
-    /// Delivers `pkt` (header space + frame) on this queue (see [`deliver`]).
+    /// Reads the driver's avail index ([`RingView::refresh_avail`]):
+    /// whether buffers wait past the device's position. `Err`: the ring
+    /// must be stopped, and this batch delivers nothing on it (it reads as
+    /// not [`RxBatch::ready`]).
+    pub(crate) fn check_avail(&mut self) -> Result<bool, RingStop> {
+        let Some(r) = &mut self.ring else {
+            return Ok(false);
+        };
+        r.r.refresh_avail().inspect_err(|_| {
+            if let Some(r) = self.ring.take() {
+                // Nothing was popped: the positions stay as they were.
+                r.finish(self.vring.get_queue_mut());
+            }
+        })
+    }
+
+    /// Delivers `pkt` (header space + frame) on this queue (see
+    /// [`deliver`]); the caller has checked [`RxBatch::ready`] (a queue
+    /// that is not reads as having no buffers).
     #[inline]
-    pub fn deliver(&mut self, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
+    pub(crate) fn deliver(&mut self, pkt: &mut [u8], mrg: bool, bad: &mut u64) -> RxOutcome {
         match &mut self.ring {
             Some(r) => deliver(r, pkt, mrg, bad),
-            None => deliver(
-                &mut QueueAccess {
-                    queue: self.vring.get_queue_mut(),
-                    mem: self.mem,
-                },
-                pkt,
-                mrg,
-                bad,
-            ),
+            None => RxOutcome::NoBuffers,
         }
     }
 
@@ -599,16 +490,17 @@ impl<'m> RxBatch<'m> {
     /// ran out of buffers (`nobufs`) asks the driver for a kick. Returns
     /// true when the worker must come back at once: with EVENT_IDX, buffers
     /// the driver added before it saw the new `avail_event` raise no kick.
-    /// `retry_avail` keeps that to once per avail index (a ring holding too
+    /// [`RxKicks`] keeps that to once per avail index (a ring holding too
     /// few buffers for the frame also reads as "more arrived", and must not
     /// spin).
-    pub fn finish(
+    pub(crate) fn finish(
         mut self,
         pair: usize,
         added: bool,
         nobufs: bool,
-        retry_avail: &mut Option<Wrapping<u16>>,
+        kicks: &mut RxKicks,
     ) -> bool {
+        let ready = self.ring.is_some();
         if let Some(r) = self.ring.take() {
             r.finish(self.vring.get_queue_mut());
         }
@@ -626,15 +518,19 @@ impl<'m> RxBatch<'m> {
                 }
             }
         }
-        if !(nobufs && self.ready) {
+        if !(nobufs && ready) {
             return false;
         }
-        match rx.enable_notification() {
+        let on = rx.enable_notification();
+        if on.is_ok() {
+            kicks.off = None;
+        }
+        match on {
             Ok(false) => false,
             Ok(true) => {
                 let avail = rx.get_queue().avail_idx(self.mem, Ordering::Acquire).ok();
-                if avail.is_some() && avail != *retry_avail {
-                    *retry_avail = avail;
+                if avail.is_some() && avail != kicks.retry_avail {
+                    kicks.retry_avail = avail;
                     return true;
                 }
                 false
@@ -685,8 +581,9 @@ mod tests {
 
     type DeliverFn = fn(&mut Queue, &GuestMemoryMmap, &mut [u8], bool, &mut u64) -> RxOutcome;
 
-    /// One frame through the fast path: a batch of one.
-    fn fast(
+    /// One frame through the ring view, its areas in host memory: a batch
+    /// of one.
+    fn host(
         q: &mut Queue,
         m: &GuestMemoryMmap,
         pkt: &mut [u8],
@@ -699,19 +596,23 @@ mod tests {
         out
     }
 
-    /// One frame through the per-frame virtio-queue path.
-    fn per_frame(
+    /// One frame through the ring view, its areas reached by guest address
+    /// (a ring a guest placed across regions): a batch of one.
+    fn by_address(
         q: &mut Queue,
         m: &GuestMemoryMmap,
         pkt: &mut [u8],
         mrg: bool,
         bad: &mut u64,
     ) -> RxOutcome {
-        deliver(&mut QueueAccess { queue: q, mem: m }, pkt, mrg, bad)
+        let mut r = RxRing::open_by_address(q, m).expect("ready");
+        let out = deliver(&mut r, pkt, mrg, bad);
+        r.finish(q);
+        out
     }
 
-    /// Both ring accesses under the one algorithm.
-    const PATHS: [(&str, DeliverFn); 2] = [("QueueAccess", per_frame), ("RxRing", fast)];
+    /// Both ways of reaching the ring's areas under the one path.
+    const PATHS: [(&str, DeliverFn); 2] = [("by address", by_address), ("host", host)];
 
     fn used_idx(m: &GuestMemoryMmap, mq: &MockSplitQueue<'_, GuestMemoryMmap>) -> u16 {
         m.read_obj::<u16>(mq.used_addr().checked_add(2).unwrap())
@@ -784,6 +685,73 @@ mod tests {
         let mut b = [0u8; 4];
         m.read_slice(&mut b, GuestAddress(BUF + 0x1000)).unwrap();
         assert_eq!(b, [pkt[512], pkt[513], pkt[514], pkt[515]]);
+    }
+
+    /// A driver whose buffers put the header in a line of its own (the
+    /// data at a line boundary): a header that differs is written, one
+    /// that is already there is left as it is, and a frame over several
+    /// buffers still gets its `num_buffers`; the data is right in all.
+    #[test]
+    fn a_header_already_in_place_is_left_alone() {
+        for (path, deliver) in PATHS {
+            let m = mem();
+            let mq = MockSplitQueue::new(&m, 16);
+            let w = VRING_DESC_F_WRITE as u16;
+            // Buffers at BUF + k * 0x1000 + 52: data from + 64 on.
+            let descs: Vec<RawDescriptor> = (0..4u64)
+                .map(|k| {
+                    RawDescriptor::from(SplitDescriptor::new(BUF + k * 0x1000 + 52, 512, w, 0))
+                })
+                .collect();
+            mq.build_multiple_desc_chains(&descs).unwrap();
+            let mut q: Queue = mq.create_queue().unwrap();
+            let mut bad = 0;
+            let hdr_at = |k: u64| GuestAddress(BUF + k * 0x1000 + 52);
+            let read = |a: GuestAddress, n: usize| {
+                let mut v = vec![0u8; n];
+                m.read_slice(&mut v, a).unwrap();
+                v
+            };
+            // 1: garbage where the header goes: written.
+            m.write_slice(&[0xee; 12], hdr_at(0)).unwrap();
+            let mut pkt = vec![7u8; NET_HDR_LEN + 100];
+            assert_eq!(
+                deliver(&mut q, &m, &mut pkt, true, &mut bad),
+                RxOutcome::Delivered { buffers: 1 },
+                "{path}"
+            );
+            let mut want_hdr = [0u8; 12];
+            want_hdr[10] = 1;
+            assert_eq!(read(hdr_at(0), 12), want_hdr, "{path}: header written");
+            assert_eq!(read(hdr_at(0).unchecked_add(12), 100), vec![7u8; 100]);
+            // 2: the header already there: the frame's data lands.
+            m.write_slice(&want_hdr, hdr_at(1)).unwrap();
+            let mut pkt = vec![8u8; NET_HDR_LEN + 100];
+            deliver(&mut q, &m, &mut pkt, true, &mut bad);
+            assert_eq!(read(hdr_at(1), 12), want_hdr, "{path}");
+            assert_eq!(
+                read(hdr_at(1).unchecked_add(12), 100),
+                vec![8u8; 100],
+                "{path}"
+            );
+            // 3: in place, but the frame takes two buffers: num_buffers 2.
+            m.write_slice(&want_hdr, hdr_at(2)).unwrap();
+            let mut pkt = vec![9u8; NET_HDR_LEN + 700];
+            assert_eq!(
+                deliver(&mut q, &m, &mut pkt, true, &mut bad),
+                RxOutcome::Delivered { buffers: 2 },
+                "{path}"
+            );
+            let h = read(hdr_at(2), 12);
+            assert_eq!(u16::from_le_bytes([h[10], h[11]]), 2, "{path}: num_buffers");
+            assert_eq!(
+                read(hdr_at(2).unchecked_add(12), 500),
+                vec![9u8; 500],
+                "{path}"
+            );
+            assert_eq!(read(hdr_at(3), 200), vec![9u8; 200], "{path}");
+            assert_eq!(bad, 0);
+        }
     }
 
     #[test]
@@ -1194,7 +1162,7 @@ mod tests {
     }
 
     #[test]
-    fn indirect_chains_through_both_paths() {
+    fn indirect_chains_both_ways() {
         for (path, deliver) in PATHS {
             let m = mem();
             let mq = MockSplitQueue::new(&m, 16);
@@ -1244,6 +1212,40 @@ mod tests {
         }
     }
 
+    /// A ring a guest placed across two memory regions (its descriptor
+    /// table starts 128 bytes before the boundary): the ring view reaches
+    /// that area by guest address, the rest in host memory, and frames go
+    /// through as in one region, on rx and tx.
+    #[test]
+    fn a_ring_across_two_regions_carries_frames() {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 0x1_0000),
+            (GuestAddress(0x1_0000), 0x40_0000 - 0x1_0000),
+        ])
+        .unwrap();
+        let mq = MockSplitQueue::create(&m, GuestAddress(0x1_0000 - 0x80), 16);
+        post(&mq, 4, 2048);
+        let mut q: Queue = mq.create_queue().unwrap();
+        let r = RxRing::open(&q, &m).expect("ready");
+        assert!(matches!(r.r.desc, super::super::ring::Area::Guest(_)));
+        r.finish(&mut q);
+        let mut bad = 0;
+        for i in 0..3u8 {
+            let mut pkt = vec![i; NET_HDR_LEN + 100];
+            assert_eq!(
+                host(&mut q, &m, &mut pkt, true, &mut bad),
+                RxOutcome::Delivered { buffers: 1 }
+            );
+            let mut got = [0u8; 100];
+            m.read_slice(&mut got, GuestAddress(BUF + u64::from(i) * 0x1000 + 12))
+                .unwrap();
+            assert_eq!(got, [i; 100]);
+        }
+        assert_eq!(bad, 0);
+        assert_eq!(used_idx(&m, &mq), 3);
+        assert_eq!(used(&m, &mq, 2), (2, 112));
+    }
+
     #[test]
     fn notification_window_follows_used_event() {
         let m = mem();
@@ -1273,5 +1275,63 @@ mod tests {
         // Nothing added: never.
         m.write_obj(4u16, used_event).unwrap();
         assert!(!needs_notification(&q, &m, 5));
+    }
+
+    /// Without EVENT_IDX, the driver's `VRING_AVAIL_F_NO_INTERRUPT` says
+    /// no; with EVENT_IDX the flag is not looked at (`used_event` rules).
+    #[test]
+    fn no_interrupt_flag_is_honoured_without_event_idx() {
+        let m = mem();
+        let mq = MockSplitQueue::new(&m, 16);
+        let mut q: Queue = mq.create_queue().unwrap();
+        q.set_next_used(1);
+        m.write_obj(1u16, mq.avail_addr()).unwrap();
+        assert!(!needs_notification(&q, &m, 0));
+        m.write_obj(0u16, mq.avail_addr()).unwrap();
+        assert!(needs_notification(&q, &m, 0));
+        q.set_event_idx(true);
+        m.write_obj(1u16, mq.avail_addr()).unwrap();
+        let used_event = mq.avail_addr().checked_add(4 + 2 * 16).unwrap();
+        m.write_obj(0u16, used_event).unwrap();
+        assert!(needs_notification(&q, &m, 0));
+    }
+
+    /// The driver's rx kicks are off from the first batch (NO_NOTIFY in the
+    /// used ring's flags), on again when the ring runs out of buffers, off
+    /// again at the next batch; a restarted ring gets them turned off anew.
+    #[test]
+    fn rx_kicks_are_off_while_working_and_on_when_starved() {
+        use vhost_user_backend::{VringRwLock, VringT};
+        let m = mem();
+        let mq = MockSplitQueue::new(&m, 16);
+        let mem = Mem::new(m.clone());
+        let vring = VringRwLock::new(mem, 16).unwrap();
+        vring.set_queue_size(16);
+        vring
+            .set_queue_info(mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0)
+            .unwrap();
+        vring.set_queue_ready(true);
+        vring.set_enabled(true);
+        let flags = |m: &GuestMemoryMmap| m.read_obj::<u16>(mq.used_addr()).unwrap();
+        let mut kicks = RxKicks::default();
+        let mut st = vring.get_mut();
+        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
+        assert_eq!(flags(&m), 1, "off at the first batch");
+        assert!(!b.finish(0, false, false, &mut kicks));
+        assert_eq!(flags(&m), 1, "still off after a batch with buffers");
+        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
+        b.finish(0, false, true, &mut kicks);
+        assert_eq!(flags(&m), 0, "on when the ring ran out of buffers");
+        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
+        assert_eq!(flags(&m), 1, "off again at the next batch");
+        b.finish(0, false, false, &mut kicks);
+        // The frontend set the ring up again (flags back to 0).
+        m.write_obj(0u16, mq.used_addr()).unwrap();
+        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
+        assert_eq!(flags(&m), 0, "same restart count: the latch holds");
+        b.finish(0, false, false, &mut kicks);
+        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 1);
+        assert_eq!(flags(&m), 1, "a restarted ring: off anew");
+        b.finish(0, false, false, &mut kicks);
     }
 }

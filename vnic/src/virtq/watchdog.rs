@@ -11,7 +11,7 @@ use vm_memory::{Bytes, GuestMemoryMmap};
 use super::{used_event_addr, Vring};
 
 /// Per pair, the last look at its (rx, tx) rings.
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     watch: Mutex<Vec<[Snap; 2]>>,
     /// What the last look saw, for `ctl stats` (copied at the end of each
     /// look, so a reader never waits for a look in progress).
@@ -22,7 +22,7 @@ pub struct Watchdog {
 
 /// The rings as the last look saw them.
 #[derive(Clone, Default)]
-pub struct Seen {
+pub(crate) struct Seen {
     /// When the look ended (`clock::now_ns`); 0: no look yet.
     pub at_ns: u64,
     /// Per pair, (rx, tx); `None`: the pair's worker has not registered
@@ -32,7 +32,7 @@ pub struct Seen {
 
 /// One ring at one look: the device's and the driver's positions.
 #[derive(Clone, Copy, Default, Debug)]
-pub struct RingView {
+pub(crate) struct RingView {
     pub enabled: bool,
     pub ready: bool,
     pub event_idx: bool,
@@ -49,7 +49,7 @@ pub struct RingView {
 }
 
 impl Watchdog {
-    pub fn new(pairs: usize) -> Self {
+    pub(crate) fn new(pairs: usize) -> Self {
         Self {
             watch: Mutex::new(vec![[Snap::default(); 2]; pairs]),
             seen: Mutex::new(Seen::default()),
@@ -58,7 +58,7 @@ impl Watchdog {
     }
 
     /// The rings as the last look saw them.
-    pub fn seen(&self) -> Seen {
+    pub(crate) fn seen(&self) -> Seen {
         self.seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -76,7 +76,12 @@ impl Watchdog {
     /// per stalled state: an idle driver is not interrupted again and again.
     /// `vr`: each pair's registered (rx, tx) rings; `poll_tx(pair)` asks
     /// that pair's worker to poll its tx ring.
-    pub fn check(&self, mem: &GuestMemoryMmap, vr: &[Option<Vec<Vring>>], poll_tx: impl Fn(usize)) {
+    pub(crate) fn check(
+        &self,
+        mem: &GuestMemoryMmap,
+        vr: &[Option<Vec<Vring>>],
+        poll_tx: impl Fn(usize),
+    ) {
         let mut watch = self
             .watch
             .lock()
