@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Parser};
 use serde_json::{json, Value};
-use vnic_frontend::harness::{counter, Ctl};
+use vnic_ctl_proto::{Client, FlowSpec, QueueStats, Stats};
+use vnic_frontend::harness::ctl as connect_ctl;
 
 const ABOUT: &str = "\
 vnic-bench-dpdk: vnic against DPDK's vhost PMD, with testpmd's net_virtio_user
@@ -211,6 +212,10 @@ enum Filters {
     Match,
     /// 65535, none for the generated flows.
     Miss,
+    /// `vnic serve --steer none`: no parse, no lookup, every frame to its
+    /// worker's own queue: the same work as DPDK's vhost backend, which
+    /// does not steer (the data paths compared alone).
+    SteerOff,
 }
 
 impl Filters {
@@ -219,6 +224,7 @@ impl Filters {
             Filters::None => "0",
             Filters::Match => "65535, 64 hit",
             Filters::Miss => "65535, all miss",
+            Filters::SteerOff => "0, steering off (same work as DPDK)",
         }
     }
     fn key(self) -> &'static str {
@@ -226,6 +232,7 @@ impl Filters {
             Filters::None => "0",
             Filters::Match => "65535-match64",
             Filters::Miss => "65535-miss",
+            Filters::SteerOff => "steer-none",
         }
     }
 }
@@ -704,6 +711,17 @@ fn pick(dir: Dir, (rx, tx): (u64, u64)) -> u64 {
 
 /// "RX-packets" / "TX-packets" of testpmd's "Accumulated forward
 /// statistics for all ports", printed as it stops.
+/// testpmd's busy cycles per packet over its whole run (`CPU
+/// cycles/packet=` in the statistics it prints as it stops, with
+/// `--record-core-cycles`): the cycles its forwarding lcores spent in
+/// bursts that moved packets, per packet.
+fn busy_cycles(log: &Path) -> Option<f64> {
+    let text = String::from_utf8_lossy(&std::fs::read(log).ok()?).into_owned();
+    let key = "CPU cycles/packet=";
+    let i = text.rfind(key)? + key.len();
+    text[i..].split_whitespace().next()?.parse().ok()
+}
+
 fn exit_totals(log: &Path) -> Option<(u64, u64)> {
     let text = String::from_utf8_lossy(&std::fs::read(log).ok()?).into_owned();
     let at = text.rfind("Accumulated forward statistics for all ports")?;
@@ -734,10 +752,22 @@ struct Run {
     rx_rss: Option<u64>,
     /// The frontend's totals as it stopped (rx, tx).
     frontend_exit: Option<(u64, u64)>,
+    /// testpmd's busy cycles per packet: the frontend's, and the
+    /// backend's when it is DPDK ([`busy_cycles`]).
+    frontend_cycles: Option<f64>,
+    backend_cycles: Option<f64>,
     dpdk_version: String,
 }
 
 impl Run {
+    /// The frontend's busy cycles per packet (NaN when not reported).
+    fn front_busy(&self) -> f64 {
+        self.frontend_cycles.unwrap_or(f64::NAN)
+    }
+    /// DPDK's backend busy cycles per packet (NaN for vnic).
+    fn back_busy(&self) -> f64 {
+        self.backend_cycles.unwrap_or(f64::NAN)
+    }
     fn mpps(&self) -> f64 {
         self.packets as f64 / self.secs / 1e6
     }
@@ -774,6 +804,8 @@ impl Run {
             "vnic_rx_filter": self.rx_filter,
             "vnic_rx_rss": self.rx_rss,
             "frontend_exit_rx_tx": self.frontend_exit,
+            "frontend_busy_cycles_per_packet": self.frontend_cycles,
+            "backend_busy_cycles_per_packet": self.backend_cycles,
         })
     }
 }
@@ -789,7 +821,7 @@ struct Sample {
     /// The backend's own count of the direction.
     backend_packets: u64,
     /// vnic's `stats`.
-    vnic_stats: Option<Value>,
+    vnic_stats: Option<Stats>,
 }
 
 struct Bench {
@@ -824,6 +856,10 @@ impl Bench {
             }
         }
         c.args(["--vdev", vdev, "--"]);
+        // Busy cycles per packet (and burst sizes) in the stats testpmd
+        // prints as it stops: a figure of each side's own work that a
+        // neighbour's load does not move (see `busy_cycles`).
+        c.args(["--record-core-cycles", "--record-burst-stats"]);
         c
     }
 
@@ -885,6 +921,9 @@ impl Bench {
                     Filters::Miss => {
                         c.args(["--preload-filters", "65535", "--preload-match", "0"]);
                     }
+                    Filters::SteerOff => {
+                        c.args(["--steer", "none"]);
+                    }
                 }
                 c.env("RUST_LOG", "info");
                 Proc::spawn(
@@ -935,7 +974,7 @@ impl Bench {
                     &mut [&mut back],
                     Duration::from_secs(30),
                 )?;
-                Some(Ctl::connect(&ctl_path).map_err(|e| format!("vnic control socket: {e}"))?)
+                Some(connect_ctl(&ctl_path).map_err(|e| format!("vnic control socket: {e}"))?)
             }
             Backend::Dpdk => None,
         };
@@ -1003,20 +1042,20 @@ impl Bench {
                 front.check()?;
                 back.check()?;
                 let s = c.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
-                let live = counter(&s, "table.live");
+                let live = s.table.live;
                 let want = match backend {
-                    Backend::Vnic(Filters::None) | Backend::Base(Filters::None) | Backend::Dpdk => {
-                        0
-                    }
+                    Backend::Vnic(Filters::None | Filters::SteerOff)
+                    | Backend::Base(Filters::None | Filters::SteerOff)
+                    | Backend::Dpdk => 0,
                     Backend::Vnic(_) | Backend::Base(_) => u64::from(FILTERS_FULL),
                 };
-                if s["enabled_pairs"] == json!(pairs) && live == want {
+                if s.enabled_pairs == pairs && live == want {
                     break;
                 }
                 if Instant::now() > deadline {
                     return Err(format!(
                         "vnic: {pairs} pair(s) enabled and {want} filters live not reached within 1 min (enabled_pairs {}, live {live}); last lines of {}:\n{}",
-                        s["enabled_pairs"],
+                        s.enabled_pairs,
                         back.log.display(),
                         tail(&back.log, 15)
                     ));
@@ -1025,7 +1064,11 @@ impl Bench {
             }
             if dir == Dir::Rx {
                 c.gen_start(
-                    &json!({"flows": GEN_FLOWS, "sport": "10000-10063", "rate": 0, "size": 64}),
+                    &FlowSpec::new()
+                        .flows(GEN_FLOWS)
+                        .sport("10000-10063")
+                        .rate(0)
+                        .size(64),
                 )
                 .map_err(|e| format!("vnic gen start: {e}"))?;
             }
@@ -1055,7 +1098,7 @@ impl Bench {
         let fpid = front.pid();
         let sample = |tele: &mut Telemetry,
                       back_tele: &mut Option<Telemetry>,
-                      ctl: &mut Option<Ctl>|
+                      ctl: &mut Option<Client>|
          -> Result<Sample, String> {
             let fcpu = proc_cpu(fpid)?;
             let cpu = proc_cpu(bpid)?;
@@ -1069,10 +1112,10 @@ impl Bench {
                 }
                 (None, Some(c)) => {
                     let s = c.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
-                    let f = if dir == Dir::Rx {
-                        "rx_packets"
+                    let f: fn(&QueueStats) -> u64 = if dir == Dir::Rx {
+                        |q| q.rx_packets
                     } else {
-                        "tx_packets"
+                        |q| q.tx_packets
                     };
                     (sum_queues(&s, f), Some(s))
                 }
@@ -1094,8 +1137,8 @@ impl Bench {
         back.check()?;
         let (rx_filter, rx_rss) = match (&a.vnic_stats, &b.vnic_stats) {
             (Some(sa), Some(sb)) if dir == Dir::Rx => (
-                Some(sum_queues(sb, "rx_filter") - sum_queues(sa, "rx_filter")),
-                Some(sum_queues(sb, "rx_rss") - sum_queues(sa, "rx_rss")),
+                Some(sum_queues(sb, |q| q.rx_filter) - sum_queues(sa, |q| q.rx_filter)),
+                Some(sum_queues(sb, |q| q.rx_rss) - sum_queues(sa, |q| q.rx_rss)),
             ),
             _ => (None, None),
         };
@@ -1111,6 +1154,12 @@ impl Bench {
             libc::SIGTERM
         };
         back.stop(sig, Duration::from_secs(20));
+        let frontend_cycles = busy_cycles(&front.log);
+        let backend_cycles = if backend == Backend::Dpdk {
+            busy_cycles(&back.log)
+        } else {
+            None
+        };
         let run = Run {
             round,
             dir,
@@ -1124,12 +1173,14 @@ impl Bench {
             rx_filter,
             rx_rss,
             frontend_exit,
+            frontend_cycles,
+            backend_cycles,
             dpdk_version,
         };
         // The filter cases measure what they claim to.
         if let (Some(f), Some(hit), Some(rss)) = (backend.vnic_filters(), rx_filter, rx_rss) {
             let ok = match f {
-                Filters::None | Filters::Miss => hit == 0,
+                Filters::None | Filters::Miss | Filters::SteerOff => hit == 0,
                 Filters::Match => rss == 0 && hit > 0,
             };
             if !ok {
@@ -1154,10 +1205,8 @@ impl Bench {
 }
 
 /// Sum of a per-queue counter of vnic's `stats`.
-fn sum_queues(stats: &Value, field: &str) -> u64 {
-    stats["queues"]
-        .as_array()
-        .map_or(0, |qs| qs.iter().filter_map(|q| q[field].as_u64()).sum())
+fn sum_queues(stats: &Stats, field: fn(&QueueStats) -> u64) -> u64 {
+    stats.queues.iter().map(field).sum()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -1295,11 +1344,11 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "| dir | pairs | vnic filters | Mpps wall DPDK -> vnic | vnic/DPDK (per round) | Mpps per backend CPU-s DPDK -> vnic | vnic/DPDK (per round) | backend cores DPDK / vnic | frontend cores DPDK / vnic | vnic frames steered by a filter |"
+        "| dir | pairs | vnic filters | Mpps wall DPDK -> vnic | vnic/DPDK (per round) | Mpps per backend CPU-s DPDK -> vnic | vnic/DPDK (per round) | backend cores DPDK / vnic | frontend cores DPDK / vnic | frontend busy cycles/pkt DPDK / vnic | DPDK backend busy cycles/pkt | vnic frames steered by a filter |"
     );
     let _ = writeln!(
         md,
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     let mut js = Vec::new();
     for r in &rows {
@@ -1319,7 +1368,7 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {} / {} | {} / {} | {} |",
+            "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {} / {} | {} / {} | {} / {} | {} | {} |",
             r.dir.name(),
             r.pairs,
             r.filters.label(),
@@ -1333,6 +1382,9 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             f2(med(&r.vnic, Run::cores)),
             f2(med(&r.dpdk, Run::front_cores)),
             f2(med(&r.vnic, Run::front_cores)),
+            f2(med(&r.dpdk, Run::front_busy)),
+            f2(med(&r.vnic, Run::front_busy)),
+            f2(med(&r.dpdk, Run::back_busy)),
             if hits.is_empty() {
                 "n/a".to_string()
             } else {
@@ -1355,6 +1407,9 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             "backend_cores_vnic_median": med(&r.vnic, Run::cores),
             "frontend_cores_dpdk_median": med(&r.dpdk, Run::front_cores),
             "frontend_cores_vnic_median": med(&r.vnic, Run::front_cores),
+            "frontend_busy_cycles_per_packet_dpdk_median": med(&r.dpdk, Run::front_busy),
+            "frontend_busy_cycles_per_packet_vnic_median": med(&r.vnic, Run::front_busy),
+            "dpdk_backend_busy_cycles_per_packet_median": med(&r.dpdk, Run::back_busy),
             "vnic_filter_hit_percent": hits,
         }));
     }
@@ -1363,16 +1418,16 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     }
     let _ = writeln!(
         md,
-        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | backend's own count |"
+        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count |"
     );
     let _ = writeln!(
         md,
-        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in runs {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} |",
             r.round,
             r.dir.name(),
             r.pairs,
@@ -1385,6 +1440,8 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             f3(r.mpps_per_cpu()),
             f2(r.cores()),
             f2(r.front_cores()),
+            f2(r.front_busy()),
+            f2(r.back_busy()),
             r.backend_packets
         );
     }
@@ -1463,7 +1520,12 @@ fn crowded_note(o: &Opts) -> Option<String> {
 fn filter_cases(dir: Dir) -> Vec<Filters> {
     match dir {
         Dir::Tx => vec![Filters::None],
-        Dir::Rx => vec![Filters::None, Filters::Match, Filters::Miss],
+        Dir::Rx => vec![
+            Filters::None,
+            Filters::Match,
+            Filters::Miss,
+            Filters::SteerOff,
+        ],
     }
 }
 
@@ -1515,7 +1577,8 @@ fn main() {
                 let mut order: Vec<Backend> = vec![Backend::Dpdk];
                 for f in filter_cases(d) {
                     order.push(Backend::Vnic(f));
-                    if b.o.baseline.is_some() {
+                    // (An older baseline binary may not know --steer none.)
+                    if b.o.baseline.is_some() && f != Filters::SteerOff {
                         order.push(Backend::Base(f));
                     }
                 }
