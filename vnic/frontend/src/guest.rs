@@ -172,7 +172,7 @@ impl Guest {
         timeout: Duration,
         what: &str,
         mut done: impl FnMut(&mut Guest) -> bool,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), GuestError> {
         let deadline = Instant::now() + timeout;
         loop {
             self.poll();
@@ -180,12 +180,13 @@ impl Guest {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(format!(
-                    "timed out after {timeout:?} waiting for {what}; stash per rxq {:?}, replies {}, faults {:?}",
-                    self.stash.iter().map(VecDeque::len).collect::<Vec<_>>(),
-                    self.replies.len(),
-                    self.faults
-                ));
+                return Err(GuestError::TimedOut {
+                    what: what.to_string(),
+                    after: timeout,
+                    stash: self.stash.iter().map(VecDeque::len).collect(),
+                    replies: self.replies.len(),
+                    faults: self.faults.clone(),
+                });
             }
             // Sleep on rx queue 0's interrupt briefly; any queue's frames are
             // picked up by the next poll.
@@ -245,7 +246,7 @@ impl Guest {
         &mut self,
         seq: u32,
         timeout: Duration,
-    ) -> std::result::Result<Reply, String> {
+    ) -> std::result::Result<Reply, GuestError> {
         let mut found = None;
         self.wait_until(timeout, &format!("management reply seq {seq}"), |g| {
             if let Some(i) = g.replies.iter().position(|r| r.header.seq == seq) {
@@ -263,13 +264,13 @@ impl Guest {
         &mut self,
         msg: &Message,
         timeout: Duration,
-    ) -> std::result::Result<Reply, String> {
+    ) -> std::result::Result<Reply, GuestError> {
         let seq = self.send_mgmt(msg);
         self.wait_reply(seq, timeout)
     }
 
     /// HELLO -> CAPS (starts the session).
-    pub fn hello(&mut self, timeout: Duration) -> std::result::Result<Caps, String> {
+    pub fn hello(&mut self, timeout: Duration) -> std::result::Result<Caps, GuestError> {
         let r = self.request(
             &Message::Hello(Hello {
                 driver_version: 1,
@@ -280,18 +281,29 @@ impl Guest {
         )?;
         match r.message {
             Message::Caps(c) => Ok(c),
-            m => Err(format!("HELLO answered with {m:?}")),
+            m => Err(GuestError::Unexpected {
+                request: "HELLO",
+                answer: Box::new(m),
+            }),
         }
     }
 
     /// ADD `ops` in one frame; returns the ACK's per-op statuses.
-    pub fn add(&mut self, ops: Vec<AddOp>, timeout: Duration) -> std::result::Result<Ack, String> {
+    pub fn add(
+        &mut self,
+        ops: Vec<AddOp>,
+        timeout: Duration,
+    ) -> std::result::Result<Ack, GuestError> {
         let r = self.request(&Message::Add(ops), timeout)?;
         check_ack(r, MsgType::Add)
     }
 
     /// DEL `ops` in one frame; returns the ACK.
-    pub fn del(&mut self, ops: Vec<DelOp>, timeout: Duration) -> std::result::Result<Ack, String> {
+    pub fn del(
+        &mut self,
+        ops: Vec<DelOp>,
+        timeout: Duration,
+    ) -> std::result::Result<Ack, GuestError> {
         let r = self.request(&Message::Del(ops), timeout)?;
         check_ack(r, MsgType::Del)
     }
@@ -314,9 +326,66 @@ impl Guest {
     }
 }
 
-fn check_ack(r: Reply, t: MsgType) -> std::result::Result<Ack, String> {
+fn check_ack(r: Reply, t: MsgType) -> std::result::Result<Ack, GuestError> {
     match r.message {
         Message::Ack(a) if a.acked_type == t as u8 => Ok(a),
-        m => Err(format!("{t:?} answered with {m:?}")),
+        m => Err(GuestError::Unexpected {
+            request: match t {
+                MsgType::Add => "ADD",
+                MsgType::Del => "DEL",
+                _ => "request",
+            },
+            answer: Box::new(m),
+        }),
     }
 }
+
+/// Why a wait or a management exchange of a [`Guest`] failed.
+#[derive(Clone, PartialEq, Eq)]
+pub enum GuestError {
+    /// `what` did not happen within `after`; what the guest held then.
+    TimedOut {
+        what: String,
+        after: Duration,
+        /// Data frames stashed per rx queue.
+        stash: Vec<usize>,
+        /// Management replies not yet taken.
+        replies: usize,
+        /// What the driver found wrong in the device's writes.
+        faults: Vec<DeviceFault>,
+    },
+    /// The device answered `request` with another message.
+    Unexpected {
+        request: &'static str,
+        answer: Box<Message>,
+    },
+}
+
+impl std::fmt::Display for GuestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestError::TimedOut {
+                what,
+                after,
+                stash,
+                replies,
+                faults,
+            } => write!(
+                f,
+                "timed out after {after:?} waiting for {what}; stash per rxq {stash:?}, replies {replies}, faults {faults:?}"
+            ),
+            GuestError::Unexpected { request, answer } => {
+                write!(f, "{request} answered with {answer:?}")
+            }
+        }
+    }
+}
+
+/// As Display: what a failed test's `unwrap` prints.
+impl std::fmt::Debug for GuestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::error::Error for GuestError {}

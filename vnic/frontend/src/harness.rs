@@ -328,13 +328,31 @@ impl Drop for Daemon {
     }
 }
 
-/// Poll `f` until it returns `Some`, or fail after `timeout` with a message
-/// built from `what` and the last value seen by `last`.
+/// What [`wait_for`] waited for in vain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedOut {
+    pub what: String,
+    pub after: Duration,
+}
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "timed out after {:?} waiting for {}",
+            self.after, self.what
+        )
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+/// Poll `f` until it returns `Some`, or fail after `timeout` naming `what`.
 pub fn wait_for<T>(
     timeout: Duration,
     what: &str,
     mut f: impl FnMut() -> Option<T>,
-) -> Result<T, String> {
+) -> Result<T, TimedOut> {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
     loop {
@@ -342,7 +360,10 @@ pub fn wait_for<T>(
             return Ok(v);
         }
         if Instant::now() > deadline {
-            return Err(format!("timed out after {timeout:?} waiting for {what}"));
+            return Err(TimedOut {
+                what: what.to_string(),
+                after: timeout,
+            });
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(50));

@@ -158,6 +158,28 @@ impl Hostile {
 /// An address no guest memory layout of this driver ever reaches.
 pub const FAR_ADDR: u64 = 0x7ead_0000_0000;
 
+/// A hostile chain that needs more free descriptors than its queue has
+/// ([`SplitRing::push_hostile`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoRoom {
+    pub kind: Hostile,
+    pub need: usize,
+    pub queue: usize,
+    pub free: usize,
+}
+
+impl std::fmt::Display for NoRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} needs {} free descriptors, queue {} has {}",
+            self.kind, self.need, self.queue, self.free
+        )
+    }
+}
+
+impl std::error::Error for NoRoom {}
+
 /// Errors the driver detects in what the device wrote back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceFault {
@@ -478,7 +500,7 @@ impl SplitRing {
     /// Build one hostile chain of `kind` and make it available (not yet
     /// published). `rx` selects the direction a well-formed buffer of this
     /// queue would have (device-writable on RX). Returns the head.
-    pub fn push_hostile(&mut self, kind: Hostile, rx: bool) -> Result<u16, String> {
+    pub fn push_hostile(&mut self, kind: Hostile, rx: bool) -> Result<u16, NoRoom> {
         let dir = if rx { VIRTQ_DESC_F_WRITE } else { 0 };
         if kind == Hostile::BadHead {
             // No descriptor is used, and the device cannot give such a
@@ -495,11 +517,12 @@ impl SplitRing {
             _ => 1,
         };
         if self.free.len() < need {
-            return Err(format!(
-                "{kind:?} needs {need} free descriptors, queue {} has {}",
-                self.index,
-                self.free.len()
-            ));
+            return Err(NoRoom {
+                kind,
+                need,
+                queue: self.index,
+                free: self.free.len(),
+            });
         }
         let mut slots = Vec::with_capacity(need);
         for _ in 0..need {

@@ -264,7 +264,7 @@ fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<()
         pending.push_back(g.send_mgmt(&arfs::proto::Message::Add(ops)));
         if pending.len() >= 32 || i + 1 == chunks.len() {
             while let Some(seq) = pending.pop_front() {
-                let r = g.wait_reply(seq, timeout)?;
+                let r = g.wait_reply(seq, timeout).map_err(|e| e.to_string())?;
                 let a = r.ack();
                 if a.frame_status != 0 || a.statuses.iter().any(|&s| s != OpStatus::Ok as u8) {
                     return Err(format!("ADD seq {seq} rejected: {a:?}"));
@@ -350,8 +350,10 @@ impl Side {
         // reports all of them before any ADD.
         vnic_frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
             c.stats().ok().filter(|s| s.enabled_pairs == case.pairs)
-        })?;
-        g.hello(Duration::from_secs(30))?;
+        })
+        .map_err(|e| e.to_string())?;
+        g.hello(Duration::from_secs(30))
+            .map_err(|e| e.to_string())?;
         if case.filters > 0 {
             let t0 = Instant::now();
             install_filters(&mut g, case.filters, case.pairs, case.steer)?;
