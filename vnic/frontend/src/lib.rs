@@ -10,6 +10,7 @@
 
 pub mod guest;
 pub mod harness;
+pub mod measure;
 pub mod mem;
 pub mod net;
 pub mod pump;

@@ -26,6 +26,7 @@ use clap::{ArgAction, Parser};
 use serde_json::{json, Value};
 use vnic_ctl_proto::{Client, FlowSpec, QueueStats, Stats};
 use vnic_frontend::harness::ctl as connect_ctl;
+use vnic_frontend::measure::{self, loadavg, median};
 
 const ABOUT: &str = "\
 vnic-bench-dpdk: vnic against DPDK's vhost PMD, with testpmd's net_virtio_user
@@ -387,24 +388,6 @@ fn parse_args() -> Opts {
         back_cpus,
         out,
     }
-}
-
-/// CPU seconds (user + system, all threads) process `pid` used so far.
-fn proc_cpu(pid: u32) -> Result<f64, String> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-    let close = stat.rfind(')').ok_or("bad /proc stat")?;
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after
-    // the ")" that ends the command name.
-    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    if f.len() < 13 {
-        return Err(format!("{path}: short stat line"));
-    }
-    let ticks: f64 = f[11].parse::<f64>().map_err(|e| e.to_string())?
-        + f[12].parse::<f64>().map_err(|e| e.to_string())?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok(ticks / hz)
 }
 
 /// The last `n` lines of a log file.
@@ -1100,8 +1083,8 @@ impl Bench {
                       back_tele: &mut Option<Telemetry>,
                       ctl: &mut Option<Client>|
          -> Result<Sample, String> {
-            let fcpu = proc_cpu(fpid)?;
-            let cpu = proc_cpu(bpid)?;
+            let fcpu = measure::cpu_seconds(fpid).map_err(|e| e.to_string())?;
+            let cpu = measure::cpu_seconds(bpid).map_err(|e| e.to_string())?;
             let t = Instant::now();
             let pk = pick(dir, tele.port_packets()?);
             let (bpk, vs) = match (back_tele.as_mut(), ctl.as_mut()) {
@@ -1209,20 +1192,6 @@ fn sum_queues(stats: &Stats, field: fn(&QueueStats) -> u64) -> u64 {
     stats.queues.iter().map(field).sum()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        f64::midpoint(v[n / 2 - 1], v[n / 2])
-    }
-}
-
 fn f2(x: f64) -> String {
     if x.is_finite() {
         format!("{x:.2}")
@@ -1248,15 +1217,6 @@ fn read_first_line(path: &str, prefix: &str) -> String {
                 .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_string())
         })
         .unwrap_or_default()
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn command_out(cmd: &mut Command) -> String {
@@ -1286,14 +1246,14 @@ impl Row {
 
 /// The median of `f` over `v`.
 fn med(v: &[Run], f: fn(&Run) -> f64) -> f64 {
-    median(v.iter().map(f).collect())
+    median(&v.iter().map(f).collect::<Vec<_>>())
 }
 
 /// `median x (each round's)`.
 fn ratio(v: &[f64]) -> String {
     format!(
         "{}x ({})",
-        f2(median(v.to_vec())),
+        f2(median(v)),
         v.iter().map(|x| f2(*x)).collect::<Vec<_>>().join(" ")
     )
 }
@@ -1388,7 +1348,7 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             if hits.is_empty() {
                 "n/a".to_string()
             } else {
-                format!("{} %", f2(median(hits.clone())))
+                format!("{} %", f2(median(&hits)))
             },
         );
         js.push(json!({
@@ -1398,11 +1358,11 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             "mpps_dpdk_median": med(&r.dpdk, Run::mpps),
             "mpps_vnic_median": med(&r.vnic, Run::mpps),
             "mpps_ratio_per_round": wall,
-            "mpps_ratio_median": median(wall.clone()),
+            "mpps_ratio_median": median(&wall),
             "mpps_per_cpu_dpdk_median": med(&r.dpdk, Run::mpps_per_cpu),
             "mpps_per_cpu_vnic_median": med(&r.vnic, Run::mpps_per_cpu),
             "mpps_per_cpu_ratio_per_round": cpu,
-            "mpps_per_cpu_ratio_median": median(cpu.clone()),
+            "mpps_per_cpu_ratio_median": median(&cpu),
             "backend_cores_dpdk_median": med(&r.dpdk, Run::cores),
             "backend_cores_vnic_median": med(&r.vnic, Run::cores),
             "frontend_cores_dpdk_median": med(&r.dpdk, Run::front_cores),
@@ -1475,8 +1435,8 @@ fn baseline_table(rows: &[Row], js: &mut [Value]) -> String {
             f3(med(&r.base, Run::mpps_per_cpu)),
             f3(med(&r.vnic, Run::mpps_per_cpu)),
             ratio(&cpu),
-            f2(median(base_dpdk.clone())),
-            f2(median(r.ratios(Run::mpps))),
+            f2(median(&base_dpdk)),
+            f2(median(&r.ratios(Run::mpps))),
         );
         if let Some(m) = j.as_object_mut() {
             m.insert("mpps_base_median".into(), json!(med(&r.base, Run::mpps)));

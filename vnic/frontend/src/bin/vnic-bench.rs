@@ -39,6 +39,7 @@ use clap::{ArgAction, CommandFactory, Parser};
 use vnic_ctl_proto::{Client, FlowSpec, QueueStats, Stats};
 use vnic_frontend::guest::{Guest, GUEST_MAC};
 use vnic_frontend::harness::{ctl, vnic_binary, Daemon};
+use vnic_frontend::measure::{self, loadavg, median};
 use vnic_frontend::pump::{rx_loop, tx_loop, PumpStats};
 use vnic_frontend::{build_frame, FrameSpec, Options};
 
@@ -275,39 +276,11 @@ fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<()
     Ok(())
 }
 
-/// (command name, CPU seconds (user + system)) of a /proc stat file.
-fn stat_cpu(path: &str) -> Result<(String, f64), String> {
-    let stat = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-    let open = stat.find('(').ok_or("bad /proc stat")?;
-    let close = stat.rfind(')').ok_or("bad /proc stat")?;
-    let comm = stat[open + 1..close].to_string();
-    // Fields after the ")" that ends the command name; utime and stime are
-    // fields 14 and 15 of the whole line, 12 and 13 after it.
-    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    if f.len() < 13 {
-        return Err(format!("{path}: short stat line"));
-    }
-    let ticks: f64 = f[11].parse::<f64>().map_err(|e| e.to_string())?
-        + f[12].parse::<f64>().map_err(|e| e.to_string())?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok((comm, ticks / hz))
-}
-
 /// CPU seconds used so far by process `pid`: (all threads, the
 /// `vring_worker` threads).
 fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
-    let (_, all) = stat_cpu(&format!("/proc/{pid}/stat"))?;
-    let mut workers = 0.0;
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
-    for t in tasks.flatten() {
-        // A thread may end between the listing and the read: skip it.
-        if let Ok((comm, cpu)) = stat_cpu(&format!("{}/stat", t.path().display())) {
-            if comm == "vring_worker" {
-                workers += cpu;
-            }
-        }
-    }
+    let all = measure::cpu_seconds(pid).map_err(|e| e.to_string())?;
+    let workers = measure::thread_cpu_seconds(pid, "vring_worker").map_err(|e| e.to_string())?;
     Ok((all, workers))
 }
 
@@ -642,7 +615,7 @@ fn main() {
         .map_or(0, |d| d.as_secs());
     println!();
     println!(
-        "vnic-bench: {secs} s per case, {repeat} round(s); started at unix time {started}; load average (1 min) {load0} at the start, {load1} at the end"
+        "vnic-bench: {secs} s per case, {repeat} round(s); started at unix time {started}; load average (1, 5, 15 min) {load0} at the start, {load1} at the end"
     );
     println!();
     println!("Mpps = million frames per second. \"per worker CPU-s\": frames divided by the CPU seconds the daemon's vring_worker threads used in its slices (the per-worker rate a worker with a whole core would reach); each round sums a case's slices; medians of the rounds.");
@@ -717,16 +690,6 @@ fn main() {
     }
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => f64::midpoint(s[n / 2 - 1], s[n / 2]),
-    }
-}
-
 /// Medians over the rounds of one case.
 struct Summary {
     wall: f64,
@@ -767,14 +730,6 @@ impl Summary {
             drops: runs.iter().map(|o| o.device_drops).sum::<u64>() / runs.len() as u64,
         }
     }
-}
-
-/// The 1-minute load average, as text ("?" when unreadable).
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
 }
 
 fn fail(msg: &str) -> ! {

@@ -1,0 +1,132 @@
+//! What the bench binaries measure besides packets, in one place: a
+//! process's CPU time (all threads, or the threads of one name) from
+//! `/proc`, the host's load average, and medians. (A process's fds,
+//! threads and RSS at rest: [`crate::harness::footprint`].)
+
+use std::fmt;
+
+/// A `/proc` stat file that could not be read or parsed.
+#[derive(Debug)]
+pub struct ProcError {
+    pub path: String,
+    pub why: String,
+}
+
+impl fmt::Display for ProcError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.why)
+    }
+}
+
+impl std::error::Error for ProcError {}
+
+/// (command name, CPU seconds (user + system)) of a `/proc` stat file
+/// (`/proc/PID/stat` or `/proc/PID/task/TID/stat`).
+pub fn stat_cpu(path: &str) -> Result<(String, f64), ProcError> {
+    let bad = |why: &str| ProcError {
+        path: path.to_string(),
+        why: why.to_string(),
+    };
+    let stat = std::fs::read_to_string(path).map_err(|e| bad(&e.to_string()))?;
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return Err(bad("no command name in the stat line"));
+    };
+    let comm = stat[open + 1..close].to_string();
+    // Fields after the ")" that ends the command name; utime and stime are
+    // fields 14 and 15 of the whole line, 12 and 13 after it.
+    let f: Vec<&str> = stat
+        .get(close + 2..)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    if f.len() < 13 {
+        return Err(bad("short stat line"));
+    }
+    let ticks = |s: &str| s.parse::<f64>().map_err(|e| bad(&format!("{s}: {e}")));
+    let t = ticks(f[11])? + ticks(f[12])?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((comm, t / hz))
+}
+
+/// CPU seconds process `pid` used so far, all threads.
+pub fn cpu_seconds(pid: u32) -> Result<f64, ProcError> {
+    stat_cpu(&format!("/proc/{pid}/stat")).map(|(_, s)| s)
+}
+
+/// CPU seconds the live threads of `pid` named `comm` used so far (a
+/// thread that ends between the listing and its read is left out).
+pub fn thread_cpu_seconds(pid: u32, comm: &str) -> Result<f64, ProcError> {
+    let dir = format!("/proc/{pid}/task");
+    let tasks = std::fs::read_dir(&dir).map_err(|e| ProcError {
+        path: dir,
+        why: e.to_string(),
+    })?;
+    let mut sum = 0.0;
+    for t in tasks.flatten() {
+        if let Ok((c, s)) = stat_cpu(&format!("{}/stat", t.path().display())) {
+            if c == comm {
+                sum += s;
+            }
+        }
+    }
+    Ok(sum)
+}
+
+/// The host's load averages (1, 5 and 15 minutes) as `/proc/loadavg`
+/// gives them, or "?" when it cannot be read.
+pub fn loadavg() -> String {
+    let s = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let v: Vec<&str> = s.split_whitespace().take(3).collect();
+    if v.is_empty() {
+        "?".into()
+    } else {
+        v.join(" ")
+    }
+}
+
+/// The median of the finite values of `v` (NaN when there are none).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => f64::midpoint(s[n / 2 - 1], s[n / 2]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(clippy::float_cmp)] // exact: each median is one of the inputs or their exact midpoint
+    fn medians() {
+        assert!(median(&[]).is_nan());
+        assert!(median(&[f64::NAN]).is_nan());
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[1.0, f64::INFINITY, 5.0]), 3.0);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_its_main_thread() {
+        let pid = std::process::id();
+        // Burn a little CPU so that the counters are not all zero.
+        let mut x = 0u64;
+        let t0 = std::time::Instant::now();
+        while t0.elapsed().as_millis() < 50 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let all = cpu_seconds(pid).unwrap();
+        assert!(all > 0.0, "{all}");
+        let (comm, _) = stat_cpu(&format!("/proc/{pid}/stat")).unwrap();
+        assert!(thread_cpu_seconds(pid, &comm).unwrap() <= all + 0.02);
+        assert!(thread_cpu_seconds(pid, "no-such-thread").unwrap().abs() < f64::EPSILON);
+        let e = cpu_seconds(u32::MAX).unwrap_err();
+        assert!(e.to_string().contains("/proc/4294967295/stat"), "{e}");
+        assert_eq!(loadavg().split(' ').count(), 3);
+    }
+}
