@@ -66,6 +66,11 @@ impl FrameBatch {
         self.count == 0
     }
 
+    /// Whether the batch's frames take more than `bytes` bytes.
+    pub(crate) fn holds_more_than(&self, bytes: usize) -> bool {
+        self.buf.len() > bytes
+    }
+
     /// Whether the batch should be sent now.
     pub(crate) fn is_full(&self) -> bool {
         self.count >= HANDOFF_FRAMES || self.buf.len() >= HANDOFF_BYTES
