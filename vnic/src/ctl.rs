@@ -297,6 +297,7 @@ pub(crate) fn stats(sh: &Shared) -> wire::Stats {
         peer: sh.stats.peer.to_wire(kind),
         trace: sh.tracer.to_wire(),
         ctl: sh.stats.ctl.to_wire(),
+        vhost: sh.stats.vhost.to_wire(),
         rings: conn.as_ref().map(|c| rings(c)),
     }
 }

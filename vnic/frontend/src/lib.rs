@@ -8,6 +8,7 @@
 //! Vring numbering follows virtio-net: pair `p` is rx vring `2p` and tx vring
 //! `2p + 1`.
 
+pub mod fuzz;
 pub mod guest;
 pub mod harness;
 pub mod mem;
