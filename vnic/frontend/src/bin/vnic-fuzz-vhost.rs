@@ -458,7 +458,7 @@ fn repro_cmd(a: &Args, seed: u64) -> String {
 
 fn report_failure(
     a: &Args,
-    t: &Target,
+    t: &mut Target,
     f: &Failure,
     what: &str,
     seed: Option<u64>,
@@ -488,6 +488,8 @@ fn report_failure(
         println!("    {l}");
     }
     let _ = std::io::stdout().flush();
+    // exit() runs no destructors: end the daemon here.
+    let _ = t.d.terminate(Duration::from_secs(2));
     std::process::exit(1)
 }
 
@@ -523,12 +525,12 @@ fn main() {
         let r = run_one(&a, &mut t, seed, true, &mut tot);
         let what = format!("sequence {seed:#x}");
         if let Err(f) = r {
-            report_failure(&a, &t, &f, &what, Some(seed), 0, 0);
+            report_failure(&a, &mut t, &f, &what, Some(seed), 0, 0);
         }
         if let Err(f) = t.full_check(false, false) {
             report_failure(
                 &a,
-                &t,
+                &mut t,
                 &f,
                 &format!("the oracles after {what}"),
                 Some(seed),
@@ -576,7 +578,7 @@ fn main() {
     if let Err(f) = t.datapath() {
         report_failure(
             &a,
-            &t,
+            &mut t,
             &f,
             "the first check (before any fuzzing)",
             None,
@@ -590,7 +592,7 @@ fn main() {
         if let Err(f) = run_one(&a, &mut t, seed, false, &mut tot) {
             report_failure(
                 &a,
-                &t,
+                &mut t,
                 &f,
                 &format!("sequence #{i} (warm-up)"),
                 Some(seed),
@@ -603,7 +605,7 @@ fn main() {
     if let Err(f) = t.full_check(true, false) {
         report_failure(
             &a,
-            &t,
+            &mut t,
             &f,
             "the check after the warm-up",
             None,
@@ -622,7 +624,7 @@ fn main() {
         if let Err(f) = run_one(&a, &mut t, seed, false, &mut tot) {
             report_failure(
                 &a,
-                &t,
+                &mut t,
                 &f,
                 &format!("sequence #{i}"),
                 Some(seed),
@@ -641,7 +643,7 @@ fn main() {
             if let Err(f) = t.full_check(p < 0.1, false) {
                 report_failure(
                     &a,
-                    &t,
+                    &mut t,
                     &f,
                     &format!(
                         "the check after sequence #{} (sequences #{}..#{} since the last)",
@@ -675,7 +677,15 @@ fn main() {
         }
     }
     if let Err(f) = t.full_check(false, true) {
-        report_failure(&a, &t, &f, "the final check", None, master, tot.messages);
+        report_failure(
+            &a,
+            &mut t,
+            &f,
+            "the final check",
+            None,
+            master,
+            tot.messages,
+        );
     }
     let el = t0.elapsed().as_secs_f64();
     println!(

@@ -1280,7 +1280,10 @@ impl Seq<'_> {
                 let code = match self.rng.below(3) {
                     0 => 0,
                     1 => 45 + self.rng.below(100) as u32,
-                    _ => self.rng.edge_u32(),
+                    _ => match self.rng.edge_u32() {
+                        c @ 1..=44 => c + 1000,
+                        c => c,
+                    },
                 };
                 let size = self.rng.below(64) as u32;
                 let mut b = header(code, VERSION, size);
@@ -1375,7 +1378,22 @@ impl Seq<'_> {
 
     // ---- sending --------------------------------------------------------
 
-    fn send(&mut self, m: Msg) {
+    fn send(&mut self, mut m: Msg) {
+        // Whatever class drew it, a well-formed SET_PROTOCOL_FEATURES
+        // changes what the handler acks (it stores the value before it
+        // answers): follow it, or a reply would be awaited in vain.
+        if m.cut_at.is_none() && m.bytes.len() == 20 {
+            let w = |i: usize| {
+                u32::from_le_bytes([m.bytes[i], m.bytes[i + 1], m.bytes[i + 2], m.bytes[i + 3]])
+            };
+            if w(0) == SET_PROTOCOL_FEATURES && w(4) & !(NEED_REPLY) == VERSION && w(8) == 8 {
+                self.protocol_acked =
+                    u64::from_le_bytes(m.bytes[12..20].try_into().expect("8 bytes"));
+                if m.class != Class::Malformed {
+                    m.reply_due = w(4) & NEED_REPLY != 0 && self.reply_ack();
+                }
+            }
+        }
         let bytes = match m.cut_at {
             Some(n) => &m.bytes[..n],
             None => &m.bytes[..],
