@@ -299,11 +299,11 @@ fn check_regions(m: &Msg) -> Result<(), Stop> {
             u64_at(payload, r + 24),
         );
         let file = file_size(fd);
-        if !offset
+        let inside = offset
             .checked_add(size)
             .zip(file)
-            .is_some_and(|(end, file)| end <= file)
-        {
+            .is_some_and(|(end, file)| end <= file);
+        if !inside {
             return Err(Stop::Refused(
                 Refused::RegionPastEof,
                 format!(

@@ -511,9 +511,9 @@ mod tests {
         for ms in [1, 10, 500, 999] {
             assert_eq!(l.admit(t + Duration::from_millis(ms)), None);
         }
-        assert_eq!(l.admit(t + Duration::from_millis(1000)), Some(4));
+        assert_eq!(l.admit(t + Duration::from_secs(1)), Some(4));
         assert_eq!(l.admit(t + Duration::from_millis(1500)), None);
-        assert_eq!(l.admit(t + Duration::from_millis(2000)), Some(1));
+        assert_eq!(l.admit(t + Duration::from_secs(2)), Some(1));
     }
 
     #[test]

@@ -296,3 +296,65 @@ fn fuzz_sequences_leave_the_daemon_serving() {
     drop(g);
     assert!(!d.log_text().contains("panicked"), "{}", d.log_text());
 }
+
+/// Found by vnic-fuzz-vhost (seed 0x28, sequence seed 0x508fb0992cb881d6,
+/// after 517,635 messages): a SET_MEM_TABLE that maps the rings' guest
+/// addresses to other memory while a tx batch runs. The worker read the
+/// ring through its snapshot of the old memory and re-enabled
+/// notifications through the vring's current one: the new memory's avail
+/// index said "more", the old one "nothing", and the worker looped for
+/// ever holding the vring's lock; `ctl stats` (the 50 ms poll waits for
+/// that lock on the same thread) and SIGTERM hung with it. With
+/// `--poll-us` the batch stays open for a while, which makes the window
+/// wide.
+#[test]
+fn memory_table_swapped_under_a_tx_batch_does_not_hang_the_worker() {
+    let d = daemon(&["--queues", "1", "--poll-us", "1000"]);
+    // The rounds run on a thread: when the worker hangs, so does the
+    // frontend's next request (the handler waits on the vring's lock);
+    // this thread reports it, and the daemon's drop ends the rest.
+    let (socket, ctl_path) = (d.socket.clone(), d.ctl.clone());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut c = vnic_frontend::harness::ctl(&ctl_path).unwrap();
+        c.set_timeout(Some(Duration::from_secs(20))).unwrap();
+        let frame = vnic_frontend::build_frame(&vnic_frontend::FrameSpec {
+            src_mac: vnic_frontend::guest::GUEST_MAC,
+            dst_mac: [0xff; 6],
+            src: GUEST_IP.parse().unwrap(),
+            dst: GEN_IP.parse().unwrap(),
+            proto: 17,
+            sport: 40000,
+            dport: 9,
+            len: 128,
+        });
+        for round in 0..30 {
+            let mut g = vnic_frontend::guest::Guest::connect(&socket, opts(1, 1024), 1).unwrap();
+            let size = g.drv.mem().size() as usize;
+            let base = g.drv.mem().base();
+            for _ in 0..5 {
+                // A frame (the worker opens a batch and polls for 1 ms),
+                // then the same guest addresses backed by fresh, zeroed
+                // memory (the device keeps its own mapping of it).
+                g.send(0, &frame);
+                let other = GuestMem::new(base, size).unwrap();
+                let _ = g.drv.send_mem_table(&other);
+            }
+            if let Err(e) = c.stats() {
+                let _ = done_tx.send(Err(format!("round {round}: ctl stats: {e}")));
+                return;
+            }
+            drop(g);
+            wait_stats(&mut c, "disconnected", |s| !s.connected);
+        }
+        let _ = done_tx.send(Ok(()));
+    });
+    match done_rx.recv_timeout(Duration::from_secs(180)) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!("{e}\n{}", d.log_text()),
+        Err(_) => panic!(
+            "the rounds hung (a worker spinning with its vring locked?)\n{}",
+            d.log_text()
+        ),
+    }
+}

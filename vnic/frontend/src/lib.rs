@@ -341,6 +341,13 @@ impl Driver {
         vh("SET_VRING_ERR", self.fe.set_vring_err(index, fd))
     }
 
+    /// SET_MEM_TABLE with `mem`'s one region, the driver's own memory left
+    /// as it is: for tests that change the device's memory under running
+    /// rings.
+    pub fn send_mem_table(&mut self, mem: &GuestMem) -> Result<()> {
+        vh("SET_MEM_TABLE", self.fe.set_mem_table(&[mem.region_info()])).map(|_| ())
+    }
+
     /// GET_VRING_BASE: stops the ring in the device and returns its next
     /// avail index.
     pub fn get_vring_base(&mut self, index: usize) -> Result<u32> {

@@ -195,18 +195,33 @@ impl Target {
         match self.c.stats() {
             Ok(s) => Ok(s),
             Err(e) => {
-                self.alive()?;
-                let first = e.to_string();
-                let mut c = Client::connect(&self.d.ctl)
-                    .map_err(|e| Failure::Hang(format!("ctl stats: {first}; reconnect: {e}")))?;
-                c.set_timeout(Some(STATS_TIMEOUT))
-                    .map_err(|e| Failure::Hang(e.to_string()))?;
-                self.c = c;
-                self.c.stats().map_err(|e| {
-                    Failure::Hang(format!(
-                        "ctl stats did not answer within {STATS_TIMEOUT:?}: {first}; again: {e}"
-                    ))
-                })
+                // Three more tries on fresh clients (on a loaded shared
+                // host a nice-19 daemon can be starved for seconds), then
+                // a hang, with what the daemon's threads were doing.
+                let mut errors = vec![e.to_string()];
+                for _ in 0..3 {
+                    self.alive()?;
+                    let c = Client::connect(&self.d.ctl).and_then(|mut c| {
+                        c.set_timeout(Some(STATS_TIMEOUT))?;
+                        Ok(c)
+                    });
+                    match c {
+                        Ok(c) => {
+                            self.c = c;
+                            match self.c.stats() {
+                                Ok(s) => return Ok(s),
+                                Err(e) => errors.push(e.to_string()),
+                            }
+                        }
+                        Err(e) => errors.push(e.to_string()),
+                    }
+                }
+                Err(Failure::Hang(format!(
+                    "ctl stats did not answer within {STATS_TIMEOUT:?}, 4 times: {}; daemon threads: {}; load average {}",
+                    errors.join("; "),
+                    thread_states(self.pid),
+                    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+                )))
             }
         }
     }
@@ -348,6 +363,32 @@ impl Target {
             self.rss_early = self.rss_early.max(footprint(self.pid).2);
         }
     }
+}
+
+/// Each thread of `pid`: name, state (R runnable, S sleeping, D in the
+/// kernel) and where it sleeps.
+fn thread_states(pid: u32) -> String {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "?".into();
+    };
+    let mut v = Vec::new();
+    for t in dir.flatten() {
+        let p = t.path();
+        let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
+        let name = stat
+            .split('(')
+            .nth(1)
+            .and_then(|r| r.split(')').next())
+            .unwrap_or("?");
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("?");
+        let wchan = std::fs::read_to_string(p.join("wchan")).unwrap_or_default();
+        v.push(format!("{name} {state} {wchan}"));
+    }
+    v.join(", ")
 }
 
 #[derive(Default)]

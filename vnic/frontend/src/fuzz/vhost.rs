@@ -32,6 +32,9 @@
 //! REPLY_ACK negotiated, as the sequence tracks it), everything else the
 //! daemon writes is drained as it comes.
 
+// Message builders: b = bytes, e/v/m = the class, i = vring index, l = layout.
+#![allow(clippy::many_single_char_names)]
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
@@ -313,7 +316,7 @@ pub fn run(socket: &Path, seed: u64, cfg: &Config) -> io::Result<Outcome> {
     }
     if !s.dead && s.rng.chance(8) {
         // The last message cut short: a disconnect mid-message.
-        let m = s.malformed_cut()?;
+        let m = s.malformed_cut();
         s.send(m);
     }
     Ok(s.out)
@@ -774,7 +777,7 @@ impl Seq<'_> {
                     },
                     _ => 0,
                 };
-                let flags = if self.rng.chance(20) { 1 } else { 0 };
+                let flags = u32::from(self.rng.chance(20));
                 let log = if flags == 1 { self.rng.edge_u64() } else { 0 };
                 let b = self.vring_addr(i, flags, a[0], a[1], a[2], log);
                 self.msg(e, "vring_addr_outside", b, vec![])
@@ -947,9 +950,7 @@ impl Seq<'_> {
             2 => {
                 kind = "mem_huge";
                 let fd = self.new_memfd(small)?;
-                let size = *self
-                    .rng
-                    .pick(&[1 << 40, 1 << 46, 1 << 47, u64::MAX & !0xfff, 1 << 63]);
+                let size = *self.rng.pick(&[1 << 40, 1 << 46, 1 << 47, !0xfff, 1 << 63]);
                 regions.push(Region {
                     gpa: gpa_free,
                     size,
@@ -1351,12 +1352,12 @@ impl Seq<'_> {
                 put64(&mut b, self.rng.next_u64());
                 self.msg(m, "short_size", b, vec![])
             }
-            _ => self.malformed_cut()?,
+            _ => self.malformed_cut(),
         })
     }
 
     /// A message cut short, then the connection closed.
-    fn malformed_cut(&mut self) -> io::Result<Msg> {
+    fn malformed_cut(&mut self) -> Msg {
         let m = Class::Malformed;
         let (b, kind) = if self.rng.chance(50) {
             (header(GET_FEATURES, VERSION, 0), "cut_header")
@@ -1373,7 +1374,7 @@ impl Seq<'_> {
         let mut msg = self.msg(m, kind, b, vec![]);
         msg.cut_at = Some(cut);
         msg.reply_due = false;
-        Ok(msg)
+        msg
     }
 
     // ---- sending --------------------------------------------------------

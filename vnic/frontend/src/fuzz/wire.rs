@@ -172,7 +172,7 @@ impl RawConn {
             }
             match (&self.sock).read(&mut buf) {
                 Ok(0) => return Err(ReadError::Closed),
-                Ok(n) => *lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64,
+                Ok(n) => *lines += newlines(&buf[..n]),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
                     return Err(ReadError::Closed)
@@ -182,4 +182,13 @@ impl RawConn {
         }
         Ok(*lines)
     }
+}
+
+/// Newlines in `b`.
+fn newlines(b: &[u8]) -> u64 {
+    let mut n = 0;
+    for &c in b {
+        n += u64::from(c == b'\n');
+    }
+    n
 }
