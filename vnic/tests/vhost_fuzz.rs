@@ -349,11 +349,11 @@ fn memory_table_swapped_under_a_tx_batch_does_not_hang_the_worker() {
         }
         let _ = done_tx.send(Ok(()));
     });
-    match done_rx.recv_timeout(Duration::from_secs(180)) {
+    match done_rx.recv_timeout(Duration::from_mins(3)) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => panic!("{e}\n{}", d.log_text()),
-        Err(_) => panic!(
-            "the rounds hung (a worker spinning with its vring locked?)\n{}",
+        Err(e) => panic!(
+            "the rounds hung ({e}: a worker spinning with its vring locked?)\n{}",
             d.log_text()
         ),
     }

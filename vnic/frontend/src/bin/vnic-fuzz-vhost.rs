@@ -680,7 +680,7 @@ fn main() {
             tot.slowest = (began.elapsed(), seed);
         }
         i += 1;
-        if i % a.check_every.max(1) == 0 {
+        if i.is_multiple_of(a.check_every.max(1)) {
             if let Err(f) = t.full_check(p < 0.1, false) {
                 report_failure(
                     &a,
