@@ -297,6 +297,7 @@ pub(crate) fn stats(sh: &Shared) -> wire::Stats {
         peer: sh.stats.peer.to_wire(kind),
         trace: sh.tracer.to_wire(),
         ctl: sh.stats.ctl.to_wire(),
+        vhost: sh.stats.vhost.to_wire(),
         rings: conn.as_ref().map(|c| rings(c)),
     }
 }
@@ -742,6 +743,12 @@ mod tests {
         }
         sh.connections.store(next(), Relaxed);
         sh.connected.store(true, Relaxed);
+        // Refusal reason i counted i + 1 times.
+        for (i, r) in crate::stats::Refusal::ALL.iter().enumerate() {
+            for _ in 0..=i {
+                sh.stats.vhost.count(*r);
+            }
+        }
         {
             let mut m = sh.lock_mgmt();
             m.c = mgmt_counters(&mut next);

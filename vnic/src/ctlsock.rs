@@ -237,8 +237,11 @@ impl CtlSocket {
         let mut closed = !c.flush_out();
         let mut tmp = [0u8; 4096];
         while !closed && !c.closing && c.out.len() < CTL_OUT_SOFT {
-            // Answer the complete lines read so far.
-            if let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
+            // Answer the complete lines read so far. A line over the limit
+            // is refused whether or not its end came in the same read as
+            // the bytes over the limit.
+            let newline = c.buf.iter().position(|&b| b == b'\n');
+            if let Some(pos) = newline.filter(|&p| p <= CTL_MAX_LINE) {
                 let line: Vec<u8> = c.buf.drain(..=pos).collect();
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim();
@@ -251,7 +254,7 @@ impl CtlSocket {
                 closed = !c.flush_out();
                 continue;
             }
-            if c.buf.len() > CTL_MAX_LINE {
+            if newline.is_some() || c.buf.len() > CTL_MAX_LINE {
                 self.sh
                     .stats
                     .ctl

@@ -15,10 +15,21 @@
 //! SET_FEATURES later replaces it. Only control messages cross the relay:
 //! the rings live in shared memory and the kicks/calls are eventfds.
 //!
+//! It is also the gate in front of the handler: a frontend's message with
+//! a payload over 64 KiB or more than 32 fds, a connection that ends in
+//! the middle of a message, and a memory region (SET_MEM_TABLE,
+//! ADD_MEM_REG) that reaches past the end of its file are refused here,
+//! reported to the refusal hook, and end the connection. The last one is
+//! not refused by `vhost-user-backend` 0.24 / `vm-memory` 0.18: mapping a
+//! file beyond its end succeeds, and the first read of a vring placed
+//! there (the worker's, or the 50 ms poll's) killed the daemon with
+//! SIGBUS (found by `vnic-fuzz-vhost`; device test
+//! `tests/vhost_fuzz.rs`).
+//!
 //! It stays an adapter: it is the one place that knows about that QEMU /
 //! `vhost` ordering, it keeps no state another module reads, and it only
-//! reports each SET_VRING_ENABLE to the hook it is given (the owner of the
-//! enabled pairs, `pairs::Pairs`).
+//! reports each SET_VRING_ENABLE and each refusal to the hooks it is given
+//! (the owner of the enabled pairs, `pairs::Pairs`; the daemon's counters).
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -34,6 +45,8 @@ const MAX_FDS: usize = 32;
 
 const SET_FEATURES: u32 = 2;
 const RESET_OWNER: u32 = 4;
+const SET_MEM_TABLE: u32 = 5;
+const ADD_MEM_REG: u32 = 37;
 const SET_VRING_ENABLE: u32 = 18;
 const PROTOCOL_FEATURES_BIT: u64 = 1 << 30;
 
@@ -45,6 +58,45 @@ struct Msg {
 impl Msg {
     fn code(&self) -> u32 {
         u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]])
+    }
+}
+
+/// Why the relay refused a frontend's message (the connection is closed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// A payload over [`MAX_PAYLOAD`].
+    TooBig,
+    /// More than [`MAX_FDS`] descriptors.
+    TooManyFds,
+    /// The frontend closed the connection in the middle of a message.
+    Truncated,
+    /// A memory region reaching past the end of its file.
+    RegionPastEof,
+}
+
+/// Called with every refusal (and what was refused) before the relay
+/// closes the connection.
+pub(crate) type RefuseHook = Box<dyn Fn(Refused, &str) + Send>;
+
+/// What ends a relay direction.
+#[derive(Debug)]
+enum Stop {
+    Io(io::Error),
+    Refused(Refused, String),
+}
+
+impl From<io::Error> for Stop {
+    fn from(e: io::Error) -> Self {
+        Stop::Io(e)
+    }
+}
+
+impl std::fmt::Display for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stop::Io(e) => write!(f, "{e}"),
+            Stop::Refused(r, why) => write!(f, "refused ({r:?}): {why}"),
+        }
     }
 }
 
@@ -95,10 +147,8 @@ fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> i
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "too many file descriptors in one message",
-        ));
+        // The kernel closed the descriptors that did not fit.
+        return Err(io::Error::new(io::ErrorKind::InvalidData, CTRUNC));
     }
     Ok(n)
 }
@@ -147,32 +197,125 @@ fn send_with_fds(sock: &UnixStream, buf: &[u8], fds: &[OwnedFd]) -> io::Result<(
     Ok(())
 }
 
+const CTRUNC: &str = "too many file descriptors in one message";
+
 /// Reads one vhost-user message (header, payload, fds). `None` at EOF.
-fn read_msg(sock: &UnixStream) -> io::Result<Option<Msg>> {
+fn read_msg(sock: &UnixStream) -> Result<Option<Msg>, Stop> {
     let mut buf = vec![0u8; HDR_LEN];
     let mut fds = Vec::new();
     let mut got = 0;
+    let too_many = |e: io::Error| {
+        if e.kind() == io::ErrorKind::InvalidData && e.to_string() == CTRUNC {
+            Stop::Refused(Refused::TooManyFds, format!("more than {MAX_FDS} fds"))
+        } else {
+            Stop::Io(e)
+        }
+    };
     while got < HDR_LEN {
-        let n = recv_with_fds(sock, &mut buf[got..], &mut fds)?;
+        let n = recv_with_fds(sock, &mut buf[got..], &mut fds).map_err(too_many)?;
         if n == 0 {
             return if got == 0 {
                 Ok(None)
             } else {
-                Err(io::ErrorKind::UnexpectedEof.into())
+                Err(Stop::Refused(
+                    Refused::Truncated,
+                    format!("connection closed after {got} bytes of a header"),
+                ))
             };
         }
         got += n;
     }
     let size = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
     if size > MAX_PAYLOAD {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("vhost-user payload of {size} bytes"),
+        return Err(Stop::Refused(
+            Refused::TooBig,
+            format!("a payload of {size} bytes (request {})", code_of(&buf)),
         ));
     }
     buf.resize(HDR_LEN + size, 0);
-    (&*sock).read_exact(&mut buf[HDR_LEN..])?;
+    if let Err(e) = (&*sock).read_exact(&mut buf[HDR_LEN..]) {
+        return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
+            Stop::Refused(
+                Refused::Truncated,
+                format!(
+                    "connection closed inside the {size}-byte payload of request {}",
+                    code_of(&buf)
+                ),
+            )
+        } else {
+            Stop::Io(e)
+        });
+    }
     Ok(Some(Msg { buf, fds }))
+}
+
+fn code_of(buf: &[u8]) -> u32 {
+    u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// Bytes of the file behind `fd` (`None`: fstat failed).
+fn file_size(fd: &OwnedFd) -> Option<u64> {
+    // SAFETY: all-zero is a valid `stat`; fstat writes into it and reads
+    // nothing else; `fd` is open (we own it).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let r = unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) };
+    (r == 0).then_some(st.st_size as u64)
+}
+
+/// The memory regions of a SET_MEM_TABLE or ADD_MEM_REG must lie inside
+/// their files: `vm-memory` maps a file beyond its end without complaint,
+/// and a read there is a SIGBUS that kills the daemon. Messages whose
+/// region and fd counts disagree are left to the handler (it refuses
+/// them).
+fn check_regions(m: &Msg) -> Result<(), Stop> {
+    let payload = &m.buf[HDR_LEN..];
+    // (offset of the first region in the payload, regions)
+    let (first, n) = match m.code() {
+        SET_MEM_TABLE if payload.len() >= 8 => {
+            let n = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]) as usize;
+            if payload.len() != 8 + 32 * n {
+                return Ok(());
+            }
+            (8, n)
+        }
+        ADD_MEM_REG if payload.len() == 40 => (8, 1),
+        _ => return Ok(()),
+    };
+    if m.fds.len() != n {
+        return Ok(());
+    }
+    for (i, fd) in m.fds.iter().enumerate() {
+        let r = first + 32 * i;
+        let (gpa, size, offset) = (
+            u64_at(payload, r),
+            u64_at(payload, r + 8),
+            u64_at(payload, r + 24),
+        );
+        let file = file_size(fd);
+        let inside = offset
+            .checked_add(size)
+            .zip(file)
+            .is_some_and(|(end, file)| end <= file);
+        if !inside {
+            return Err(Stop::Refused(
+                Refused::RegionPastEof,
+                format!(
+                    "request {}: region {i} (guest {gpa:#x}, {size:#x} bytes at file offset {offset:#x}) \
+                     reaches past the end of its file ({})",
+                    m.code(),
+                    file.map_or("size unknown".into(), |f| format!("{f:#x} bytes"))
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn set_features_msg(features: u64) -> Msg {
@@ -196,9 +339,12 @@ fn pump(
     to: &UnixStream,
     fix_enable: bool,
     on_enable: Option<&EnableHook>,
-) -> io::Result<()> {
+) -> Result<(), Stop> {
     let mut features_set = false;
     while let Some(m) = read_msg(from)? {
+        if fix_enable {
+            check_regions(&m)?;
+        }
         if let (Some(hook), SET_VRING_ENABLE) = (on_enable, m.code()) {
             // VhostUserVringState { index: u32, num: u32 }, little-endian.
             if let Some(p) = m.buf.get(HDR_LEN..HDR_LEN + 8) {
@@ -234,6 +380,7 @@ pub(crate) fn start(
     frontend: UnixStream,
     backend: UnixStream,
     on_enable: EnableHook,
+    on_refuse: RefuseHook,
 ) -> io::Result<[JoinHandle<()>; 2]> {
     let (f2, b2) = (frontend.try_clone()?, backend.try_clone()?);
     let down = |a: &UnixStream, b: &UnixStream| {
@@ -243,8 +390,10 @@ pub(crate) fn start(
     let t1 = std::thread::Builder::new()
         .name("vnic-relay-req".into())
         .spawn(move || {
-            if let Err(e) = pump(&frontend, &backend, true, Some(&on_enable)) {
-                log::debug!("vhost-user relay (requests): {e}");
+            match pump(&frontend, &backend, true, Some(&on_enable)) {
+                Ok(()) => {}
+                Err(Stop::Refused(r, why)) => on_refuse(r, &why),
+                Err(Stop::Io(e)) => log::debug!("vhost-user relay (requests): {e}"),
             }
             down(&frontend, &backend);
         })?;
@@ -267,7 +416,13 @@ mod tests {
     fn relays_messages_with_fds_and_fixes_early_enable() {
         let (qemu, relay_out) = UnixStream::pair().unwrap();
         let (relay_in, backend) = UnixStream::pair().unwrap();
-        let _t = start(relay_out, relay_in, Box::new(|_, _| {})).unwrap();
+        let _t = start(
+            relay_out,
+            relay_in,
+            Box::new(|_, _| {}),
+            Box::new(|_, _| {}),
+        )
+        .unwrap();
         // A message with an fd.
         let file = std::fs::File::open("/dev/null").unwrap();
         let mut m = vec![13u8, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0];

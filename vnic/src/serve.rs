@@ -26,6 +26,7 @@ use crate::ctl;
 use crate::ctlsock::CtlSocket;
 use crate::daemon::Shared;
 use crate::error::Error;
+use crate::stats::Refusal;
 
 const D_LISTEN: u32 = 1;
 const D_SIGNAL: u32 = 2;
@@ -198,6 +199,7 @@ fn attach(
     daemon: &mut VhostUserDaemon<Arc<VnicBackend>>,
     frontend: UnixStream,
     on_enable: crate::relay::EnableHook,
+    on_refuse: crate::relay::RefuseHook,
 ) -> Result<[std::thread::JoinHandle<()>; 2], Error> {
     let dir = private_dir().map_err(Error::io("private socket directory"))?;
     *PRIVATE_DIR
@@ -211,7 +213,7 @@ fn attach(
         daemon
             .start(&mut vl)
             .map_err(|e| Error::VhostUser(format!("accept (private): {e}")))?;
-        crate::relay::start(frontend, inner, on_enable).map_err(Error::io("relay"))
+        crate::relay::start(frontend, inner, on_enable, on_refuse).map_err(Error::io("relay"))
     })();
     let _ = std::fs::remove_dir_all(&dir);
     *PRIVATE_DIR
@@ -243,10 +245,23 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
     let (frontend, _) = public.accept().map_err(Error::io("accept"))?;
     // The relay tells the enabled-pairs owner about every SET_VRING_ENABLE.
     let pairs = conn.pairs.clone();
+    let sh2 = sh.clone();
     let relay = attach(
         &mut daemon,
         frontend,
         Box::new(move |index, enable| pairs.frontend_enable(index, enable)),
+        Box::new(move |r, why| {
+            refused(
+                &sh2,
+                match r {
+                    crate::relay::Refused::TooBig => Refusal::TooBig,
+                    crate::relay::Refused::TooManyFds => Refusal::TooManyFds,
+                    crate::relay::Refused::Truncated => Refusal::Truncated,
+                    crate::relay::Refused::RegionPastEof => Refusal::RegionPastEof,
+                },
+                why,
+            );
+        }),
     )?;
     sh.connections.fetch_add(1, Ordering::Relaxed);
     sh.connected.store(true, Ordering::Relaxed);
@@ -284,9 +299,79 @@ fn serve_one(sh: &Arc<Shared>, public: &UnixListener) -> Result<(), Error> {
         )) => {
             log::info!("frontend disconnected");
         }
-        Err(e) => log::warn!("frontend connection ended: {e}"),
+        Err(e) => refused(sh, refusal_of(&e), &e.to_string()),
     }
     Ok(())
+}
+
+/// The reason counted for the error that ended a connection.
+fn refusal_of(e: &vhost_user_backend::Error) -> Refusal {
+    use vhost::vhost_user::Error as V;
+    match e {
+        vhost_user_backend::Error::HandleRequest(v) => match v {
+            V::InvalidMessage | V::OversizedMsg | V::PartialMessage => Refusal::InvalidMessage,
+            V::InvalidParam => Refusal::InvalidParam,
+            V::IncorrectFds => Refusal::BadFds,
+            V::InactiveFeature(_) | V::InactiveOperation(_) | V::FeatureMismatch => {
+                Refusal::NotNegotiated
+            }
+            V::InvalidOperation(_) => Refusal::InvalidOperation,
+            V::ReqHandlerError(_) | V::BackendInternalError => Refusal::BackendFailed,
+            _ => Refusal::Other,
+        },
+        _ => Refusal::Other,
+    }
+}
+
+/// Refusal log lines: at most one a second over all connections (a
+/// hostile frontend can reconnect and be refused thousands of times a
+/// second); the next line says how many it did not show.
+#[derive(Debug, Default)]
+struct LogLimit {
+    last: Option<Instant>,
+    quiet: u64,
+}
+
+impl LogLimit {
+    /// Whether a line may go out at `now`; if so, how many were held back
+    /// since the last one.
+    fn admit(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < Duration::from_secs(1))
+        {
+            self.quiet += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.quiet))
+    }
+}
+
+static REFUSAL_LOG: Mutex<LogLimit> = Mutex::new(LogLimit {
+    last: None,
+    quiet: 0,
+});
+
+/// Counts a refused vhost-user request (its connection is closed) and
+/// logs it, at most one line a second.
+fn refused(sh: &Shared, r: Refusal, why: &str) {
+    sh.stats.vhost.count(r);
+    let admitted = REFUSAL_LOG
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .admit(Instant::now());
+    if let Some(quiet) = admitted {
+        let more = if quiet > 0 {
+            format!(" ({quiet} more refused since the last line: ctl stats vhost.refused)")
+        } else {
+            String::new()
+        };
+        log::warn!(
+            "vhost-user request refused ({}), connection closed: {why}{more}",
+            r.name()
+        );
+    }
 }
 
 struct MgmtLoop {
@@ -412,4 +497,40 @@ pub(crate) fn print_summary(sh: &Shared, trace_flushed: bool) {
             ""
         }
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_lines_are_limited_to_one_a_second() {
+        let mut l = LogLimit::default();
+        let t = Instant::now();
+        assert_eq!(l.admit(t), Some(0));
+        for ms in [1, 10, 500, 999] {
+            assert_eq!(l.admit(t + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(l.admit(t + Duration::from_secs(1)), Some(4));
+        assert_eq!(l.admit(t + Duration::from_millis(1500)), None);
+        assert_eq!(l.admit(t + Duration::from_secs(2)), Some(1));
+    }
+
+    #[test]
+    fn handler_errors_map_to_reasons() {
+        use vhost::vhost_user::Error as V;
+        let h = |v| refusal_of(&vhost_user_backend::Error::HandleRequest(v));
+        assert_eq!(h(V::InvalidMessage), Refusal::InvalidMessage);
+        assert_eq!(h(V::InvalidParam), Refusal::InvalidParam);
+        assert_eq!(h(V::IncorrectFds), Refusal::BadFds);
+        assert_eq!(
+            h(V::InvalidOperation("already claimed")),
+            Refusal::InvalidOperation
+        );
+        assert_eq!(h(V::BackendInternalError), Refusal::BackendFailed);
+        assert_eq!(
+            h(V::SocketError(std::io::Error::other("x"))),
+            Refusal::Other
+        );
+    }
 }

@@ -300,6 +300,9 @@ pub(crate) struct Stats {
     /// Written by every worker that drops one of its replies.
     pub replies_dropped_no_buffers: SharedCounter,
     pub ctl: CtlStats,
+    /// vhost-user requests refused (written by the relay threads and the
+    /// main thread).
+    pub vhost: VhostStats,
 }
 
 /// The control socket's clients (written by the `vnic-mgmt` thread only,
@@ -335,6 +338,7 @@ impl Stats {
             peer: PeerStats::default(),
             replies_dropped_no_buffers: SharedCounter::default(),
             ctl: CtlStats::default(),
+            vhost: VhostStats::default(),
         }
     }
 
@@ -461,6 +465,95 @@ impl BadTx {
             BadTx::Writable => "writable",
             BadTx::ShortHeader => "short_header",
             BadTx::Indirect => "indirect",
+        }
+    }
+}
+
+/// Why a frontend's vhost-user request was refused (which ends its
+/// connection): the relay's own checks first, then the request handler's
+/// errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    TooBig,
+    TooManyFds,
+    Truncated,
+    RegionPastEof,
+    InvalidMessage,
+    InvalidParam,
+    BadFds,
+    NotNegotiated,
+    InvalidOperation,
+    BackendFailed,
+    Other,
+}
+
+impl Refusal {
+    pub(crate) const ALL: [Refusal; 11] = [
+        Refusal::TooBig,
+        Refusal::TooManyFds,
+        Refusal::Truncated,
+        Refusal::RegionPastEof,
+        Refusal::InvalidMessage,
+        Refusal::InvalidParam,
+        Refusal::BadFds,
+        Refusal::NotNegotiated,
+        Refusal::InvalidOperation,
+        Refusal::BackendFailed,
+        Refusal::Other,
+    ];
+
+    /// The counter's name in `ctl stats` (`vhost.refused`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Refusal::TooBig => "too_big",
+            Refusal::TooManyFds => "too_many_fds",
+            Refusal::Truncated => "truncated",
+            Refusal::RegionPastEof => "region_past_eof",
+            Refusal::InvalidMessage => "invalid_message",
+            Refusal::InvalidParam => "invalid_param",
+            Refusal::BadFds => "bad_fds",
+            Refusal::NotNegotiated => "not_negotiated",
+            Refusal::InvalidOperation => "invalid_operation",
+            Refusal::BackendFailed => "backend_failed",
+            Refusal::Other => "other",
+        }
+    }
+}
+
+/// Refused vhost-user requests by [`Refusal`].
+#[derive(Default)]
+pub(crate) struct VhostStats {
+    refused: [SharedCounter; Refusal::ALL.len()],
+}
+
+impl VhostStats {
+    pub(crate) fn count(&self, r: Refusal) {
+        self.refused[r as usize].add(1);
+    }
+
+    pub(crate) fn get(&self, r: Refusal) -> u64 {
+        self.refused[r as usize].get()
+    }
+
+    /// As `ctl stats` shows them (`vhost`).
+    pub(crate) fn to_wire(&self) -> wire::VhostStats {
+        let g = |r| self.get(r);
+        let refused = wire::VhostRefusals {
+            too_big: g(Refusal::TooBig),
+            too_many_fds: g(Refusal::TooManyFds),
+            truncated: g(Refusal::Truncated),
+            region_past_eof: g(Refusal::RegionPastEof),
+            invalid_message: g(Refusal::InvalidMessage),
+            invalid_param: g(Refusal::InvalidParam),
+            bad_fds: g(Refusal::BadFds),
+            not_negotiated: g(Refusal::NotNegotiated),
+            invalid_operation: g(Refusal::InvalidOperation),
+            backend_failed: g(Refusal::BackendFailed),
+            other: g(Refusal::Other),
+        };
+        wire::VhostStats {
+            refused_total: Refusal::ALL.iter().map(|&r| g(r)).sum(),
+            refused,
         }
     }
 }

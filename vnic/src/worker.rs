@@ -233,7 +233,14 @@ impl Worker {
             // EVENT_IDX through avail_event, without it through the used
             // ring's NO_NOTIFY flag (a driver that polls, like DPDK's
             // virtio PMD, otherwise kicks after every burst it adds).
-            if let Err(e) = tx.disable_notification() {
+            // Notifications through this batch's memory snapshot, never
+            // the vring's current one: after a SET_MEM_TABLE in the middle
+            // of the batch the two disagree on the avail index, and
+            // enable_notification kept reporting entries the ring view
+            // never found (the worker spun for ever holding the vring's
+            // lock; ctl stats and SIGTERM waited on it: found by
+            // vnic-fuzz-vhost, tests/vhost_fuzz.rs).
+            if let Err(e) = tx.get_queue_mut().disable_notification(&*mem) {
                 log::debug!("pair {id}: tx disable_notification: {e}");
             }
             let Some(mut ring) = TxRing::open(tx.get_queue(), &mem) else {
@@ -294,7 +301,7 @@ impl Worker {
             if !poll.is_zero() && poll_tx(tx.get_queue(), &*mem, poll) {
                 continue;
             }
-            match tx.enable_notification() {
+            match tx.get_queue_mut().enable_notification(&*mem) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => {

@@ -182,6 +182,7 @@ pub struct Stats {
     pub peer: PeerStats,
     pub trace: TraceStats,
     pub ctl: CtlStats,
+    pub vhost: VhostStats,
     /// `None` without a connection.
     #[serde(deserialize_with = "required::deserialize")]
     pub rings: Option<Rings>,
@@ -384,6 +385,47 @@ pub struct CtlStats {
     pub refused: u64,
     pub dropped_slow: u64,
     pub lines_too_long: u64,
+}
+
+/// The vhost-user requests the daemon refused. Each refusal ends that
+/// frontend's connection (the listener stays: the frontend may connect
+/// again).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostStats {
+    /// The sum of `refused`.
+    pub refused_total: u64,
+    pub refused: VhostRefusals,
+}
+
+/// Refused vhost-user requests by reason: the first four are the relay's
+/// own checks, the others the request handler's (vhost-user-backend's)
+/// errors.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VhostRefusals {
+    /// A payload over the relay's 64 KiB.
+    pub too_big: u64,
+    /// More file descriptors than one message may carry (32).
+    pub too_many_fds: u64,
+    /// The frontend went away in the middle of a message.
+    pub truncated: u64,
+    /// A memory region that reaches past the end of its file (mapping it
+    /// would succeed, reading it would fault), or whose file has no size.
+    pub region_past_eof: u64,
+    /// Unknown request, wrong size, version or flags, fds where none go.
+    pub invalid_message: u64,
+    /// A value out of range (vring index, ring size, enable, features).
+    pub invalid_param: u64,
+    /// Missing or extra file descriptors.
+    pub bad_fds: u64,
+    /// A request whose feature or protocol feature was not negotiated.
+    pub not_negotiated: u64,
+    /// A request out of place (e.g. a second SET_OWNER).
+    pub invalid_operation: u64,
+    /// The handler could not carry it out (e.g. a memory table it cannot
+    /// map, regions that intersect, a vring address in no region).
+    pub backend_failed: u64,
+    /// Anything else that ended a connection with an error.
+    pub other: u64,
 }
 
 /// The vrings as the connection's last 50 ms poll saw them.

@@ -8,6 +8,7 @@
 //! Vring numbering follows virtio-net: pair `p` is rx vring `2p` and tx vring
 //! `2p + 1`.
 
+pub mod fuzz;
 pub mod guest;
 pub mod harness;
 pub mod measure;
@@ -339,6 +340,13 @@ impl Driver {
         fd: &vmm_sys_util::eventfd::EventFd,
     ) -> Result<()> {
         vh("SET_VRING_ERR", self.fe.set_vring_err(index, fd))
+    }
+
+    /// SET_MEM_TABLE with `mem`'s one region, the driver's own memory left
+    /// as it is: for tests that change the device's memory under running
+    /// rings.
+    pub fn send_mem_table(&mut self, mem: &GuestMem) -> Result<()> {
+        vh("SET_MEM_TABLE", self.fe.set_mem_table(&[mem.region_info()])).map(|_| ())
     }
 
     /// GET_VRING_BASE: stops the ring in the device and returns its next

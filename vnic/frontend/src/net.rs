@@ -73,7 +73,7 @@ pub struct RxQueue {
 }
 
 impl RxQueue {
-    pub(crate) fn new(ring: SplitRing, mrg_rxbuf: bool) -> Self {
+    pub fn new(ring: SplitRing, mrg_rxbuf: bool) -> Self {
         let post_len = ring.layout().buf_len;
         RxQueue {
             ring,
@@ -228,7 +228,7 @@ pub struct TxQueue {
 }
 
 impl TxQueue {
-    pub(crate) fn new(ring: SplitRing) -> Self {
+    pub fn new(ring: SplitRing) -> Self {
         TxQueue { ring, completed: 0 }
     }
 

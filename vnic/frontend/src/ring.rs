@@ -227,7 +227,7 @@ pub struct SplitRing {
 }
 
 impl SplitRing {
-    pub(crate) fn new(
+    pub fn new(
         mem: Arc<GuestMem>,
         layout: RingLayout,
         index: usize,
