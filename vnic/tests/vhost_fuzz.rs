@@ -150,16 +150,7 @@ fn memory_region_past_its_file_is_refused_not_a_sigbus() {
     }
     // Still serving a well-behaved frontend.
     let mut g = guest(&d, 2, 2);
-    let frame = vnic_frontend::build_frame(&vnic_frontend::FrameSpec {
-        src_mac: vnic_frontend::guest::GUEST_MAC,
-        dst_mac: [0xff; 6],
-        src: GUEST_IP.parse().unwrap(),
-        dst: GEN_IP.parse().unwrap(),
-        proto: 17,
-        sport: 40000,
-        dport: 9,
-        len: 128,
-    });
+    let frame = vnic_frontend::guest::discard_frame();
     g.send(1, &frame);
     wait_stats(&mut c, "the frame counted", |s| s.queues[1].tx_packets >= 1);
     assert!(d.log_text().contains("region_past_eof"), "{}", d.log_text());
@@ -318,16 +309,7 @@ fn memory_table_swapped_under_a_tx_batch_does_not_hang_the_worker() {
     std::thread::spawn(move || {
         let mut c = vnic_frontend::harness::ctl(&ctl_path).unwrap();
         c.set_timeout(Some(Duration::from_secs(20))).unwrap();
-        let frame = vnic_frontend::build_frame(&vnic_frontend::FrameSpec {
-            src_mac: vnic_frontend::guest::GUEST_MAC,
-            dst_mac: [0xff; 6],
-            src: GUEST_IP.parse().unwrap(),
-            dst: GEN_IP.parse().unwrap(),
-            proto: 17,
-            sport: 40000,
-            dport: 9,
-            len: 128,
-        });
+        let frame = vnic_frontend::guest::discard_frame();
         for round in 0..30 {
             let mut g = vnic_frontend::guest::Guest::connect(&socket, opts(1, 1024), 1).unwrap();
             let size = g.drv.mem().size() as usize;

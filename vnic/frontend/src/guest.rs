@@ -16,6 +16,22 @@ use super::{DeviceFault, Driver, Options, QueuePair, Result};
 /// The MAC the test guest uses.
 pub const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
 
+/// A 128-byte UDP frame from the guest (10.0.2.15:40000) to the gen peer's
+/// discard port (10.0.2.1:9), which the peer takes and counts: what a test
+/// sends to see a tx queue move.
+pub fn discard_frame() -> Vec<u8> {
+    super::net::build_frame(&super::net::FrameSpec {
+        src_mac: GUEST_MAC,
+        dst_mac: [0xff; 6],
+        src: std::net::Ipv4Addr::new(10, 0, 2, 15).into(),
+        dst: std::net::Ipv4Addr::new(10, 0, 2, 1).into(),
+        proto: 17,
+        sport: 40000,
+        dport: 9,
+        len: 128,
+    })
+}
+
 /// A received frame and the rx queue it came on.
 #[derive(Clone, Debug)]
 pub struct Received {

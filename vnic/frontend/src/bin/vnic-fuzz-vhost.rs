@@ -17,9 +17,9 @@ use clap::Parser;
 use vnic_ctl_proto::{Client, FlowSpec, Stats};
 use vnic_frontend::fuzz::vhost::Class;
 use vnic_frontend::fuzz::{ctl as fctl, sequence_seed, vhost};
-use vnic_frontend::guest::{Guest, GUEST_MAC};
+use vnic_frontend::guest::{discard_frame, Guest};
 use vnic_frontend::harness::{footprint, settled_footprint, vnic_binary, wait_for, Daemon};
-use vnic_frontend::{build_frame, FrameSpec, Options};
+use vnic_frontend::Options;
 
 const AFTER_HELP: &str = "\
 A run starts one `vnic serve --queues P` (killed when the run ends) and
@@ -260,16 +260,7 @@ impl Target {
             .map_err(|e| broken(format!("well-behaved frontend: connect: {e}")))?;
         self.conns += 1;
         let t = Duration::from_secs(30);
-        let frame = build_frame(&FrameSpec {
-            src_mac: GUEST_MAC,
-            dst_mac: [0xff; 6],
-            src: "10.0.2.15".parse().expect("address"),
-            dst: "10.0.2.1".parse().expect("address"),
-            proto: 17,
-            sport: 40000,
-            dport: 9,
-            len: 128,
-        });
+        let frame = discard_frame();
         for p in 0..self.pairs {
             g.send(p, &frame);
         }

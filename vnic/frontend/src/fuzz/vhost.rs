@@ -47,9 +47,9 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{RawConn, ReadError, Rng};
 use crate::features;
-use crate::guest::GUEST_MAC;
+use crate::guest::discard_frame;
 use crate::mem::GuestMem;
-use crate::net::{build_frame, FrameSpec, RxQueue, TxQueue};
+use crate::net::{RxQueue, TxQueue};
 use crate::ring::{Hostile, RingLayout, SplitRing};
 
 // Request codes (vhost-user spec, "Front-end message types").
@@ -212,6 +212,16 @@ struct Region {
 }
 
 impl Region {
+    /// A region mapped from the start of its file.
+    fn at(gpa: u64, size: u64, uaddr: u64) -> Self {
+        Region {
+            gpa,
+            size,
+            uaddr,
+            offset: 0,
+        }
+    }
+
     fn put(&self, b: &mut Vec<u8>) {
         put64(b, self.gpa);
         put64(b, self.size);
@@ -282,16 +292,7 @@ pub fn run(socket: &Path, seed: u64, cfg: &Config) -> io::Result<Outcome> {
         keep: Vec::new(),
         keep_events: Vec::new(),
         dead: false,
-        frame: build_frame(&FrameSpec {
-            src_mac: GUEST_MAC,
-            dst_mac: [0xff; 6],
-            src: "10.0.2.15".parse().expect("address"),
-            dst: "10.0.2.1".parse().expect("address"),
-            proto: 17,
-            sport: 40000,
-            dport: 9,
-            len: 128,
-        }),
+        frame: discard_frame(),
     };
     let n = s.rng.range(1, cfg.max_messages.max(1) as u64);
     // Most sequences set the device up whole before the first hostile
@@ -928,23 +929,17 @@ impl Seq<'_> {
             0 => {
                 kind = "mem_overlap";
                 let fd = self.new_memfd(2 << 20)?;
-                regions.push(Region {
-                    gpa: good.gpa + 0x1000 * self.rng.below(16),
-                    size: 2 << 20,
+                regions.push(Region::at(
+                    good.gpa + 0x1000 * self.rng.below(16),
+                    2 << 20,
                     uaddr,
-                    offset: 0,
-                });
+                ));
                 fds.push(fd);
             }
             1 => {
                 kind = "mem_zero_length";
                 let fd = self.new_memfd(small)?;
-                regions.push(Region {
-                    gpa: gpa_free,
-                    size: 0,
-                    uaddr,
-                    offset: 0,
-                });
+                regions.push(Region::at(gpa_free, 0, uaddr));
                 fds.push(fd);
             }
             2 => {
@@ -980,12 +975,7 @@ impl Seq<'_> {
                 // end of the file would fault.
                 kind = "mem_past_eof";
                 let fd = self.new_memfd(small)?;
-                let r = Region {
-                    gpa: gpa_free,
-                    size: 4 << 20,
-                    uaddr,
-                    offset: 0,
-                };
+                let r = Region::at(gpa_free, 4 << 20, uaddr);
                 self.odd_regions.push(r);
                 regions.push(r);
                 fds.push(fd);
@@ -1006,29 +996,14 @@ impl Seq<'_> {
             6 => {
                 kind = "mem_gpa_wraps";
                 let fd = self.new_memfd(2 * small)?;
-                regions.push(Region {
-                    gpa: u64::MAX - small + 1,
-                    size: 2 * small,
-                    uaddr,
-                    offset: 0,
-                });
+                regions.push(Region::at(u64::MAX - small + 1, 2 * small, uaddr));
                 fds.push(fd);
             }
             7 => {
                 kind = "mem_fewer_fds";
                 let fd = self.new_memfd(small)?;
-                regions.push(Region {
-                    gpa: gpa_free,
-                    size: small,
-                    uaddr,
-                    offset: 0,
-                });
-                regions.push(Region {
-                    gpa: gpa_free + (1 << 20),
-                    size: small,
-                    uaddr: uaddr + (1 << 20),
-                    offset: 0,
-                });
+                regions.push(Region::at(gpa_free, small, uaddr));
+                regions.push(Region::at(gpa_free + (1 << 20), small, uaddr + (1 << 20)));
                 fds.push(fd);
                 if self.rng.chance(50) {
                     fds.clear();
@@ -1037,12 +1012,7 @@ impl Seq<'_> {
             8 => {
                 kind = "mem_extra_fds";
                 let fd = self.new_memfd(small)?;
-                regions.push(Region {
-                    gpa: gpa_free,
-                    size: small,
-                    uaddr,
-                    offset: 0,
-                });
+                regions.push(Region::at(gpa_free, small, uaddr));
                 fds.push(fd);
                 for _ in 0..self.rng.range(1, 4) {
                     let x = self.new_event()?;
@@ -1052,23 +1022,13 @@ impl Seq<'_> {
             9 => {
                 kind = "mem_unmappable_fd";
                 let fd = self.unmappable_fd()?;
-                regions.push(Region {
-                    gpa: gpa_free,
-                    size: small,
-                    uaddr,
-                    offset: 0,
-                });
+                regions.push(Region::at(gpa_free, small, uaddr));
                 fds.push(fd);
             }
             10 => {
                 kind = "mem_same_uaddr";
                 let fd = self.new_memfd(small)?;
-                regions.push(Region {
-                    gpa: gpa_free,
-                    size: small,
-                    uaddr: good.uaddr,
-                    offset: 0,
-                });
+                regions.push(Region::at(gpa_free, small, good.uaddr));
                 fds.push(fd);
             }
             _ => {
@@ -1078,12 +1038,7 @@ impl Seq<'_> {
                 fds.clear();
                 for k in 0..n {
                     let fd = self.new_memfd(4096)?;
-                    regions.push(Region {
-                        gpa: gpa_free + (k << 20),
-                        size: 4096,
-                        uaddr: uaddr + (k << 20),
-                        offset: 0,
-                    });
+                    regions.push(Region::at(gpa_free + (k << 20), 4096, uaddr + (k << 20)));
                     if fds.len() < 32 {
                         fds.push(fd);
                     }
@@ -1117,23 +1072,13 @@ impl Seq<'_> {
                 (
                     ADD_MEM_REG,
                     "add_mem_reg",
-                    Region {
-                        gpa: gpa_free,
-                        size: small,
-                        uaddr,
-                        offset: 0,
-                    },
+                    Region::at(gpa_free, small, uaddr),
                     vec![fd],
                 )
             }
             1 => {
                 let fd = self.new_memfd(small)?;
-                let r = Region {
-                    gpa: gpa_free,
-                    size: 4 << 20,
-                    uaddr,
-                    offset: 0,
-                };
+                let r = Region::at(gpa_free, 4 << 20, uaddr);
                 self.odd_regions.push(r);
                 (ADD_MEM_REG, "add_mem_reg_past_eof", r, vec![fd])
             }
@@ -1142,12 +1087,7 @@ impl Seq<'_> {
                 (
                     ADD_MEM_REG,
                     "add_mem_reg_overlap",
-                    Region {
-                        gpa: good.gpa,
-                        size: small,
-                        uaddr,
-                        offset: 0,
-                    },
+                    Region::at(good.gpa, small, uaddr),
                     vec![fd],
                 )
             }
@@ -1163,12 +1103,7 @@ impl Seq<'_> {
                 (
                     ADD_MEM_REG,
                     "add_mem_reg_bad_fds",
-                    Region {
-                        gpa: gpa_free,
-                        size: small,
-                        uaddr,
-                        offset: 0,
-                    },
+                    Region::at(gpa_free, small, uaddr),
                     fds,
                 )
             }
@@ -1176,12 +1111,7 @@ impl Seq<'_> {
             _ => (
                 REM_MEM_REG,
                 "rem_mem_reg_unknown",
-                Region {
-                    gpa: gpa_free,
-                    size: small,
-                    uaddr,
-                    offset: 0,
-                },
+                Region::at(gpa_free, small, uaddr),
                 vec![],
             ),
         };
