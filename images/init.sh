@@ -5,6 +5,7 @@
 # the kernel command line option vnic.agent=:
 #   exec (default)  exec /sbin/vnic-agent as PID 1 if it exists
 #   run             run /sbin/vnic-agent as a child; power off when it exits
+#   shell           run /sbin/vnic-agent in the background and the shell below
 #   off             skip the agent
 # and falls back to a shell on the console (power off when the shell exits).
 # Modules listed in vnic.modules=a,b are loaded (modprobe) before the agent.
@@ -60,6 +61,11 @@ echo "vnic-init: userspace up at ${up}s, $(grep -c ^processor /proc/cpuinfo) cpu
 if [ -x /sbin/vnic-agent ]; then
     case "$mode" in
     exec) exec /sbin/vnic-agent ;;
+    shell)
+        # The agent serves the host in the background (its messages in
+        # /tmp/vnic-agent.log); the shell below has the console.
+        /sbin/vnic-agent </dev/null >/tmp/vnic-agent.log 2>&1 &
+        ;;
     run)
         /sbin/vnic-agent
         echo "vnic-init: vnic-agent exited with status $?; powering off" >/dev/console

@@ -1,5 +1,6 @@
 //! vnic-guest-suite: boots real kernels under QEMU on a real `vnic serve`
-//! and runs the guest scenarios (`--list`), or the demo.
+//! and runs the guest scenarios (`--list`), or the demo, or boots one
+//! kernel of yours for poking at by hand (`run`).
 //!
 //! Prints one line per scenario and kernel, then `N passed, M failed`;
 //! exits non-zero on any failure.
@@ -7,6 +8,7 @@
 use clap::{ArgAction, Parser, Subcommand};
 use guest_tests::harness::build::{self, Kernel};
 use guest_tests::harness::{parse_num as num, repo_root, timestamp, Artifacts};
+use guest_tests::scenarios::poke::{self, RunArgs};
 use guest_tests::scenarios::{
     self, report_line, BootKind, Family, Outcome, Session, Settings, Tools, Topology,
 };
@@ -40,7 +42,8 @@ ENVIRONMENT:
     name = "vnic-guest-suite",
     about = ABOUT,
     override_usage = "vnic-guest-suite [OPTIONS]          run the scenarios
-       vnic-guest-suite demo [OPTIONS]     boot a 7.3 guest, steer ~256 flows, print a summary",
+       vnic-guest-suite demo [OPTIONS]     boot a 7.3 guest, steer ~256 flows, print a summary
+       vnic-guest-suite run [OPTIONS]      boot your tree on a vnic of its own: a shell or --exec CMD",
     after_help = AFTER_HELP,
     args_conflicts_with_subcommands = true,
     disable_help_subcommand = true,
@@ -53,12 +56,19 @@ struct Cli {
     mode: Option<Mode>,
 }
 
+/// What the command line asks for.
+enum Parts {
+    /// The suite (`false`) or the demo (`true`), and their options.
+    Suite(bool, Opts),
+    Run(RunArgs),
+}
+
 impl Cli {
-    /// Whether this is the demo, and its options.
-    fn into_parts(self) -> (bool, Opts) {
+    fn into_parts(self) -> Parts {
         match self.mode {
-            Some(Mode::Demo(o)) => (true, o),
-            None => (false, self.opts),
+            Some(Mode::Demo(o)) => Parts::Suite(true, o),
+            Some(Mode::Run(r)) => Parts::Run(r),
+            None => Parts::Suite(false, self.opts),
         }
     }
 }
@@ -70,6 +80,13 @@ enum Mode {
     /// matrix is the guest's shape)
     #[command(after_help = AFTER_HELP, args_override_self = true, verbatim_doc_comment)]
     Demo(Opts),
+    /// Boot one kernel (your built tree, or a cached series) on a vnic of
+    /// its own (gen peer, trace on): the module built for it and loaded,
+    /// a steered UDP workload from the gen peer, then a shell on the
+    /// console or --exec CMD; at exit the filter-table summary and where
+    /// the trace is (scripts/run-qemu --kernel-tree DIR runs this)
+    #[command(verbatim_doc_comment)]
+    Run(RunArgs),
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -369,7 +386,10 @@ fn settle(demo: bool, o: Opts) -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    let (is_demo, opts) = Cli::parse().into_parts();
+    let (is_demo, opts) = match Cli::parse().into_parts() {
+        Parts::Suite(demo, o) => (demo, o),
+        Parts::Run(r) => return poke::main(&r),
+    };
     if opts.list {
         print_list();
         return ExitCode::SUCCESS;
@@ -740,8 +760,10 @@ mod tests {
 
     /// What `main` makes of `line` (a clap error as its text).
     fn args(line: &str) -> Result<Args, String> {
-        let (demo, opts) = parse(line).map_err(|e| e.to_string())?.into_parts();
-        settle(demo, opts)
+        match parse(line).map_err(|e| e.to_string())?.into_parts() {
+            Parts::Suite(demo, opts) => settle(demo, opts),
+            Parts::Run(r) => Err(format!("run: {r:?}")),
+        }
     }
 
     fn cells(a: &Args) -> Vec<String> {
@@ -859,7 +881,45 @@ mod tests {
             (s.queues, s.cpus, s.channels, s.family),
             (2, 4, Some(2), Family::Ipv6)
         );
-        assert!(parse("demo --list").unwrap().into_parts().1.list);
+        assert!(matches!(
+            parse("demo --list").unwrap().into_parts(),
+            Parts::Suite(true, o) if o.list
+        ));
+    }
+
+    #[test]
+    fn run_takes_one_kernel_and_one_action() {
+        let run = |line: &str| match parse(line).map(Cli::into_parts) {
+            Ok(Parts::Run(r)) => Ok(r),
+            Ok(Parts::Suite(..)) => Err("not run".to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let r = run("run --kernel-tree /k --exec true").unwrap();
+        assert_eq!(
+            (
+                r.kernel_tree.as_deref(),
+                r.exec.as_deref(),
+                r.flows,
+                r.queues,
+                r.cpus
+            ),
+            (Some(std::path::Path::new("/k")), Some("true"), 16, 4, 4)
+        );
+        // --series is the run-qemu spelling of --kernel.
+        assert_eq!(
+            run("run --series 6.12").unwrap().kernel.as_deref(),
+            Some("6.12")
+        );
+        for bad in [
+            "run",                                // no kernel
+            "run --kernel-tree /k --kernel 7.3",  // two kernels
+            "run --kernel 7.3 --kernel-image /b", // --kernel-image goes with a tree
+            "run --kernel 7.3 --exec x --shell",  // two actions
+            "run --kernel 7.3 --flows 5000",      // out of range
+            "run --kernel 7.3 --queues 0",
+        ] {
+            assert!(run(bad).is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub struct QemuOptions {
     /// `reconnect-ms` of the vhost-user chardev: QEMU reconnects to a
     /// restarted daemon after this long (None: a dead daemon stays dead).
     pub reconnect_ms: Option<u32>,
+    /// The serial console on this process's terminal (stdin/stdout, QEMU's
+    /// Ctrl-A escapes: Ctrl-A x quits) instead of `console.log`: for a
+    /// shell in the guest (`vnic-guest-suite run --shell`).
+    pub console_stdio: bool,
 }
 
 impl Default for QemuOptions {
@@ -32,6 +36,7 @@ impl Default for QemuOptions {
             append: String::new(),
             accel: std::env::var("VNIC_ACCEL").unwrap_or_else(|_| "auto".into()),
             reconnect_ms: Some(250),
+            console_stdio: false,
         }
     }
 }
@@ -121,7 +126,11 @@ impl Qemu {
                 "-device".into(),
                 "virtserialport,bus=vser0.0,chardev=agent,name=vnic.agent".into(),
                 "-chardev".into(),
-                format!("file,id=con0,path={}", console.display()),
+                if opts.console_stdio {
+                    "stdio,id=con0,mux=on,signal=off".into()
+                } else {
+                    format!("file,id=con0,path={}", console.display())
+                },
                 "-serial".into(),
                 "chardev:con0".into(),
                 "-monitor".into(),
@@ -132,10 +141,15 @@ impl Qemu {
         );
         let qemu = qemu_bin;
         let log = std::fs::File::create(dir.join("qemu.log"))?;
+        let (stdin, stdout) = if opts.console_stdio {
+            (Stdio::inherit(), Stdio::inherit())
+        } else {
+            (Stdio::null(), Stdio::from(log.try_clone()?))
+        };
         let child = Command::new(&qemu)
             .args(&args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
+            .stdin(stdin)
+            .stdout(stdout)
             .stderr(log)
             .spawn()
             .ctx(format!("starting {qemu}"))?;

@@ -36,6 +36,7 @@ mod basic;
 mod delivery;
 pub mod experiments;
 mod faults;
+pub mod poke;
 mod ports;
 mod rps;
 mod session;
@@ -58,7 +59,7 @@ pub(crate) fn flow_key(f: &vnic_ctl_proto::Flow) -> Result<arfs::FlowKey> {
 }
 pub use session::{report_line, Outcome, Session, Settings, Tools};
 pub use topology::{Family, Topology};
-pub use workload::{table_summary, Flow, Window};
+pub use workload::{device_summary, table_summary, Flow, Window};
 
 /// Every scenario of the suite, in canonical order (the order they run in
 /// within a boot, and the order of `--list`).

@@ -58,6 +58,9 @@ pub struct Settings {
     pub min_on_cpu: f64,
     pub module: ModuleParams,
     pub boot_timeout: Duration,
+    /// A shell on the guest's console, which is this terminal (the agent
+    /// runs beside it: `vnic-guest-suite run --shell`).
+    pub shell: bool,
 }
 
 impl Settings {
@@ -93,6 +96,7 @@ impl Default for Settings {
             min_on_cpu: 0.95,
             module: ModuleParams::default(),
             boot_timeout: Duration::from_mins(3),
+            shell: false,
         }
     }
 }
@@ -208,11 +212,16 @@ impl Session {
             .iter()
             .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
             .collect();
-        let append = if names.is_empty() {
+        let mut append = if names.is_empty() {
             String::new()
         } else {
             format!("vnic.modules={}", names.join(","))
         };
+        if settings.shell {
+            // /init starts the agent in the background and a shell on the
+            // console (images/init.sh).
+            append.push_str(" vnic.agent=shell");
+        }
         let release = build::kernel_release(&kernel.kdir)?;
         let mut vnic = VnicOptions {
             queues: settings.queues,
@@ -236,6 +245,7 @@ impl Session {
                 cpus: settings.cpus,
                 queues: settings.queues,
                 append,
+                console_stdio: settings.shell,
                 ..QemuOptions::default()
             },
             boot_timeout: settings.boot_timeout,

@@ -656,10 +656,12 @@ impl Session {
     }
 }
 
-/// The demo's filter-table summary: trace totals since the device started,
-/// the device table now, and the guest's view of where packets were processed.
-pub fn table_summary(s: &mut Session) -> Result<String> {
-    let text = std::fs::read_to_string(&s.guest.vnic.trace).ctx("reading the trace")?;
+/// What the guest programmed, as the device saw it: the trace's adds,
+/// replaces, deletes and rejects since the device started, and the table
+/// now (a line each, indented). Needs only the trace file and the daemon.
+pub fn device_summary(trace: &std::path::Path, ctl: &mut vnic_ctl_proto::Client) -> Result<String> {
+    let text =
+        std::fs::read_to_string(trace).ctx(format!("reading the trace {}", trace.display()))?;
     let mut n: BTreeMap<&str, u64> = BTreeMap::new();
     for l in text.lines() {
         let r: TraceRecord = serde_json::from_str(l).ctx(format!("bad trace line {l}"))?;
@@ -672,7 +674,23 @@ pub fn table_summary(s: &mut Session) -> Result<String> {
         };
         *n.entry(k).or_default() += 1;
     }
-    let table = s.guest.ctl.table()?;
+    let table = ctl.table()?;
+    let mut out = String::new();
+    for k in ["adds", "replaces", "deletes", "rejects"] {
+        let _ = writeln!(out, "  {k:<10} {}", n.get(k).copied().unwrap_or(0));
+    }
+    let _ = write!(
+        out,
+        "  {:<10} {} of capacity {}",
+        "live", table.live, table.capacity
+    );
+    Ok(out)
+}
+
+/// The demo's filter-table summary: [`device_summary`], and the guest's
+/// view of where packets were processed.
+pub fn table_summary(s: &mut Session) -> Result<String> {
+    let device = device_summary(&s.guest.vnic.trace, &mut s.guest.ctl)?;
     let stats = s.udp_stats()?;
     let (pk, on): (u64, u64) = stats
         .flows
@@ -686,14 +704,7 @@ pub fn table_summary(s: &mut Session) -> Result<String> {
         s.settings.cpus,
         s.pairs
     );
-    for k in ["adds", "replaces", "deletes", "rejects"] {
-        let _ = writeln!(out, "  {k:<10} {}", n.get(k).copied().unwrap_or(0));
-    }
-    let _ = writeln!(
-        out,
-        "  {:<10} {} of capacity {}",
-        "live", table.live, table.capacity
-    );
+    let _ = writeln!(out, "{device}");
     let _ =
         write!(
         out,
