@@ -11,6 +11,7 @@ use guest_tests::harness::{parse_num as num, repo_root, timestamp};
 use guest_tests::scenarios::experiments::{
     self, CollisionPoint, CollisionWorkload, RpsPhase, Variant,
 };
+use guest_tests::scenarios::shard::{self, KernelId, PointKey, Run, Shard, SweepDef};
 use guest_tests::scenarios::{BootKind, Session, Settings, Tools};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,8 @@ const USAGE: &str = "\
 vnic-experiment collisions [OPTIONS]   rps_dev_flow slot collisions: Steer-C / Add / Del
                                               per rps_flow_cnt, old (6.12) vs new (7.3) kernel code
        vnic-experiment collisions --check     the short acceptance run (rps_flow_cnt 256 only)
+       vnic-experiment collisions --shard I/N [OPTIONS]   every N-th point of the sweep, a partial result
+       vnic-experiment collisions --merge DIR... [--out DIR] [--report DIR]   the shards as one run
        vnic-experiment rps [OPTIONS]          plain RPS on one queue: per-CPU NET_RX softirqs and
                                               softnet_stat for many sources vs one heavy flow
        vnic-experiment rps --check            the same, 10 s per phase (the test suite's run)";
@@ -185,6 +188,25 @@ struct Cli {
     /// counters)
     #[arg(long, value_name = "POINTS.json", help_heading = COLLISIONS, verbatim_doc_comment)]
     render: Option<PathBuf>,
+    /// Run shard I of N only: the points of the sweep (kernels, then
+    /// rps_flow_cnt, then variants, the order of a whole run) whose
+    /// index k has k % N = I-1, each kernel booted once if it has one.
+    /// Writes a partial result: points.json marked as shard I/N with
+    /// the sweep's settings and kernels (release, .config hash), no
+    /// tables.md, plot.svg or report. Run all N with the same options
+    /// (--out aside), then --merge their directories
+    #[arg(long, value_name = "I/N", value_parser = |v: &str| Shard::parse(v),
+          help_heading = COLLISIONS, verbatim_doc_comment)]
+    shard: Option<Shard>,
+    /// No guest: combine the partial results of --shard 1/N ... N/N
+    /// (directories, or their points.json) into the points.json,
+    /// tables.md and plot.svg (and --report) a single run would have
+    /// written. Refused when they disagree on settings, kernels or N,
+    /// when a shard is missing, given twice or unfinished, or when
+    /// points overlap. Takes --out and --report only
+    #[arg(long, value_name = "DIR", num_args = 1.., action = ArgAction::Append,
+          help_heading = COLLISIONS, verbatim_doc_comment)]
+    merge: Option<Vec<PathBuf>>,
 
     /// Guest vCPUs, all in rx-0's rps_cpus (default 4)
     #[arg(long, value_name = "N",
@@ -256,6 +278,10 @@ struct Args {
     artifacts: Option<PathBuf>,
     /// Re-render tables and plot from a points.json.
     render: Option<PathBuf>,
+    /// Run one shard of the sweep (a partial result).
+    shard: Option<Shard>,
+    /// Combine these shards' partial results instead of running.
+    merge: Option<Vec<PathBuf>>,
     report: Option<PathBuf>,
     latency: bool,
     program_latency_ms: u32,
@@ -295,6 +321,50 @@ fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
     coll("--no-latency", cli.no_latency)?;
     coll("--render", cli.render.is_some())?;
     coll("--report", cli.report.is_some())?;
+    coll("--shard", cli.shard.is_some())?;
+    coll("--merge", cli.merge.is_some())?;
+    if cli.shard.is_some() {
+        for (name, given) in [
+            ("--check", cli.check),
+            ("--render", cli.render.is_some()),
+            ("--merge", cli.merge.is_some()),
+        ] {
+            if given {
+                return Err(format!("--shard runs part of a sweep: no {name}"));
+            }
+        }
+        if cli.report.is_some() {
+            return Err("--shard writes a partial result only: give --report to --merge".into());
+        }
+    }
+    if cli.merge.is_some() {
+        // The settings come from the partial results.
+        for (name, given) in [
+            ("--check", cli.check),
+            ("--render", cli.render.is_some()),
+            ("--kernel", cli.kernel.is_some()),
+            ("--kernel-image", cli.kernel_image.is_some()),
+            ("--kdir", cli.kdir.is_some()),
+            ("--duration", cli.duration.is_some()),
+            ("--rate", cli.rate.is_some()),
+            ("--artifacts", cli.artifacts.is_some()),
+            ("--flow-cnt", cli.flow_cnt.is_some()),
+            ("--variant", cli.variant.is_some()),
+            ("--iterations", cli.iterations.is_some()),
+            ("--fast-rate", cli.fast_rate.is_some()),
+            ("--fast-program-latency", cli.fast_program_latency.is_some()),
+            ("--flows", cli.flows.is_some()),
+            ("--queues", cli.queues.is_some()),
+            ("--program-latency", cli.program_latency.is_some()),
+            ("--no-latency", cli.no_latency),
+        ] {
+            if given {
+                return Err(format!(
+                    "--merge takes the settings from the partial results: no {name} (only --out and --report)"
+                ));
+            }
+        }
+    }
     if cmd != Cmd::Rps {
         if cli.cpus.is_some() {
             return Err("--cpus belongs to `rps` (collisions: --queues)".into());
@@ -330,6 +400,8 @@ fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
         out: cli.out,
         artifacts: cli.artifacts,
         render: cli.render,
+        shard: cli.shard,
+        merge: cli.merge,
         report: cli.report,
         latency: !cli.no_latency,
         program_latency_ms: cli.program_latency.unwrap_or(0),
@@ -414,10 +486,14 @@ fn main() -> ExitCode {
         };
     }
     let name = match args.cmd {
-        Cmd::Collisions if args.check => "collisions-check",
-        Cmd::Collisions => "collisions",
-        Cmd::Rps if args.check => "rps-check",
-        Cmd::Rps => "rps",
+        Cmd::Collisions if args.check => "collisions-check".to_string(),
+        Cmd::Collisions if args.merge.is_some() => "collisions-merged".to_string(),
+        Cmd::Collisions => match args.shard {
+            Some(s) => format!("collisions-shard{}of{}", s.index, s.count),
+            None => "collisions".to_string(),
+        },
+        Cmd::Rps if args.check => "rps-check".to_string(),
+        Cmd::Rps => "rps".to_string(),
     };
     let out = args.out.clone().unwrap_or_else(|| {
         repo_root()
@@ -427,6 +503,15 @@ fn main() -> ExitCode {
     if let Err(e) = std::fs::create_dir_all(&out) {
         eprintln!("error: cannot create {}: {e}", out.display());
         return ExitCode::from(2);
+    }
+    if let Some(dirs) = &args.merge {
+        return match merge(&args, dirs, &out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("[experiment] merge FAILED: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     // Absolute paths: the module is built with `make M=<artifacts>/...`,
     // which kbuild resolves from the kernel tree.
@@ -458,20 +543,51 @@ fn main() -> ExitCode {
     }
 }
 
-/// The kernels to boot, in order: (label, kernel).
+/// The kernels to boot, in order.
 fn kernels(args: &Args) -> Result<Vec<Kernel>, String> {
-    let mut out = Vec::new();
-    for k in &args.kernels {
-        out.push(
-            build::kernel_series(k, "default")
-                .map_err(|e| format!("kernel {k} unavailable: {e}"))?,
-        );
+    Ok(kernels_where(args, &|_| true)?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// The labels of the kernels `args` selects, in order, known before they
+/// are built: the series, then `custom` for --kernel-image.
+fn kernel_labels(args: &Args) -> Vec<String> {
+    let mut v = args.kernels.clone();
+    if args.custom.is_some() {
+        v.push("custom".into());
     }
-    if let Some((i, k)) = &args.custom {
-        out.push(build::kernel_custom(i, k).map_err(|e| e.0)?);
-    }
-    if out.is_empty() {
+    v
+}
+
+/// The kernels of [`kernel_labels`], each built or found when `need(i)`
+/// holds (`None` otherwise: a shard with no point on it).
+fn kernels_where(args: &Args, need: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Kernel>>, String> {
+    let labels = kernel_labels(args);
+    if labels.is_empty() {
         return Err("no kernel selected".into());
+    }
+    let mut out = Vec::new();
+    for (i, label) in labels.iter().enumerate() {
+        if !need(i) {
+            out.push(None);
+            continue;
+        }
+        let k = match &args.custom {
+            Some((image, kdir)) if i == args.kernels.len() => {
+                build::kernel_custom(image, kdir).map_err(|e| e.0)?
+            }
+            _ => build::kernel_series(label, "default")
+                .map_err(|e| format!("kernel {label} unavailable: {e}"))?,
+        };
+        if k.label != *label {
+            return Err(format!(
+                "kernel {label}: the build gave label {} (the sweep's point list would not match)",
+                k.label
+            ));
+        }
+        out.push(Some(k));
     }
     Ok(out)
 }
@@ -709,7 +825,9 @@ fn render_plot(points: &[CollisionPoint], title: &str, out: &Path) -> Result<(),
     write(out, &svg)
 }
 
-fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
+/// The collisions settings of `args`: the guest's, the time per point and
+/// the base rate.
+fn collision_settings(args: &Args) -> (Settings, Duration, u32) {
     let duration = Duration::from_secs(args.duration.unwrap_or(if args.check { 40 } else { 60 }));
     let rate = args.rate.unwrap_or(2000);
     let settings = Settings {
@@ -724,55 +842,122 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         sock_flow_entries: 1 << 20,
         ..Settings::default()
     };
-    let kernels = kernels(args)?;
-    let tools = Tools::build().map_err(|e| e.0)?;
-    let npoints = kernels.len() * args.variants.len() * args.flow_cnts.len();
-    let est = npoints as u64 * (duration.as_secs() + 15) + kernels.len() as u64 * 120;
+    (settings, duration, rate)
+}
+
+/// The whole sweep's points in order, and the indices of those this run
+/// measures: its shard's ([`Shard::points`]), or all.
+fn sweep_points(args: &Args) -> (Vec<PointKey>, Vec<usize>) {
+    let plan = shard::sweep(kernel_labels(args).len(), &args.flow_cnts, &args.variants);
+    let mine = match args.shard {
+        Some(s) => s.points(plan.len()),
+        None => (0..plan.len()).collect(),
+    };
+    (plan, mine)
+}
+
+/// The record a collisions run starts with (no point yet): its command,
+/// settings and sweep; `kernels`: what it knows of each kernel.
+fn new_run(args: &Args, kernels: Vec<KernelId>) -> Run {
+    let (settings, duration, rate) = collision_settings(args);
+    Run {
+        command: format!("scripts/experiment collisions {}", args.argv.join(" "))
+            .trim_end()
+            .to_string(),
+        machine: machine(),
+        started: utc_now(),
+        finished: false,
+        elapsed_s: 0.0,
+        guest: serde_json::json!({"vcpus": args.queues, "queue_pairs": args.queues,
+                  "rps_sock_flow_entries": settings.sock_flow_entries,
+                  "module": {"interval_ms": settings.module.interval_ms,
+                             "expire_quota": settings.module.expire_quota,
+                             "expiry": "rps"}}),
+        workload: serde_json::json!({"flows_per_iteration": args.flows, "rate_pps": rate,
+                     "duration_s": duration.as_secs(), "variants": args.variants,
+                     "iterations": args.iterations,
+                     "latency": args.latency, "program_latency_ms": args.program_latency_ms,
+                     "fast": {"rate_pps": args.fast_rate,
+                              "program_latency_ms": args.fast_latency_ms}}),
+        sweep: SweepDef {
+            points: kernels.len() * args.flow_cnts.len() * args.variants.len(),
+            kernels,
+            flow_cnts: args.flow_cnts.clone(),
+            variants: args.variants.clone(),
+        },
+        shard: args.shard,
+        merged_from: Vec::new(),
+        errors: Vec::new(),
+        points: Vec::new(),
+    }
+}
+
+fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
+    let (settings, duration, rate) = collision_settings(args);
+    let labels = kernel_labels(args);
+    let (plan, mine) = sweep_points(args);
+    let uses = |i: usize| mine.iter().any(|&k| plan[k].kernel == i);
+    let kernels = kernels_where(args, &uses)?;
+    let npoints = mine.len();
+    let booted = kernels.iter().flatten().count();
+    let est = npoints as u64 * (duration.as_secs() + 15) + booted as u64 * 120;
     eprintln!(
-        "[experiment] collisions: {} kernel(s) x {} variant(s) x {} rps_flow_cnt = {npoints} points of {}s ({} flows, {} queues, {rate} pps); about {} min",
-        kernels.len(),
+        "[experiment] collisions: {} kernel(s) x {} variant(s) x {} rps_flow_cnt = {} points of {}s ({} flows, {} queues, {rate} pps){}; about {} min",
+        labels.len(),
         args.variants.len(),
         args.flow_cnts.len(),
+        plan.len(),
         duration.as_secs(),
         args.flows,
         args.queues,
+        args.shard.map_or_else(String::new, |s| format!(
+            "; shard {s}: {npoints} of them on {booted} kernel(s)"
+        )),
         est.div_ceil(60)
     );
-    let started = utc_now();
     let t0 = Instant::now();
-    let mut points: Vec<CollisionPoint> = Vec::new();
-    let mut errors: Vec<String> = Vec::new();
+    let ids = labels
+        .iter()
+        .zip(&kernels)
+        .map(|(l, k)| k.as_ref().map_or_else(|| KernelId::unused(l), KernelId::of))
+        .collect();
+    let mut run = new_run(args, ids);
     let json_path = out.join("points.json");
-    let meta = |points: &[CollisionPoint], errors: &[String], finished: bool| {
-        serde_json::json!({
-            "command": format!("scripts/experiment collisions {}", args.argv.join(" ")).trim_end(),
-            "machine": machine(),
-            "started": started,
-            "finished": finished,
-            "elapsed_s": t0.elapsed().as_secs_f64(),
-            "guest": {"vcpus": args.queues, "queue_pairs": args.queues,
-                      "rps_sock_flow_entries": settings.sock_flow_entries,
-                      "module": {"interval_ms": settings.module.interval_ms,
-                                 "expire_quota": settings.module.expire_quota,
-                                 "expiry": "rps"}},
-            "workload": {"flows_per_iteration": args.flows, "rate_pps": rate,
-                         "duration_s": duration.as_secs(), "variants": args.variants,
-                         "latency": args.latency, "program_latency_ms": args.program_latency_ms,
-                         "fast": {"rate_pps": args.fast_rate,
-                                  "program_latency_ms": args.fast_latency_ms}},
-            "errors": errors,
-            "points": points,
-        })
+    let save = |run: &mut Run| -> Result<(), String> {
+        // Decided (and named) when the first guest booted.
+        run.machine = machine();
+        run.elapsed_s = t0.elapsed().as_secs_f64();
+        write(&json_path, &pretty(&run.to_json())?)
+    };
+    let tools = if npoints == 0 {
+        eprintln!(
+            "[experiment] this shard has no point (the sweep has {}): an empty partial result",
+            plan.len()
+        );
+        None
+    } else {
+        Some(Tools::build().map_err(|e| e.0)?)
     };
     let mut done = 0usize;
-    for kernel in kernels {
+    for (ki, kernel) in kernels.into_iter().enumerate() {
+        let (Some(kernel), Some(tools)) = (kernel, &tools) else {
+            continue;
+        };
+        let todo: Vec<usize> = mine
+            .iter()
+            .copied()
+            .filter(|&k| plan[k].kernel == ki)
+            .collect();
+        // A kernel's problems belong to its first point (boot) or its
+        // last (teardown), so that a merge puts them in their place.
+        let (first, last) = (todo[0], todo[todo.len() - 1]);
         let label = kernel.label.clone();
-        let mut s = match boot(kernel, &tools, settings.clone(), art) {
+        let mut s = match boot(kernel, tools, settings.clone(), art) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("[experiment] {e}");
-                errors.push(e);
-                done += args.variants.len() * args.flow_cnts.len();
+                run.errors.push((first, e));
+                done += todo.len();
                 continue;
             }
         };
@@ -780,180 +965,279 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         if let Err(e) = experiments::prepare_collisions(&mut s) {
             let msg = format!("{label}: {e}; its points are skipped");
             eprintln!("[experiment] {msg}");
-            errors.push(msg);
-            done += args.variants.len() * args.flow_cnts.len();
+            run.errors.push((first, msg));
+            done += todo.len();
             for p in s.finish() {
-                errors.push(format!("{label} teardown: {p}"));
+                run.errors.push((last, format!("{label} teardown: {p}")));
             }
             continue;
         }
-        // Both variants of a size back to back: a problem with either
+        // The variants of a size back to back: a problem with either
         // shows in the first minutes of a long run.
-        'points: for &cnt in &args.flow_cnts {
-            for &variant in &args.variants {
-                let fast = variant == Variant::Fast;
-                let iters = if variant == Variant::Five {
-                    args.iterations
+        for &k in &todo {
+            let PointKey {
+                rps_flow_cnt: cnt,
+                variant,
+                ..
+            } = plan[k];
+            let fast = variant == Variant::Fast;
+            let iters = if variant == Variant::Five {
+                args.iterations
+            } else {
+                1
+            };
+            let w = CollisionWorkload {
+                flows: args.flows,
+                rate: if fast { args.fast_rate } else { rate },
+                duration,
+                iterations: iters,
+                variant,
+                latency: args.latency,
+                // The high-rate variant times as many round trips per
+                // second as the others.
+                echo_every: if fast {
+                    args.fast_rate.div_ceil(rate).max(1)
                 } else {
                     1
-                };
-                let w = CollisionWorkload {
-                    flows: args.flows,
-                    rate: if fast { args.fast_rate } else { rate },
-                    duration,
-                    iterations: iters,
-                    variant,
-                    latency: args.latency,
-                    // The high-rate variant times as many round trips per
-                    // second as the others.
-                    echo_every: if fast {
-                        args.fast_rate.div_ceil(rate).max(1)
-                    } else {
-                        1
-                    },
-                    program_latency_ms: if fast {
-                        args.fast_latency_ms
-                    } else {
-                        args.program_latency_ms
-                    },
-                };
-                done += 1;
-                eprintln!(
-                    "[experiment] ({done}/{npoints}, {:.0} min so far) {label} {} rps_flow_cnt={cnt}: running {}s",
-                    t0.elapsed().as_secs_f64() / 60.0,
-                    variant.name(iters).to_lowercase(),
-                    duration.as_secs()
-                );
-                match experiments::collision_point(&mut s, &w, cnt) {
-                    Ok(p) => {
-                        eprintln!(
-                            "[experiment]   Latency {} Add {} Del {} Steer-C {} Steer-L {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received, host load {}){}",
-                            p.latency.as_ref().map_or_else(
-                                || "-".into(),
-                                |l| format!(
-                                    "{:.0}us (p99 {:.0}us, {} round trips)",
-                                    l.mean_us, l.p99_us, l.replies
-                                )
-                            ),
-                            p.adds,
-                            p.dels,
-                            p.steer_calls,
-                            p.steer_walked.unwrap_or(0),
-                            p.replaces,
-                            p.rejects,
-                            p.thrashing,
-                            p.reset_s,
-                            if p.reset_used_idle { ", idle backstop used" } else { "" },
-                            p.sent,
-                            p.received,
-                            p.host_load.map_or("?".into(), |l| format!("{l:.1}")),
-                            if p.kernel_problems.is_empty() {
-                                String::new()
-                            } else {
-                                format!("; KERNEL PROBLEMS: {:?}", p.kernel_problems)
-                            }
-                        );
-                        if !p.kernel_problems.is_empty() {
-                            errors.push(format!(
+                },
+                program_latency_ms: if fast {
+                    args.fast_latency_ms
+                } else {
+                    args.program_latency_ms
+                },
+            };
+            done += 1;
+            eprintln!(
+                "[experiment] ({done}/{npoints}, {:.0} min so far) {label} {} rps_flow_cnt={cnt}: running {}s",
+                t0.elapsed().as_secs_f64() / 60.0,
+                variant.name(iters).to_lowercase(),
+                duration.as_secs()
+            );
+            match experiments::collision_point(&mut s, &w, cnt) {
+                Ok(p) => {
+                    eprintln!("{}", point_line(&p));
+                    if !p.kernel_problems.is_empty() {
+                        run.errors.push((
+                            k,
+                            format!(
                                 "{label} rps_flow_cnt={cnt}: kernel reported {:?}",
                                 p.kernel_problems
-                            ));
-                        }
-                        points.push(p);
+                            ),
+                        ));
                     }
-                    Err(e) => {
-                        let msg = format!(
-                            "{label} {} rps_flow_cnt={cnt}: {e}",
-                            variant.name(iters).to_lowercase()
-                        );
-                        eprintln!("[experiment]   ERROR {msg}");
-                        errors.push(msg);
-                        if s.guest.qemu.exited().is_some() {
-                            errors.push(format!(
-                                "{label}: the guest is gone, skipping its other points"
-                            ));
-                            break 'points;
-                        }
+                    run.points.push((k, p));
+                }
+                Err(e) => {
+                    let msg = format!(
+                        "{label} {} rps_flow_cnt={cnt}: {e}",
+                        variant.name(iters).to_lowercase()
+                    );
+                    eprintln!("[experiment]   ERROR {msg}");
+                    run.errors.push((k, msg));
+                    if s.guest.qemu.exited().is_some() {
+                        run.errors.push((
+                            k,
+                            format!("{label}: the guest is gone, skipping its other points"),
+                        ));
+                        break;
                     }
                 }
-                write(
-                    &json_path,
-                    &serde_json::to_string_pretty(&meta(&points, &errors, false))
-                        .map_err(|e| e.to_string())?,
-                )?;
             }
+            save(&mut run)?;
         }
         s.guest
             .collect("final-experiment", Some(guest_tests::module::DEBUGFS_DIR));
         let problems = s.finish();
         for p in problems {
             eprintln!("[experiment] {label} teardown: {p}");
-            errors.push(format!("{label} teardown: {p}"));
+            run.errors.push((last, format!("{label} teardown: {p}")));
         }
     }
-    write(
-        &json_path,
-        &serde_json::to_string_pretty(&meta(&points, &errors, true)).map_err(|e| e.to_string())?,
-    )?;
+    run.finished = true;
+    save(&mut run)?;
+    let mut errors = run.error_lines();
+    errors.extend(write_collisions(&run, out, args.report.as_deref())?);
+    if args.check {
+        return check(&run.bare_points(), args.flows, &errors);
+    }
+    problems(&errors)
+}
+
+/// A point's figures, for the progress lines.
+fn point_line(p: &CollisionPoint) -> String {
+    format!(
+        "[experiment]   Latency {} Add {} Del {} Steer-C {} Steer-L {} Replace {} Reject {} thrashing flows {} (reset {:.1}s{}, {} pkts sent, {} received, host load {}){}",
+        p.latency.as_ref().map_or_else(
+            || "-".into(),
+            |l| format!(
+                "{:.0}us (p99 {:.0}us, {} round trips)",
+                l.mean_us, l.p99_us, l.replies
+            )
+        ),
+        p.adds,
+        p.dels,
+        p.steer_calls,
+        p.steer_walked.unwrap_or(0),
+        p.replaces,
+        p.rejects,
+        p.thrashing,
+        p.reset_s,
+        if p.reset_used_idle { ", idle backstop used" } else { "" },
+        p.sent,
+        p.received,
+        p.host_load.map_or("?".into(), |l| format!("{l:.1}")),
+        if p.kernel_problems.is_empty() {
+            String::new()
+        } else {
+            format!("; KERNEL PROBLEMS: {:?}", p.kernel_problems)
+        }
+    )
+}
+
+fn pretty(v: &serde_json::Value) -> Result<String, String> {
+    serde_json::to_string_pretty(v).map_err(|e| e.to_string())
+}
+
+/// What every collisions run writes at its end, whole, shard or merge
+/// (one path, so that a merge writes what a whole run would): points.json;
+/// for a whole or merged run also the tables on stdout, tables.md,
+/// plot.svg and, with `report`, the reader's page. A shard prints its
+/// tables marked partial and writes points.json only. Returns the problems
+/// of the plot and the report.
+fn write_collisions(run: &Run, out: &Path, report: Option<&Path>) -> Result<Vec<String>, String> {
+    write(&out.join("points.json"), &pretty(&run.to_json())?)?;
+    let mut errors = Vec::new();
+    let points = run.bare_points();
     let tables = render_tables(&points);
-    let header = format!(
-        "{} flows per iteration over {} rx queues ({} per queue), {rate} pps in total, {}s per point; {}\n",
-        args.flows,
-        args.queues,
-        args.flows / usize::from(args.queues),
-        duration.as_secs(),
-        machine()
+    let (w, g) = (&run.workload, &run.guest);
+    let (flows, queues) = (
+        w["flows_per_iteration"].as_u64().unwrap_or(0),
+        g["queue_pairs"].as_u64().unwrap_or(0),
     );
+    let header = format!(
+        "{flows} flows per iteration over {queues} rx queues ({} per queue), {} pps in total, {}s per point; {}\n",
+        flows / queues.max(1),
+        w["rate_pps"],
+        w["duration_s"],
+        run.machine
+    );
+    let minutes = run.elapsed_s / 60.0;
+    if let Some(s) = run.shard {
+        println!(
+            "PARTIAL RESULT: shard {s} of the sweep, {} of its {} points ({}/points.json; --merge all {} shards' directories for the tables)",
+            points.len(),
+            run.sweep.points,
+            out.display(),
+            s.count
+        );
+        print!("{header}\n{tables}\n{LEGEND}");
+        eprintln!(
+            "[experiment] shard {s} done in {minutes:.1} min: {}/points.json (a partial result: no tables.md, plot.svg or report)",
+            out.display()
+        );
+        return Ok(errors);
+    }
     print!("{header}\n{tables}\n{LEGEND}");
     let mut md = String::new();
-    let _ = writeln!(md, "# Slot-collision sweep, {started}\n");
-    let _ = writeln!(
-        md,
-        "Command: `scripts/experiment collisions {}`  ",
-        args.argv.join(" ")
-    );
-    let _ = writeln!(
-        md,
-        "Run time: {:.0} min. {header}",
-        t0.elapsed().as_secs_f64() / 60.0
-    );
+    let _ = writeln!(md, "# Slot-collision sweep, {}\n", run.started);
+    let _ = writeln!(md, "Command: `{}`  ", run.command);
+    if run.merged_from.is_empty() {
+        let _ = writeln!(md, "Run time: {minutes:.0} min. {header}");
+    } else {
+        let longest = run
+            .merged_from
+            .iter()
+            .map(|m| m.elapsed_s)
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            md,
+            "Run time: {minutes:.0} min over {} shards (the longest {:.0} min). {header}",
+            run.merged_from.len(),
+            longest / 60.0
+        );
+        let _ = writeln!(md, "Merged from:\n");
+        for m in &run.merged_from {
+            let _ = writeln!(
+                md,
+                "- shard {} ({}): `{}`, {}, {:.0} min; {}",
+                m.shard,
+                m.path,
+                m.command,
+                m.started,
+                m.elapsed_s / 60.0,
+                m.machine
+            );
+        }
+        md.push('\n');
+    }
     let _ = writeln!(md, "```\n{tables}\n{LEGEND}```");
-    if !errors.is_empty() {
+    if !run.errors.is_empty() {
         let _ = writeln!(md, "\nErrors:\n");
-        for e in &errors {
-            let _ = writeln!(md, "- {e}");
+        for e in &run.errors {
+            let _ = writeln!(md, "- {}", e.1);
         }
     }
     write(&out.join("tables.md"), &md)?;
     if !points.is_empty() {
         let title = format!(
-            "Slot collisions: {} flows over {} queues, {}s per point",
-            args.flows,
-            args.queues,
-            duration.as_secs()
+            "Slot collisions: {flows} flows over {queues} queues, {}s per point",
+            w["duration_s"]
         );
         if let Err(e) = render_plot(&points, &title, &out.join("plot.svg")) {
             errors.push(format!("plot: {e}"));
         }
     }
     eprintln!(
-        "[experiment] done in {:.1} min: {}/tables.md, points.json, plot.svg",
-        t0.elapsed().as_secs_f64() / 60.0,
+        "[experiment] done in {minutes:.1} min: {}/tables.md, points.json, plot.svg",
         out.display()
     );
-    if let Some(dir) = &args.report {
-        let about = format!(
-            "`scripts/experiment collisions {}`, {started}; {header}",
-            args.argv.join(" ")
-        );
+    if let Some(dir) = report {
+        let about = format!("`{}`, {}; {header}", run.command, run.started);
         match guest_tests::report::write_report(&points, about.trim_end(), dir) {
             Ok(files) => eprintln!("[experiment] report: {}", files[0].display()),
             Err(e) => errors.push(format!("report: {e}")),
         }
     }
-    if args.check {
-        return check(&points, args.flows, &errors);
+    Ok(errors)
+}
+
+/// `--merge`: the partial results of `dirs` as one run, written into `out`
+/// as a whole run writes it.
+fn merge(args: &Args, dirs: &[PathBuf], out: &Path) -> Result<(), String> {
+    let own = std::fs::canonicalize(out.join("points.json")).ok();
+    let mut parts = Vec::new();
+    for d in dirs {
+        let file = shard::points_file(d);
+        if own.is_some() && std::fs::canonicalize(&file).ok() == own {
+            return Err(format!(
+                "--out {} holds the partial result {}: the merge would overwrite it (choose another --out)",
+                out.display(),
+                file.display()
+            ));
+        }
+        parts.push((d.display().to_string(), shard::read_partial(d)?));
     }
+    let command = format!("scripts/experiment collisions {}", args.argv.join(" "));
+    let run = shard::merge(parts, command.trim_end())?;
+    if run
+        .merged_from
+        .iter()
+        .any(|m| m.machine != run.merged_from[0].machine)
+    {
+        eprintln!(
+            "[experiment] note: the shards ran on different machines (or accelerators): {}",
+            run.machine
+        );
+    }
+    eprintln!(
+        "[experiment] merged {} shards: {} of the sweep's {} points, {} problem(s) recorded",
+        run.merged_from.len(),
+        run.points.len(),
+        run.sweep.points,
+        run.errors.len()
+    );
+    let mut errors = run.error_lines();
+    errors.extend(write_collisions(&run, out, args.report.as_deref())?);
     problems(&errors)
 }
 
@@ -963,6 +1247,12 @@ fn render_again(path: &Path, report: Option<&Path>) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(s) = shard::is_partial(&v) {
+        return Err(format!(
+            "{}: a partial result (shard {s}): --merge all the shards' directories, which writes the tables",
+            path.display()
+        ));
+    }
     let mut points: Vec<CollisionPoint> = serde_json::from_value(v["points"].clone())
         .map_err(|e| format!("{}: points: {e}", path.display()))?;
     for p in &mut points {
@@ -1640,6 +1930,255 @@ mod cli_tests {
             }
             let e = args(bad).err().unwrap();
             assert!(e.contains(msg), "{bad:?}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod shard_tests {
+    use super::*;
+
+    /// A fresh scratch directory for this test process.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("vnic-exp-shard-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn args(line: &str) -> Args {
+        let argv: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        let cli = Cli::try_parse_from(
+            std::iter::once("vnic-experiment".to_string()).chain(argv.iter().cloned()),
+        )
+        .unwrap();
+        settle(cli, &argv).unwrap()
+    }
+
+    const SWEEP: &str = "collisions --flow-cnt 256,512 --variant one,five,fast --duration 30";
+    /// The point that fails in every synthetic run.
+    const FAILS: usize = 8;
+
+    /// What `collisions` records for `a` with synthetic measurements: the
+    /// binary's own point list and selection ([`sweep_points`]) and
+    /// record ([`new_run`]), the guests replaced by a formula.
+    fn measured(a: &Args) -> Run {
+        let (plan, mine) = sweep_points(a);
+        let labels = kernel_labels(a);
+        let ids = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| KernelId {
+                label: l.clone(),
+                release: mine
+                    .iter()
+                    .any(|&k| plan[k].kernel == i)
+                    .then(|| format!("{l}.4")),
+                config_fnv64: None,
+            })
+            .collect();
+        let mut r = new_run(a, ids);
+        (r.machine, r.started) = ("host: test".into(), "2026-12-05 08:00:00 UTC".into());
+        r.elapsed_s = 100.0 * mine.len() as f64;
+        for k in mine {
+            let key = &plan[k];
+            if k == FAILS {
+                r.errors.push((k, format!("point {k}: guest gone")));
+                continue;
+            }
+            let iterations = if key.variant == Variant::Five { 5 } else { 1 };
+            r.points.push((
+                k,
+                CollisionPoint {
+                    kernel: labels[key.kernel].clone(),
+                    release: format!("{}.4", labels[key.kernel]),
+                    rps_flow_cnt: key.rps_flow_cnt,
+                    variant: Some(key.variant),
+                    iterations,
+                    flows_per_iteration: 332,
+                    adds: (5000 >> (key.kernel * 4)) + k as u64 * 7,
+                    dels: 4000 >> (key.kernel * 4),
+                    steer_calls: 9000 + k as u64,
+                    ..CollisionPoint::default()
+                },
+            ));
+        }
+        r.finished = true;
+        r
+    }
+
+    fn read(p: &Path) -> String {
+        std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    /// points.json without what differs legitimately between a merge and
+    /// a whole run: command, machine, started, elapsed_s, merged_from.
+    fn comparable(dir: &Path) -> serde_json::Value {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&read(&dir.join("points.json"))).unwrap();
+        for k in ["command", "machine", "started", "elapsed_s", "merged_from"] {
+            v.as_object_mut().unwrap().remove(k);
+        }
+        v
+    }
+
+    /// tables.md from its tables on (the lines above name the command, the
+    /// run time and, for a merge, the shards).
+    fn tables(dir: &Path) -> String {
+        let md = read(&dir.join("tables.md"));
+        md[md.find("```").unwrap()..].to_string()
+    }
+
+    #[test]
+    fn merged_shards_write_what_the_whole_run_writes() {
+        let root = scratch("merge");
+        let whole = root.join("whole");
+        std::fs::create_dir_all(&whole).unwrap();
+        let w = measured(&args(SWEEP));
+        assert_eq!((w.sweep.points, w.points.len()), (12, 11));
+        let extra = write_collisions(&w, &whole, Some(&whole.join("report"))).unwrap();
+        assert!(extra.is_empty(), "{extra:?}");
+        // Three shards, as three machines would run them.
+        let mut dirs = Vec::new();
+        for i in 1..=3 {
+            let d = root.join(format!("shard{i}"));
+            std::fs::create_dir_all(&d).unwrap();
+            let r = measured(&args(&format!(
+                "{SWEEP} --shard {i}/3 --out {}",
+                d.display()
+            )));
+            assert_eq!(r.points.len() + r.errors.len(), 4);
+            write_collisions(&r, &d, None).unwrap();
+            // A partial result: points.json only.
+            assert!(d.join("points.json").is_file());
+            assert!(!d.join("tables.md").exists() && !d.join("plot.svg").exists());
+            dirs.push(d);
+        }
+        let out = root.join("merged");
+        std::fs::create_dir_all(&out).unwrap();
+        let line = format!(
+            "collisions --merge {} {} {} --out {} --report {}",
+            dirs[2].display(),
+            dirs[0].display(),
+            dirs[1].display(),
+            out.display(),
+            out.join("report").display()
+        );
+        let a = args(&line);
+        // The failed point is the merged run's problem, as the whole run's.
+        let e = merge(&a, a.merge.as_deref().unwrap(), &out).unwrap_err();
+        assert!(e.contains("point 8: guest gone"), "{e}");
+        assert_eq!(comparable(&out), comparable(&whole));
+        assert_eq!(tables(&out), tables(&whole));
+        assert!(tables(&whole).contains("- point 8: guest gone"));
+        let md = read(&out.join("tables.md"));
+        assert!(
+            md.contains(&format!("Command: `scripts/experiment {line}`")),
+            "{md}"
+        );
+        assert!(
+            md.contains("Run time: 20 min over 3 shards (the longest 7 min)"),
+            "{md}"
+        );
+        assert!(
+            md.contains(&format!(
+                "- shard 1/3 ({}): `scripts/experiment {SWEEP} --shard 1/3",
+                dirs[0].display()
+            )),
+            "{md}"
+        );
+        for f in [
+            "plot.svg",
+            "report/add.svg",
+            "report/steer-c.svg",
+            "report/latency.svg",
+        ] {
+            assert_eq!(read(&out.join(f)), read(&whole.join(f)), "{f}");
+        }
+        let ours = |d: &Path| -> Vec<String> {
+            read(&d.join("report/report.md"))
+                .lines()
+                .filter(|l| !l.starts_with("Ours: "))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(ours(&out), ours(&whole));
+        let merged: serde_json::Value =
+            serde_json::from_str(&read(&out.join("points.json"))).unwrap();
+        assert_eq!(merged["merged_from"].as_array().unwrap().len(), 3);
+        assert_eq!(merged["sweep"]["kernels"][1]["release"], "7.3.4");
+        // The merged run re-renders like any run; a shard does not.
+        assert!(render_again(&out.join("points.json"), None).is_ok());
+        let e = render_again(&dirs[0].join("points.json"), None).unwrap_err();
+        assert!(e.contains("a partial result (shard 1/3)"), "{e}");
+        // Merging into a shard's own directory would overwrite it.
+        let e = merge(&a, a.merge.as_deref().unwrap(), &dirs[1]).unwrap_err();
+        assert!(e.contains("the merge would overwrite it"), "{e}");
+        // A shard run with other settings is refused, naming them.
+        let odd = root.join("odd");
+        std::fs::create_dir_all(&odd).unwrap();
+        let r = measured(&args(&format!("{SWEEP} --rate 3000 --shard 2/3")));
+        write_collisions(&r, &odd, None).unwrap();
+        let e = merge(&a, &[dirs[0].clone(), odd.clone(), dirs[2].clone()], &out).unwrap_err();
+        assert!(
+            e.contains("settings differ") && e.contains("workload.rate_pps: 2000 vs 3000"),
+            "{e}"
+        );
+        let e = merge(&a, &[dirs[0].clone(), dirs[2].clone()], &out).unwrap_err();
+        assert!(e.contains("shard 2/3 missing"), "{e}");
+        let e = merge(&a, &[root.join("nowhere")], &out).unwrap_err();
+        assert!(e.contains("no partial result there"), "{e}");
+        let e = merge(&a, std::slice::from_ref(&whole), &out).unwrap_err();
+        assert!(e.contains("not a partial result"), "{e}");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn shard_and_merge_options() {
+        let a = args("collisions --shard 2/4");
+        assert_eq!(a.shard, Some(Shard { index: 2, count: 4 }));
+        let (plan, mine) = sweep_points(&a);
+        assert_eq!((plan.len(), mine.len()), (48, 12));
+        assert_eq!(&mine[..3], [1, 5, 9]);
+        let a = args("collisions --merge a b --merge c --report r");
+        assert_eq!(a.merge, Some(vec!["a".into(), "b".into(), "c".into()]));
+        let bad = |line: &str| -> String {
+            let argv: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+            match Cli::try_parse_from(std::iter::once("x".to_string()).chain(argv.iter().cloned()))
+            {
+                Err(e) => e.to_string(),
+                Ok(cli) => settle(cli, &argv).err().unwrap_or_default(),
+            }
+        };
+        for (line, msg) in [
+            ("collisions --shard 0/2", "I counts from 1"),
+            ("collisions --shard 3/2", "I is above N"),
+            ("collisions --shard 1/0", "N is 0"),
+            ("collisions --shard 1", "no '/'"),
+            ("collisions --shard 1/x", "N \"x\" is not a number"),
+            ("rps --shard 1/2", "--shard belongs to `collisions`"),
+            ("rps --merge a", "--merge belongs to `collisions`"),
+            (
+                "collisions --shard 1/2 --check",
+                "--shard runs part of a sweep: no --check",
+            ),
+            ("collisions --shard 1/2 --merge a", "no --merge"),
+            ("collisions --shard 1/2 --render p.json", "no --render"),
+            (
+                "collisions --shard 1/2 --report r",
+                "give --report to --merge",
+            ),
+            (
+                "collisions --merge a --kernel 7.3",
+                "--merge takes the settings from the partial results: no --kernel",
+            ),
+            ("collisions --merge a --variant one", "no --variant"),
+            ("collisions --merge a --check", "no --check"),
+            ("collisions --merge a --artifacts x", "no --artifacts"),
+            ("collisions --merge", "a value is required"),
+        ] {
+            let e = bad(line);
+            assert!(e.contains(msg), "{line:?}: {e}");
         }
     }
 }

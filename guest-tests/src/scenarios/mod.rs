@@ -3,7 +3,8 @@
 //! one queue (`rps.rs`), the faults group (`faults/`) and the stress group
 //! (`stress/`). Topologies (queue pairs x vCPUs) are in `topology.rs`. `experiments.rs`
 //! holds the experiment workloads of `vnic-experiment`, which are not
-//! scenarios of the suite.
+//! scenarios of the suite; `shard.rs` cuts its collision sweep into shards
+//! and merges their results.
 //!
 //! One [`Session`] (`session.rs`) is one booted guest (one kernel).
 //! Scenarios run in canonical order in the same boot; each makes sure its
@@ -40,6 +41,7 @@ pub mod poke;
 mod ports;
 mod rps;
 mod session;
+pub mod shard;
 pub mod slots;
 mod stress;
 pub mod topology;
