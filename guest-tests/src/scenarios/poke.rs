@@ -24,7 +24,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub kernel_tree: Option<PathBuf>,
     /// With --kernel-tree: boot this bzImage instead of the tree's own
-    #[arg(long, value_name = "BZIMAGE", requires = "kernel_tree", conflicts_with = "kernel")]
+    #[arg(
+        long,
+        value_name = "BZIMAGE",
+        requires = "kernel_tree",
+        conflicts_with = "kernel"
+    )]
     pub kernel_image: Option<PathBuf>,
     /// Or a cached kernel: a series built by images/build-kernel (6.12,
     /// 7.3; built when missing) or 6.1-deb (Debian's prebuilt 6.1)
