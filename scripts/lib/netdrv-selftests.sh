@@ -57,10 +57,12 @@ root=$(cd "$here/.." && pwd)
 # shellcheck source=common.sh
 . "$here/lib/common.sh"
 
-# Tests that passed in two full runs (see
+# Tests that passed in two full runs on 7.3 (see
 # guest-tests/docs/results/netdrv-selftests-7.3.md); a FAIL or SKIP of one of
-# them makes the exit status 1.
-expected_pass=()
+# them makes the exit status 1. Only tests with a passing case count: one whose
+# cases all skip shows nothing. (ping.py's v4/v6 cases pass over vnic, but
+# its XDP cases fail on this kernel: no BPF syscall.)
+expected_pass=(napi_id.py stats.py)
 
 series=7.3 tests="" list_only=0 per_test=360 queues=2 vnic_bin="" keep=0
 while [ $# -gt 0 ]; do
