@@ -171,7 +171,17 @@ cleanup() {
     [ -z "$vnic_pid" ] || kill "$vnic_pid" 2>/dev/null || true
     [ -z "$db_pid" ] || wait "$db_pid" 2>/dev/null || true
     [ -z "$vnic_pid" ] || wait "$vnic_pid" 2>/dev/null || true
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
+    # everything still in the namespace is ours: vng, QEMU, virtiofsd, vnic, dropbear
+    local left
+    left=$(ip netns pids "$ns" 2>/dev/null || true)
+    if [ -n "$left" ]; then
+        # shellcheck disable=SC2086
+        kill $left 2>/dev/null || true
+        sleep 2
+        left=$(ip netns pids "$ns" 2>/dev/null || true)
+        # shellcheck disable=SC2086
+        [ -z "$left" ] || { kill -CONT $left; kill -KILL $left; } 2>/dev/null || true
+    fi
     ip netns del "$ns" 2>/dev/null || true
     rm -f "$run/id" "$run/id.pub" "$run/hostkey" "$run/dotssh/authorized_keys"
     if [ "$keep" = 1 ] || [ "$rc" != 0 ]; then
@@ -295,9 +305,12 @@ total=$(( ntests * (per_test + 20) + 300 ))
 vnic_log "netdrv selftests: $ntests tests, kernel $release, netns $ns, run dir $run"
 t0=$(date +%s)
 set +e
+# In the background, so that INT/TERM reach the trap at once (bash runs a
+# trap only after its foreground command ends).
 ip netns exec "$ns" "$here/vng" --series "$series" --socket "$run/vnic.sock" --queues "$queues" --cpus 2 \
     --extra-nic user --timeout "$total" --exec "sh $run/guest.sh $run $tsrc $per_test" \
-    -- --rwdir "$out" >"$run/vng.out" 2>"$run/vng.err"
+    -- --rwdir "$out" </dev/null >"$run/vng.out" 2>"$run/vng.err" &
+wait $!
 vrc=$?
 set -e
 elapsed=$(( $(date +%s) - t0 ))
