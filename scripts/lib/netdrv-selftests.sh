@@ -122,7 +122,12 @@ done
 [ ${#missing[@]} -eq 0 ] || die "missing on the host: ${missing[*]}; run scripts/setup-host (iperf3, iputils-ping, dropbear-bin, socat are in its list)"
 /usr/bin/python3 -c 'import yaml' 2>/dev/null || die "/usr/bin/python3 has no yaml module (python3-yaml): the YNL library needs it"
 roothome=$(getent passwd root | cut -d: -f6)
-[ -d "$roothome/.ssh" ] || die "$roothome/.ssh does not exist: dropbear's authorized_keys are bind-mounted over it in a private mount namespace (mkdir -m 700 $roothome/.ssh; it stays empty)"
+if ! [ -d "$roothome/.ssh" ]; then
+    # dropbear reads root's ~/.ssh/authorized_keys; the run's own is bind-mounted
+    # over that directory in a private mount namespace, so it has to exist.
+    mkdir -m 700 "$roothome/.ssh" || die "cannot create $roothome/.ssh (dropbear's authorized_keys are bind-mounted over it)"
+    vnic_log "created an empty $roothome/.ssh (a mount point for the run's authorized_keys; it stays empty)"
+fi
 renice -n 19 -p $$ >/dev/null # everything below, the guest included, runs niced
 
 if [ -z "$vnic_bin" ]; then
