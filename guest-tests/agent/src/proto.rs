@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 pub const PORT_NAME: &str = "vnic.agent";
 
 /// Version of this protocol; `hello` reports it, the harness checks it.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// One request line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -146,6 +146,11 @@ pub enum Request {
     RawTxWait { timeout_ms: u64 },
     /// Sleep (lets the harness time phases from inside the guest).
     Sleep { ms: u64 },
+    /// One thread pinned to each online CPU, each reporting from that CPU;
+    /// waits up to `timeout_ms` for them. Answers [`CpuProbe`]. A CPU that
+    /// never runs the thread pinned to it is stuck (its thread stays
+    /// blocked in the migration to it; it is left behind).
+    CpuProbe { timeout_ms: u64 },
     /// sync + reboot(RB_POWER_OFF). Answered before powering off.
     Poweroff,
 }
@@ -188,6 +193,17 @@ pub struct ProbedUnload {
     pub ntuple_toggles: u64,
     /// Probe or toggle errors (first few).
     pub errors: Vec<String>,
+}
+
+/// The answer to [`Request::CpuProbe`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CpuProbe {
+    /// Online CPUs probed (0..cpus).
+    pub cpus: usize,
+    /// CPUs whose pinned thread ran on them within the timeout.
+    pub ran: Vec<usize>,
+    /// CPUs whose pinned thread did not (stuck, or not running it).
+    pub missing: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

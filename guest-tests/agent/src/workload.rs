@@ -246,11 +246,47 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             std::thread::sleep(Duration::from_millis(ms.min(600_000)));
             Ok(Value::Null)
         }
+        Request::CpuProbe { timeout_ms } => {
+            to_value(&cpu_probe(Duration::from_millis(timeout_ms.min(60_000))))
+        }
         Request::Poweroff => {
             st.stop_all();
             Ok(Value::Null)
         }
     }
+}
+
+/// [`Request::CpuProbe`]: a thread per online CPU pins itself there and
+/// reports the CPU it then runs on. `sched_setaffinity` on oneself returns
+/// only once the thread runs on the new CPU, so the thread of a CPU that
+/// never schedules stays blocked there (it is detached and left behind).
+fn cpu_probe(timeout: Duration) -> vnic_agent::proto::CpuProbe {
+    let cpus = sys::online_cpus();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for cpu in 0..cpus {
+        let tx = tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("cpu-probe-{cpu}"))
+            .spawn(move || {
+                if sys::pin_to_cpu(cpu).is_ok() && usize::try_from(sys::current_cpu()) == Ok(cpu) {
+                    let _ = tx.send(cpu);
+                }
+            });
+        drop(spawned);
+    }
+    drop(tx);
+    let deadline = std::time::Instant::now() + timeout;
+    let mut ran = Vec::new();
+    while ran.len() < cpus {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(cpu) => ran.push(cpu),
+            Err(_) => break,
+        }
+    }
+    ran.sort_unstable();
+    let missing = (0..cpus).filter(|c| !ran.contains(c)).collect();
+    vnic_agent::proto::CpuProbe { cpus, ran, missing }
 }
 
 fn onoff(b: bool) -> &'static str {
@@ -961,4 +997,20 @@ fn probed_unload(
     r.unload_ms = unload_ms;
     r.unload_error = unload.err().map(|e| format!("delete_module {name}: {e}"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    /// On the host every online CPU runs its pinned thread; a zero timeout
+    /// still reports each CPU as ran or missing, never both.
+    #[test]
+    fn cpu_probe_sees_every_online_cpu() {
+        let p = super::cpu_probe(std::time::Duration::from_secs(10));
+        assert_eq!(p.cpus, super::sys::online_cpus());
+        assert_eq!(p.ran, (0..p.cpus).collect::<Vec<_>>(), "{p:?}");
+        assert!(p.missing.is_empty(), "{p:?}");
+        let q = super::cpu_probe(std::time::Duration::ZERO);
+        assert_eq!(q.ran.len() + q.missing.len(), q.cpus, "{q:?}");
+        assert!(q.ran.iter().all(|c| !q.missing.contains(c)), "{q:?}");
+    }
 }

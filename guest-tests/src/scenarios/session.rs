@@ -251,6 +251,19 @@ impl Session {
             boot_timeout: settings.boot_timeout,
         };
         let mut guest = Guest::boot(&spec, art)?;
+        // Every vCPU runs: a TCG vCPU that stopped scheduling early in a boot
+        // (seen 2026-12-03: CPU 2 of 4 answered no IPI from 1.5 s on, no
+        // timer softirq, its pinned receivers never ran) would otherwise fail
+        // the scenarios that pin work to it, as if the device had.
+        let probe: crate::proto::CpuProbe = guest.agent.call(
+            &Request::CpuProbe {
+                timeout_ms: CPU_PROBE_MS,
+            },
+            Duration::from_millis(CPU_PROBE_MS + 5_000),
+        )?;
+        if !probe.missing.is_empty() || probe.cpus != usize::from(settings.cpus) {
+            return Err(stuck_vcpus(&probe, usize::from(settings.cpus)).into());
+        }
         let capacity = guest.ctl.stats()?.table.capacity;
         let boot_capacity = Some(capacity)
             .filter(|&c| c > 0)
@@ -296,7 +309,8 @@ impl Session {
     /// hello (a TCG guest once hung in SMP bring-up, its console stopping
     /// after the MTRR lines, before virtio-net probed), or when the kernel
     /// reported its first problem before it had enumerated any PCI device
-    /// ([`before_any_device`]). None is vnic's doing; `say` is told why the boot is repeated, with the first
+    /// ([`before_any_device`]), or when a guest CPU ran no thread pinned to
+    /// it ([`vcpu_stuck`]). None is vnic's doing; `say` is told why the boot is repeated, with the first
     /// error. Any other failure, or a second failure, is returned: a
     /// guest that cannot boot at all fails twice.
     pub fn boot_in(
@@ -312,6 +326,7 @@ impl Session {
             Err(e) => match qemu_aborted(dir)
                 .map(|why| format!("QEMU aborted during boot ({why})"))
                 .or_else(|| boot_hung(&e.0))
+                .or_else(|| vcpu_stuck(&e.0))
                 .or_else(|| before_any_device(dir, &e.0))
             {
                 Some(why) => {
@@ -664,6 +679,33 @@ pub(super) fn ring_problems(st: &Stats, queues: u16) -> Vec<String> {
 
 /// Why a boot failure looks like a guest that hung before its agent ran
 /// (no answer to hello), if it does.
+/// How long every guest CPU gets to run a thread pinned to it at boot.
+const CPU_PROBE_MS: u64 = 10_000;
+
+/// The boot error for a CPU probe that did not see `want` CPUs run.
+fn stuck_vcpus(p: &crate::proto::CpuProbe, want: usize) -> String {
+    format!(
+        "guest CPU probe: {} of {} online CPUs ({want} configured) ran a thread pinned to them \
+         within {} s; not running: {:?} (a stuck vCPU)",
+        p.ran.len(),
+        p.cpus,
+        CPU_PROBE_MS / 1000,
+        p.missing
+    )
+}
+
+/// Why a boot whose CPU probe failed is repeated: a guest CPU that runs
+/// nothing is QEMU's or the guest kernel's state, which the device cannot
+/// cause (a vhost-user backend that stalled QEMU would stall its I/O
+/// thread and every vCPU's device access, not one vCPU's scheduling; and
+/// the device was not yet attached to by the module). A second such boot in
+/// one run fails it (`MAX_RETRIED_BOOTS`).
+fn vcpu_stuck(error: &str) -> Option<String> {
+    error
+        .contains("(a stuck vCPU)")
+        .then(|| "a guest CPU ran nothing after boot (stuck vCPU)".to_string())
+}
+
 fn boot_hung(error: &str) -> Option<String> {
     error
         .contains("did not answer hello")
@@ -712,7 +754,9 @@ fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{before_any_device, boot_hung, qemu_aborted, ring_problems};
+    use super::{
+        before_any_device, boot_hung, qemu_aborted, ring_problems, stuck_vcpus, vcpu_stuck,
+    };
     use serde_json::json;
     use vnic_ctl_proto::{QueueStats, Stats};
 
@@ -834,5 +878,35 @@ mod tests {
             "no kernel log: not retried"
         );
         let _ = std::fs::remove_dir(&dir);
+    }
+
+    /// A CPU probe that misses a CPU, or sees fewer online CPUs than
+    /// configured, is a boot error that boot_in repeats; any other boot
+    /// error is not classified as a stuck vCPU.
+    #[test]
+    fn a_stuck_vcpu_is_a_repeated_boot() {
+        let p = crate::proto::CpuProbe {
+            cpus: 4,
+            ran: vec![0, 1, 3],
+            missing: vec![2],
+        };
+        let e = stuck_vcpus(&p, 4);
+        assert!(e.contains("not running: [2]"), "{e}");
+        assert!(vcpu_stuck(&e).is_some());
+        let fewer = crate::proto::CpuProbe {
+            cpus: 3,
+            ran: vec![0, 1, 2],
+            missing: vec![],
+        };
+        let e = stuck_vcpus(&fewer, 4);
+        assert!(e.contains("3 of 3 online CPUs (4 configured)"), "{e}");
+        assert!(vcpu_stuck(&e).is_some());
+        for other in [
+            "agent udp_stop: 16 UDP receiver(s) did not stop within 10s",
+            "guest did not answer hello within 60s",
+            "kernel reported problems during boot:\n[ 1.0] BUG: x",
+        ] {
+            assert!(vcpu_stuck(other).is_none(), "{other}");
+        }
     }
 }
