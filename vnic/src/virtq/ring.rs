@@ -110,21 +110,6 @@ pub(crate) fn prefetch_write(p: *const u8) {
     let _ = p;
 }
 
-/// Asks for the cache line at `p` for reading (PREFETCHT0), so that the
-/// load that comes later finds it.
-#[inline]
-fn prefetch_read(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch only hints the cache: it reads and writes no
-    // memory, never faults (not even on an unmapped address) and changes
-    // no register or flag.
-    unsafe {
-        std::arch::asm!("prefetcht0 [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 /// Used entries published at most this many at a time while a batch runs
 /// (the driver can consume the first ones while the device writes more).
 pub(crate) const PUBLISH_EVERY: u16 = 64;
@@ -277,33 +262,6 @@ impl<'a> RingView<'a> {
             .ok_or(RingStop::AvailUnreadable)?;
         self.next_avail += Wrapping(1);
         Ok(Some(head))
-    }
-
-    /// Asks for the descriptor of the chain `k` entries past the device's
-    /// position, when the driver has made it available and the table is
-    /// in host memory: its line is then in cache when that chain is taken
-    /// (four descriptors share a line, so without this every fourth chain
-    /// waits for one).
-    #[inline]
-    pub(crate) fn prefetch_desc_ahead(&self, k: u16) {
-        if (self.avail_idx - self.next_avail).0 <= k {
-            return;
-        }
-        let (Area::Host(avail), Area::Host(desc)) = (self.avail, self.desc) else {
-            return;
-        };
-        let slot = usize::from(self.next_avail.0.wrapping_add(k) & (self.size - 1));
-        let Ok(head) = avail.load::<u16>(4 + 2 * slot, Ordering::Relaxed) else {
-            return;
-        };
-        let head = u16::from_le(head);
-        if head < self.size {
-            prefetch_read(
-                desc.ptr_guard()
-                    .as_ptr()
-                    .wrapping_add(16 * usize::from(head)),
-            );
-        }
     }
 
     /// Gives back the last `n` popped heads.
