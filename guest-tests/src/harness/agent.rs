@@ -1,7 +1,7 @@
 //! Client of the guest agent (JSON lines over the virtio-serial port's
 //! host-side unix socket).
 
-use super::{Context, Result};
+use super::{BootError, Context, Error, Result};
 use crate::bail;
 use crate::proto::{Envelope, Info, Reply, Request};
 use serde::de::DeserializeOwned;
@@ -32,7 +32,7 @@ impl Agent {
         path: &Path,
         boot_timeout: Duration,
         alive: &mut dyn FnMut() -> Result<()>,
-    ) -> Result<(Self, Info)> {
+    ) -> Result<(Self, Info), BootError> {
         let start = Instant::now();
         let stream = loop {
             match UnixStream::connect(path) {
@@ -42,7 +42,11 @@ impl Agent {
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                Err(e) => bail!("connecting to the agent socket {}: {e}", path.display()),
+                Err(e) => {
+                    return Err(
+                        format!("connecting to the agent socket {}: {e}", path.display()).into(),
+                    )
+                }
             }
         };
         let mut a = Agent {
@@ -57,7 +61,11 @@ impl Agent {
             match a.call::<Info>(&Request::Hello, Duration::from_secs(3)) {
                 Ok(info) => return Ok((a, info)),
                 Err(e) if e.0.contains("timed out") && start.elapsed() < boot_timeout => {}
-                Err(e) => bail!("agent did not answer hello within {boot_timeout:?}: {e}"),
+                Err(e) => {
+                    return Err(BootError::NoHello(Error(format!(
+                        "agent did not answer hello within {boot_timeout:?}: {e}"
+                    ))))
+                }
             }
         }
     }

@@ -5,7 +5,7 @@ use super::agent::Agent;
 use super::build::Kernel;
 use super::qemu::{Qemu, QemuOptions};
 use super::vnic::{Vnic, VnicOptions};
-use super::{Artifacts, Context, Result};
+use super::{Artifacts, BootError, Context, Error, Result};
 use crate::bail;
 use crate::procfs;
 use crate::proto::{Info, Kmsg, KmsgRecord, Request};
@@ -47,7 +47,9 @@ pub struct Guest {
 }
 
 impl Guest {
-    pub fn boot(spec: &BootSpec<'_>, art: Artifacts) -> Result<Self> {
+    /// Start vnic and QEMU and wait for the agent's `hello`; a guest whose
+    /// agent never answers is [`BootError::NoHello`].
+    pub fn boot(spec: &BootSpec<'_>, art: Artifacts) -> Result<Self, BootError> {
         let start = Instant::now();
         let vnic = Vnic::start(spec.vnic_bin, &art.dir, &spec.vnic)?;
         let ctl = vnic.connect_ctl()?;
@@ -84,7 +86,17 @@ impl Guest {
             Ok(x) => x,
             Err(e) => {
                 art.write("console.tail.txt", &tail(&qemu.console_text(), 200));
-                bail!("{e}\nconsole tail:\n{}", tail(&qemu.console_text(), 25));
+                let with_tail = |e| {
+                    Error(format!(
+                        "{e}\nconsole tail:\n{}",
+                        tail(&qemu.console_text(), 25)
+                    ))
+                };
+                return Err(match e {
+                    BootError::NoHello(e) => BootError::NoHello(with_tail(e)),
+                    BootError::Other(e) => BootError::Other(with_tail(e)),
+                    other => other,
+                });
             }
         };
         let g = Guest {

@@ -59,6 +59,87 @@ impl From<&str> for Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Why a guest boot failed, typed where the suite decides whether the
+/// failure is the guest's own (QEMU/TCG, the guest kernel before any
+/// device) and the boot is repeated, or a verdict
+/// (`Session::boot_in`). Nothing is decided by matching message text.
+#[derive(Debug)]
+pub enum BootError {
+    /// The agent never answered `hello` within the boot timeout: the guest
+    /// hung before its userspace ran.
+    NoHello(Error),
+    /// The boot's CPU probe: fewer CPUs online than `configured`, or one
+    /// that ran no thread pinned to it (a stuck vCPU).
+    StuckVcpu {
+        probe: crate::proto::CpuProbe,
+        configured: usize,
+        timeout: Duration,
+    },
+    /// The kernel logged problems during boot: their lines, oldest first,
+    /// each `[seconds.micros] message`.
+    KernelProblems(Vec<String>),
+    /// Anything else.
+    Other(Error),
+}
+
+impl fmt::Display for BootError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BootError::NoHello(e) | BootError::Other(e) => e.fmt(f),
+            BootError::StuckVcpu {
+                probe,
+                configured,
+                timeout,
+            } => write!(
+                f,
+                "guest CPU probe: {} of {} online CPUs ({configured} configured) ran a thread \
+                 pinned to them within {} s; not running: {:?} (a stuck vCPU)",
+                probe.ran.len(),
+                probe.cpus,
+                timeout.as_secs(),
+                probe.missing
+            ),
+            BootError::KernelProblems(lines) => {
+                write!(
+                    f,
+                    "kernel reported problems during boot:\n{}",
+                    lines.join("\n")
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for BootError {}
+
+/// Every harness error is a boot error of no particular kind.
+macro_rules! other_boot_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for BootError {
+            fn from(e: $t) -> Self {
+                BootError::Other(e.into())
+            }
+        }
+    )*};
+}
+other_boot_error!(
+    Error,
+    std::io::Error,
+    serde_json::Error,
+    vnic_ctl_proto::CtlError,
+    String,
+    &str
+);
+
+impl From<BootError> for Error {
+    fn from(e: BootError) -> Self {
+        match e {
+            BootError::NoHello(e) | BootError::Other(e) => e,
+            other => Error(other.to_string()),
+        }
+    }
+}
+
 /// Return early with a formatted [`Error`].
 #[macro_export]
 macro_rules! bail {

@@ -11,7 +11,7 @@ use crate::harness::build::{self, Kernel};
 use crate::harness::guest::{BootSpec, Guest};
 use crate::harness::qemu::QemuOptions;
 use crate::harness::vnic::VnicOptions;
-use crate::harness::{wait_for, Artifacts, Context, Result};
+use crate::harness::{wait_for, Artifacts, BootError, Context, Result};
 use crate::module::{self, ModuleCounters, ModuleParams};
 use crate::proto::Request;
 use crate::{bail, ensure};
@@ -191,13 +191,15 @@ impl Tools {
 
 impl Session {
     /// Build the module and initramfs for `kernel`, boot it on a fresh vnic.
+    /// The failures [`Session::boot_in`] may repeat a boot for have their
+    /// own [`BootError`] kinds.
     pub fn boot(
         kernel: Kernel,
         tools: &Tools,
         settings: Settings,
         art: Artifacts,
         kind: BootKind,
-    ) -> Result<Self> {
+    ) -> Result<Self, BootError> {
         let (kos, module_error) = match build::module(&kernel.kdir, &art.path("kmod-build")) {
             Ok(kos) => (kos, None),
             Err(e) => (Vec::new(), Some(e.0)),
@@ -261,8 +263,13 @@ impl Session {
             },
             Duration::from_millis(CPU_PROBE_MS + 5_000),
         )?;
-        if !probe.missing.is_empty() || probe.cpus != usize::from(settings.cpus) {
-            return Err(stuck_vcpus(&probe, usize::from(settings.cpus)).into());
+        let configured = usize::from(settings.cpus);
+        if !probe.missing.is_empty() || probe.cpus != configured {
+            return Err(BootError::StuckVcpu {
+                probe,
+                configured,
+                timeout: Duration::from_millis(CPU_PROBE_MS),
+            });
         }
         let capacity = guest.ctl.stats()?.table.capacity;
         let boot_capacity = Some(capacity)
@@ -294,11 +301,9 @@ impl Session {
             t.configure()?;
         }
         let bad = s.guest.kernel_failures()?;
-        ensure!(
-            bad.is_empty(),
-            "kernel reported problems during boot:\n{}",
-            bad.join("\n")
-        );
+        if !bad.is_empty() {
+            return Err(BootError::KernelProblems(bad));
+        }
         Ok(s)
     }
 
@@ -323,12 +328,7 @@ impl Session {
     ) -> Result<Self> {
         let art = Artifacts::new(dir.to_path_buf())?;
         match Self::boot(kernel.clone(), tools, settings.clone(), art, kind) {
-            Err(e) => match qemu_aborted(dir)
-                .map(|why| format!("QEMU aborted during boot ({why})"))
-                .or_else(|| boot_hung(&e.0))
-                .or_else(|| vcpu_stuck(&e.0))
-                .or_else(|| before_any_device(dir, &e.0))
-            {
+            Err(e) => match repeat_reason(dir, &e) {
                 Some(why) => {
                     say(&format!("{why}; booting once more ({e})"));
                     let art = Artifacts::new(dir.join("retry"))?;
@@ -336,9 +336,9 @@ impl Session {
                     s.retried_boot = Some(why);
                     Ok(s)
                 }
-                None => Err(e),
+                None => Err(e.into()),
             },
-            ok => ok,
+            Ok(s) => Ok(s),
         }
     }
 
@@ -677,60 +677,53 @@ pub(super) fn ring_problems(st: &Stats, queues: u16) -> Vec<String> {
     problems
 }
 
-/// Why a boot failure looks like a guest that hung before its agent ran
-/// (no answer to hello), if it does.
 /// How long every guest CPU gets to run a thread pinned to it at boot.
 const CPU_PROBE_MS: u64 = 10_000;
 
-/// The boot error for a CPU probe that did not see `want` CPUs run.
-fn stuck_vcpus(p: &crate::proto::CpuProbe, want: usize) -> String {
-    format!(
-        "guest CPU probe: {} of {} online CPUs ({want} configured) ran a thread pinned to them \
-         within {} s; not running: {:?} (a stuck vCPU)",
-        p.ran.len(),
-        p.cpus,
-        CPU_PROBE_MS / 1000,
-        p.missing
-    )
-}
-
-/// Why a boot whose CPU probe failed is repeated: a guest CPU that runs
-/// nothing is QEMU's or the guest kernel's state, which the device cannot
-/// cause (a vhost-user backend that stalled QEMU would stall its I/O
-/// thread and every vCPU's device access, not one vCPU's scheduling; and
-/// the device was not yet attached to by the module). A second such boot in
-/// one run fails it (`MAX_RETRIED_BOOTS`).
-fn vcpu_stuck(error: &str) -> Option<String> {
-    error
-        .contains("(a stuck vCPU)")
-        .then(|| "a guest CPU ran nothing after boot (stuck vCPU)".to_string())
-}
-
-fn boot_hung(error: &str) -> Option<String> {
-    error
-        .contains("did not answer hello")
-        .then(|| "the guest did not answer the agent's hello: hung in boot".to_string())
-}
-
-/// Why a boot that failed with "kernel reported problems during boot" is
-/// not the device's doing: the first problem stands in the boot's kernel
-/// log (`dmesg.txt` in `dir`) before the first `pci 0000:` line, i.e.
-/// before the kernel had enumerated any PCI device, so before the NIC, its
-/// driver or the module under test existed. Seen once on the TCG debug
-/// kernel (7.3, 2026-12-03): a KASAN report from an edge interrupt taken in
-/// `identify_cpu` at 0.004 s. `None` for any other failure, or a problem
-/// after the first PCI line.
-fn before_any_device(dir: &std::path::Path, error: &str) -> Option<String> {
-    let mut lines = error.lines();
-    if !lines
-        .next()?
-        .contains("kernel reported problems during boot")
-    {
-        return None;
+/// Why the failed boot `e` (artifacts in `dir`) is not the device's doing
+/// and is repeated once, if it is:
+/// - QEMU itself aborted on an internal assertion ([`qemu_aborted`]);
+/// - the guest never answered the agent's hello: it hung in boot;
+/// - a guest CPU ran nothing after boot. That is QEMU's or the guest
+///   kernel's state, which the device cannot cause (a vhost-user backend
+///   that stalled QEMU would stall its I/O thread and every vCPU's device
+///   access, not one vCPU's scheduling; and the module under test was not
+///   yet loaded);
+/// - the kernel's first problem came before it enumerated any PCI device
+///   ([`before_any_device`]).
+///
+/// A second such boot in one run fails it (`MAX_RETRIED_BOOTS`).
+fn repeat_reason(dir: &std::path::Path, e: &BootError) -> Option<String> {
+    if let Some(why) = qemu_aborted(dir) {
+        return Some(format!("QEMU aborted during boot ({why})"));
     }
+    match e {
+        BootError::NoHello(_) => {
+            Some("the guest did not answer the agent's hello: hung in boot".to_string())
+        }
+        BootError::StuckVcpu { .. } => {
+            Some("a guest CPU ran nothing after boot (stuck vCPU)".to_string())
+        }
+        BootError::KernelProblems(lines) => before_any_device(dir, lines),
+        BootError::Other(_) => None,
+    }
+}
+
+/// Why a boot whose kernel reported `problems` is not the device's doing:
+/// the first problem stands in the boot's kernel log (`dmesg.txt` in
+/// `dir`) before the first `pci 0000:` line, i.e. before the kernel had
+/// enumerated any PCI device, so before the NIC, its driver or the module
+/// under test existed. Seen once on the TCG debug kernel (7.3,
+/// 2026-12-03): a KASAN report from an edge interrupt taken in
+/// `identify_cpu` at 0.004 s. `None` for a problem after the first PCI
+/// line, or no kernel log.
+fn before_any_device(dir: &std::path::Path, problems: &[String]) -> Option<String> {
     // "[    0.003737] BUG: ..." -> "BUG: ..."
-    let first = lines.next()?;
-    let msg = first.split_once("] ").map_or(first, |(_, m)| m).trim();
+    let first = problems.first()?;
+    let msg = first
+        .split_once("] ")
+        .map_or(first.as_str(), |(_, m)| m)
+        .trim();
     if msg.is_empty() {
         return None;
     }
@@ -755,8 +748,9 @@ fn qemu_aborted(dir: &std::path::Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::{
-        before_any_device, boot_hung, qemu_aborted, ring_problems, stuck_vcpus, vcpu_stuck,
+        before_any_device, qemu_aborted, repeat_reason, ring_problems, BootError, Duration,
     };
+    use crate::harness::Error;
     use serde_json::json;
     use vnic_ctl_proto::{QueueStats, Stats};
 
@@ -820,17 +814,34 @@ mod tests {
         assert!(!ring_problems(&stats(vec![queue(1), queue(0)]), 2).is_empty());
     }
 
+    /// What decides a repeat is the error's kind, never its text: an
+    /// `Other` error whose message reads like a hang is not repeated.
     #[test]
-    fn a_boot_hang_is_told_from_other_boot_failures() {
-        assert!(boot_hung(
-            "agent did not answer hello within 180s: timed out after 3s waiting for the agent's reply to hello"
+    fn a_boot_failure_is_repeated_by_its_kind_not_its_text() {
+        let dir = std::env::temp_dir().join(format!("vnic-kind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hung = BootError::NoHello(Error("agent did not answer hello within 180s".into()));
+        assert!(repeat_reason(&dir, &hung).unwrap().contains("hung in boot"));
+        for text in [
+            "agent did not answer hello within 180s",
+            "guest CPU probe: 3 of 4 online CPUs (a stuck vCPU)",
+            "kernel reported problems during boot:\n[ 0.0] BUG: x",
+            "vnic reports a table capacity of 0",
+        ] {
+            assert_eq!(repeat_reason(&dir, &BootError::Other(text.into())), None);
+        }
+        // Kernel problems with no kernel log to place them: not repeated.
+        let bug = BootError::KernelProblems(vec!["[    0.003737] BUG: x".into()]);
+        assert_eq!(repeat_reason(&dir, &bug), None);
+        // A QEMU assertion in qemu.log repeats any failure.
+        std::fs::write(
+            dir.join("qemu.log"),
+            "qemu: physmem.c:2678: iotlb_to_section: Assertion `x' failed.\n",
         )
-        .is_some());
-        assert_eq!(
-            boot_hung("kernel reported problems during boot:\nBUG: ..."),
-            None
-        );
-        assert_eq!(boot_hung("vnic reports a table capacity of 0"), None);
+        .unwrap();
+        let why = repeat_reason(&dir, &BootError::Other("QEMU exited".into())).unwrap();
+        assert!(why.starts_with("QEMU aborted during boot"), "{why}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -854,7 +865,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("vnic-early-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let bug = "BUG: KASAN: wild-memory-access in do_raw_spin_lock+0x109/0x240";
-        let err = format!("kernel reported problems during boot:\n[    0.003737] {bug}\n[    0.005584] Call Trace:");
+        let err = vec![
+            format!("[    0.003737] {bug}"),
+            "[    0.005584] Call Trace:".to_string(),
+        ];
         let early = format!(
             "[    0.000000] <5> Linux version 7.3.4-vnic\n[    0.003737] <3> {bug}\n[    6.212100] <6> pci 0000:00:00.0: [8086:29c0] type 00\n"
         );
@@ -867,10 +881,7 @@ mod tests {
         );
         std::fs::write(dir.join("dmesg.txt"), &late).unwrap();
         assert_eq!(before_any_device(&dir, &err), None);
-        assert_eq!(
-            before_any_device(&dir, "the guest did not answer hello"),
-            None
-        );
+        assert_eq!(before_any_device(&dir, &[]), None);
         std::fs::remove_file(dir.join("dmesg.txt")).unwrap();
         assert_eq!(
             before_any_device(&dir, &err),
@@ -881,32 +892,24 @@ mod tests {
     }
 
     /// A CPU probe that misses a CPU, or sees fewer online CPUs than
-    /// configured, is a boot error that boot_in repeats; any other boot
-    /// error is not classified as a stuck vCPU.
+    /// configured, is a repeated boot, and its message names the CPUs.
     #[test]
     fn a_stuck_vcpu_is_a_repeated_boot() {
-        let p = crate::proto::CpuProbe {
-            cpus: 4,
-            ran: vec![0, 1, 3],
-            missing: vec![2],
+        let dir = std::env::temp_dir().join(format!("vnic-vcpu-{}", std::process::id()));
+        let stuck = |cpus, ran: Vec<usize>, missing: Vec<usize>| BootError::StuckVcpu {
+            probe: crate::proto::CpuProbe { cpus, ran, missing },
+            configured: 4,
+            timeout: Duration::from_secs(10),
         };
-        let e = stuck_vcpus(&p, 4);
-        assert!(e.contains("not running: [2]"), "{e}");
-        assert!(vcpu_stuck(&e).is_some());
-        let fewer = crate::proto::CpuProbe {
-            cpus: 3,
-            ran: vec![0, 1, 2],
-            missing: vec![],
-        };
-        let e = stuck_vcpus(&fewer, 4);
-        assert!(e.contains("3 of 3 online CPUs (4 configured)"), "{e}");
-        assert!(vcpu_stuck(&e).is_some());
-        for other in [
-            "agent udp_stop: 16 UDP receiver(s) did not stop within 10s",
-            "guest did not answer hello within 60s",
-            "kernel reported problems during boot:\n[ 1.0] BUG: x",
-        ] {
-            assert!(vcpu_stuck(other).is_none(), "{other}");
-        }
+        let e = stuck(4, vec![0, 1, 3], vec![2]);
+        assert!(e.to_string().contains("3 of 4 online CPUs"), "{e}");
+        assert!(e.to_string().contains("not running: [2]"), "{e}");
+        assert!(repeat_reason(&dir, &e).unwrap().contains("stuck vCPU"));
+        let fewer = stuck(3, vec![0, 1, 2], vec![]);
+        let text = fewer.to_string();
+        assert!(text.contains("3 of 3 online CPUs (4 configured)"), "{text}");
+        assert!(repeat_reason(&dir, &fewer).is_some());
+        // The message survives the conversion to the suite's error.
+        assert_eq!(Error::from(fewer).0, text);
     }
 }
