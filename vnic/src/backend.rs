@@ -158,9 +158,7 @@ impl VhostUserBackend for VnicBackend {
             self.sh.lock_mgmt().reset(None, "reset");
         }
         self.conn.ring_stopped(queue_index as usize);
-        self.conn
-            .pairs
-            .observe((queue_index / 2) as usize, false, false);
+        self.conn.pairs.stop((queue_index / 2) as usize);
         Ok(())
     }
 

@@ -10,7 +10,15 @@
 //!
 //! A pair is enabled when the frontend enabled it and its ring was not seen
 //! stopped since (a stop, e.g. a guest reset, takes it out until the ring
-//! is seen started again or the frontend enables it again). Before any
+//! is seen started again or the frontend enables it again). A stop is
+//! `GET_VRING_BASE` ([`Pairs::stop`]) or a ring seen started and then seen
+//! not started; a ring not yet started is not a stopped one. QEMU sends
+//! `SET_VRING_ENABLE` before it sets the rings up, on the first connection
+//! and on a reconnect alike: counting the gap until a ring's kick as a stop
+//! made the pair count flap (0xf -> 0x7 -> 0xf) while the guest, whose
+//! driver changed nothing, replayed its filters after a daemon restart, and
+//! three adds to queue 3 were refused `bad_queue`, which no real NIC would
+//! have said. Before any
 //! `SET_VRING_ENABLE` (e.g. without `VHOST_USER_F_PROTOCOL_FEATURES`), a
 //! pair is enabled when its ring is started and enabled. Every writer goes through the one
 //! mutex here and the result is published as one mask; RSS, the
@@ -27,9 +35,12 @@ struct Sources {
     frontend: u32,
     /// Whether any SET_VRING_ENABLE was seen on this connection.
     frontend_seen: bool,
-    /// Bit i: pair i's rx ring was seen stopped, and neither seen started
-    /// nor enabled by the frontend since.
+    /// Bit i: pair i's rx ring was stopped, and neither seen started nor
+    /// enabled by the frontend since.
     stopped: u32,
+    /// Bit i: pair i's rx ring was last seen started (0 until it is seen
+    /// started on this connection).
+    started: u32,
     /// Bit i: pair i's rx ring was last seen started and enabled.
     running: u32,
 }
@@ -37,7 +48,7 @@ struct Sources {
 pub(crate) struct Pairs {
     count: u32,
     sources: Mutex<Sources>,
-    /// `!stopped | running << 32` as last recorded (read without the lock
+    /// `started | running << 32` as last recorded (read without the lock
     /// by workers, to skip the lock when nothing changed).
     seen: AtomicU64,
     published: AtomicU32,
@@ -72,7 +83,7 @@ impl Pairs {
         let before = self.published.load(Ordering::Relaxed);
         f(&mut s);
         self.seen.store(
-            u64::from(!s.stopped) | u64::from(s.running) << 32,
+            u64::from(s.started) | u64::from(s.running) << 32,
             Ordering::Release,
         );
         let m = if s.frontend_seen {
@@ -114,8 +125,26 @@ impl Pairs {
             return;
         }
         self.update(|s| {
-            s.stopped = (s.stopped & !bit) | if started { 0 } else { bit };
+            if started {
+                s.stopped &= !bit;
+                s.started |= bit;
+            } else if s.started & bit != 0 {
+                // Seen started before: it stopped.
+                s.stopped |= bit;
+                s.started &= !bit;
+            }
             s.running = (s.running & !bit) | if running { bit } else { 0 };
+        });
+    }
+
+    /// Pair `pair`'s rx ring was stopped (`GET_VRING_BASE`): out until it
+    /// is seen started again or the frontend enables it again.
+    pub(crate) fn stop(&self, pair: usize) {
+        let bit = 1u32.checked_shl(pair as u32).unwrap_or(0);
+        self.update(|s| {
+            s.stopped |= bit;
+            s.started &= !bit;
+            s.running &= !bit;
         });
     }
 }
@@ -158,5 +187,45 @@ mod tests {
         p.frontend_enable(1, false);
         p.frontend_enable(40, true);
         assert_eq!(p.mask(), 0b1011);
+    }
+
+    /// QEMU enables the vrings before it sets them up (first connection
+    /// and reconnect after a daemon restart): a poll in that gap sees rings
+    /// not yet started, which must not take their pairs out (the guest's
+    /// driver configured 4 pairs and changed nothing). Only a ring seen
+    /// started and then not, or GET_VRING_BASE, is a stop.
+    #[test]
+    fn a_ring_not_yet_started_is_not_a_stopped_one() {
+        let p = Pairs::new(4);
+        for v in [0, 2, 4, 6] {
+            p.frontend_enable(v, true);
+        }
+        for i in 0..4 {
+            p.observe(i, false, false);
+        }
+        assert_eq!((p.mask(), p.count()), (0b1111, 4));
+        for i in 0..4 {
+            p.observe(i, true, true);
+        }
+        assert_eq!(p.count(), 4);
+        // Seen started, then seen not started: stopped.
+        p.observe(3, false, false);
+        assert_eq!(p.mask(), 0b0111);
+        p.observe(3, true, true);
+        assert_eq!(p.mask(), 0b1111);
+        // GET_VRING_BASE stops a pair whether or not a poll saw it started.
+        p.stop(2);
+        assert_eq!(p.mask(), 0b1011);
+        p.observe(2, false, false);
+        assert_eq!(p.mask(), 0b1011);
+        p.frontend_enable(4, true);
+        assert_eq!(p.mask(), 0b1111);
+        let q = Pairs::new(2);
+        q.frontend_enable(0, true);
+        q.frontend_enable(2, true);
+        q.stop(1);
+        assert_eq!(q.mask(), 0b01, "stopped before it was ever seen started");
+        q.stop(40);
+        assert_eq!(q.mask(), 0b01);
     }
 }
