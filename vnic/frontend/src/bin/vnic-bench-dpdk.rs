@@ -733,6 +733,11 @@ struct Run {
     /// vnic RX: frames steered by a filter / by RSS in the window.
     rx_filter: Option<u64>,
     rx_rss: Option<u64>,
+    /// vnic RX: frames its generator made in the window, and of them the
+    /// ones dropped because the frontend had posted no buffer (the ring ran
+    /// dry: the frontend's refill, not vnic, was the limit at that moment).
+    gen_sent: Option<u64>,
+    rx_no_buffers: Option<u64>,
     /// The frontend's totals as it stopped (rx, tx).
     frontend_exit: Option<(u64, u64)>,
     /// testpmd's busy cycles per packet: the frontend's, and the
@@ -764,6 +769,14 @@ impl Run {
     fn cores(&self) -> f64 {
         self.backend_cpu / self.secs
     }
+    /// vnic RX: no-buffer drops in % of the frames generated in the window
+    /// (NaN when not vnic RX).
+    fn no_buf_pct(&self) -> f64 {
+        match (self.gen_sent, self.rx_no_buffers) {
+            (Some(g), Some(d)) if g > 0 => 100.0 * d as f64 / g as f64,
+            _ => f64::NAN,
+        }
+    }
     fn front_cores(&self) -> f64 {
         self.frontend_cpu / self.secs
     }
@@ -786,6 +799,8 @@ impl Run {
             "backend_counted_packets": self.backend_packets,
             "vnic_rx_filter": self.rx_filter,
             "vnic_rx_rss": self.rx_rss,
+            "vnic_gen_sent": self.gen_sent,
+            "vnic_rx_drops_no_buffers": self.rx_no_buffers,
             "frontend_exit_rx_tx": self.frontend_exit,
             "frontend_busy_cycles_per_packet": self.frontend_cycles,
             "backend_busy_cycles_per_packet": self.backend_cycles,
@@ -1125,6 +1140,16 @@ impl Bench {
             ),
             _ => (None, None),
         };
+        let (gen_sent, rx_no_buffers) = match (&a.vnic_stats, &b.vnic_stats) {
+            (Some(sa), Some(sb)) if dir == Dir::Rx => (
+                Some(sb.peer.gen_sent.saturating_sub(sa.peer.gen_sent)),
+                Some(
+                    sum_queues(sb, |q| q.rx_drops_no_buffers)
+                        .saturating_sub(sum_queues(sa, |q| q.rx_drops_no_buffers)),
+                ),
+            ),
+            _ => (None, None),
+        };
         drop(tele);
         drop(back_tele);
         drop(ctl);
@@ -1155,6 +1180,8 @@ impl Bench {
             backend_packets: b.backend_packets - a.backend_packets,
             rx_filter,
             rx_rss,
+            gen_sent,
+            rx_no_buffers,
             frontend_exit,
             frontend_cycles,
             backend_cycles,
@@ -1174,14 +1201,21 @@ impl Bench {
             }
         }
         log(&format!(
-            "  {:.3} Mpps wall, backend {:.2} cores, {:.3} Mpps per backend CPU-s, frontend {:.2} cores ({} packets in {:.2} s; backend counted {})",
+            "  {:.3} Mpps wall, backend {:.2} cores, {:.3} Mpps per backend CPU-s, frontend {:.2} cores ({} packets in {:.2} s; backend counted {}{})",
             run.mpps(),
             run.cores(),
             run.mpps_per_cpu(),
             run.front_cores(),
             run.packets,
             run.secs,
-            run.backend_packets
+            run.backend_packets,
+            match (run.gen_sent, run.rx_no_buffers) {
+                (Some(g), Some(d)) => format!(
+                    "; generated {g}, {d} dropped for want of a buffer ({} %)",
+                    f2(run.no_buf_pct())
+                ),
+                _ => String::new(),
+            }
         ));
         Ok(run)
     }
@@ -1378,16 +1412,16 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     }
     let _ = writeln!(
         md,
-        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count |"
+        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count | vnic no-buffer drops, % of generated |"
     );
     let _ = writeln!(
         md,
-        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in runs {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
             r.round,
             r.dir.name(),
             r.pairs,
@@ -1402,7 +1436,8 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             f2(r.front_cores()),
             f2(r.front_busy()),
             f2(r.back_busy()),
-            r.backend_packets
+            r.backend_packets,
+            f2(r.no_buf_pct())
         );
     }
     (md, js)
