@@ -104,6 +104,14 @@ struct Cli {
     /// Where the JSON and the per-run logs go
     #[arg(long, value_name = "DIR", default_value = "target/bench-dpdk")]
     out: PathBuf,
+    /// Run every backend under valgrind's callgrind and count the
+    /// instructions it executes in the window: backend instructions per
+    /// frame the frontend counted. A figure no neighbour moves (rates
+    /// under callgrind, ~50x slower, are not reported). Needs valgrind
+    /// and callgrind_control; each run's dump is left in its log
+    /// directory for callgrind_annotate
+    #[arg(long, verbatim_doc_comment)]
+    count_instructions: bool,
 }
 
 fn duration(v: &str) -> Result<f64, String> {
@@ -283,6 +291,8 @@ struct Opts {
     front_cpus: Vec<usize>,
     back_cpus: Vec<usize>,
     out: PathBuf,
+    /// `--count-instructions`.
+    count: bool,
 }
 
 fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
@@ -343,6 +353,7 @@ fn parse_args() -> Opts {
         frontend_cpus: front,
         backend_cpus: back,
         out,
+        count_instructions: count,
     } = Cli::parse();
     pairs.dedup();
     let dirs = only.map_or_else(|| vec![Dir::Tx, Dir::Rx], |d| vec![d]);
@@ -387,6 +398,7 @@ fn parse_args() -> Opts {
         front_cpus,
         back_cpus,
         out,
+        count,
     }
 }
 
@@ -745,6 +757,13 @@ struct Run {
     frontend_cycles: Option<f64>,
     backend_cycles: Option<f64>,
     dpdk_version: String,
+    /// `--count-instructions`: what callgrind counted in the backend
+    /// process (every thread) from instrumentation on to the dump.
+    instructions: Option<u64>,
+    /// The part of that span outside the window (before its first
+    /// sample, after its last), as a fraction of the window: the
+    /// instruction count is high by about this fraction at most.
+    count_edge: Option<f64>,
 }
 
 impl Run {
@@ -780,6 +799,18 @@ impl Run {
     fn front_cores(&self) -> f64 {
         self.frontend_cpu / self.secs
     }
+    /// Backend instructions per frame the frontend counted (NaN when not
+    /// counted).
+    fn ipp(&self) -> f64 {
+        match self.instructions {
+            Some(i) if self.packets > 0 => i as f64 / self.packets as f64,
+            _ => f64::NAN,
+        }
+    }
+    /// [`Run::count_edge`] in % (NaN when not counted).
+    fn edge_pct(&self) -> f64 {
+        self.count_edge.map_or(f64::NAN, |e| 100.0 * e)
+    }
     fn to_json(&self) -> Value {
         json!({
             "round": self.round,
@@ -804,6 +835,9 @@ impl Run {
             "frontend_exit_rx_tx": self.frontend_exit,
             "frontend_busy_cycles_per_packet": self.frontend_cycles,
             "backend_busy_cycles_per_packet": self.backend_cycles,
+            "backend_instructions": self.instructions,
+            "backend_instructions_per_packet": self.instructions.map(|_| self.ipp()),
+            "instruction_count_edge_fraction": self.count_edge,
         })
     }
 }
@@ -820,6 +854,9 @@ struct Sample {
     backend_packets: u64,
     /// vnic's `stats`.
     vnic_stats: Option<Stats>,
+    /// `--count-instructions`, the window's end: when callgrind had
+    /// dumped the backend's count (right after `packets` was read).
+    dumped: Option<Instant>,
 }
 
 struct Bench {
@@ -873,6 +910,31 @@ impl Bench {
     }
 
     #[allow(clippy::many_single_char_names)]
+    /// `cmd` itself, or under callgrind with `--count-instructions`
+    /// (instrumentation off until the window; the dumps go to
+    /// `rdir/CALLGRIND_OUT.N`).
+    fn counted(&self, cmd: Command, rdir: &Path) -> Command {
+        if !self.o.count {
+            return cmd;
+        }
+        let mut v = Command::new("valgrind");
+        v.arg("--tool=callgrind")
+            .arg("--instr-atstart=no")
+            .arg(format!(
+                "--callgrind-out-file={}",
+                rdir.join(CALLGRIND_OUT).display()
+            ))
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        for (k, val) in cmd.get_envs() {
+            match val {
+                Some(val) => v.env(k, val),
+                None => v.env_remove(k),
+            };
+        }
+        v
+    }
+
     fn run(&mut self, round: usize, dir: Dir, pairs: u16, backend: Backend) -> Result<Run, String> {
         self.n += 1;
         let tag = match backend {
@@ -926,7 +988,7 @@ impl Bench {
                 c.env("RUST_LOG", "info");
                 Proc::spawn(
                     "vnic serve (backend)",
-                    c,
+                    self.counted(c, &rdir),
                     &rdir.join("backend.log"),
                     &self.o.back_cpus,
                     None,
@@ -951,7 +1013,7 @@ impl Bench {
                     .arg("--auto-start");
                 Proc::spawn(
                     "dpdk-testpmd (vhost backend)",
-                    c,
+                    self.counted(c, &rdir),
                     &rdir.join("backend.log"),
                     &self.o.back_cpus,
                     Some(dpdk_runtime_dir(&bprefix)),
@@ -1094,28 +1156,38 @@ impl Bench {
         // The window.
         let bpid = back.pid();
         let fpid = front.pid();
+        let count = self.o.count;
+        // `last`: the window's end, where a counted backend's dump is taken
+        // as soon as the frontend's counter is read.
         let sample = |tele: &mut Telemetry,
                       back_tele: &mut Option<Telemetry>,
-                      ctl: &mut Option<Client>|
+                      ctl: &mut Option<Client>,
+                      last: bool|
          -> Result<Sample, String> {
             let fcpu = measure::cpu_seconds(fpid).map_err(|e| e.to_string())?;
             let cpu = measure::cpu_seconds(bpid).map_err(|e| e.to_string())?;
             let t = Instant::now();
             let pk = pick(dir, tele.port_packets()?);
+            let dumped = if count && last {
+                callgrind_control(bpid, &["--dump"])?;
+                Some(Instant::now())
+            } else {
+                None
+            };
             let (bpk, vs) = match (back_tele.as_mut(), ctl.as_mut()) {
                 (Some(bt), _) => {
                     // The backend's direction is the other one.
                     let (rx, tx) = bt.port_packets()?;
                     (if dir == Dir::Rx { tx } else { rx }, None)
                 }
-                (None, Some(c)) => {
-                    let s = c.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
-                    let f: fn(&QueueStats) -> u64 = if dir == Dir::Rx {
+                (None, Some(client)) => {
+                    let st = client.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
+                    let field: fn(&QueueStats) -> u64 = if dir == Dir::Rx {
                         |q| q.rx_packets
                     } else {
                         |q| q.tx_packets
                     };
-                    (sum_queues(&s, f), Some(s))
+                    (sum_queues(&st, field), Some(st))
                 }
                 (None, None) => (0, None),
             };
@@ -1126,11 +1198,29 @@ impl Bench {
                 backend_packets: bpk,
                 vnic_stats: vs,
                 frontend_cpu: fcpu,
+                dumped,
             })
         };
-        let a = sample(&mut tele, &mut back_tele, &mut ctl)?;
+        // --count-instructions: instrumentation on right before the
+        // window's first sample, the dump right after its last.
+        let on = if self.o.count {
+            callgrind_control(bpid, &["--instr=on"])?;
+            Some(Instant::now())
+        } else {
+            None
+        };
+        let a = sample(&mut tele, &mut back_tele, &mut ctl, false)?;
         nap(Duration::from_secs_f64(self.o.duration))?;
-        let b = sample(&mut tele, &mut back_tele, &mut ctl)?;
+        let b = sample(&mut tele, &mut back_tele, &mut ctl, true)?;
+        let (instructions, count_edge) = match (on, b.dumped) {
+            (Some(on), Some(dumped)) => {
+                let counted = callgrind_total(&rdir.join(format!("{CALLGRIND_OUT}.1")))?;
+                let window = (b.t - a.t).as_secs_f64();
+                let edge = ((a.t - on) + (dumped - b.t)).as_secs_f64() / window;
+                (Some(counted), Some(edge))
+            }
+            _ => (None, None),
+        };
         front.check()?;
         back.check()?;
         let (rx_filter, rx_rss) = match (&a.vnic_stats, &b.vnic_stats) {
@@ -1186,6 +1276,8 @@ impl Bench {
             frontend_cycles,
             backend_cycles,
             dpdk_version,
+            instructions,
+            count_edge,
         };
         // The filter cases measure what they claim to.
         if let (Some(f), Some(hit), Some(rss)) = (backend.vnic_filters(), rx_filter, rx_rss) {
@@ -1210,15 +1302,61 @@ impl Bench {
             run.secs,
             run.backend_packets,
             match (run.gen_sent, run.rx_no_buffers) {
-                (Some(g), Some(d)) => format!(
-                    "; generated {g}, {d} dropped for want of a buffer ({} %)",
+                (Some(made), Some(dropped)) => format!(
+                    "; generated {made}, {dropped} dropped for want of a buffer ({} %)",
                     f2(run.no_buf_pct())
                 ),
                 _ => String::new(),
             }
         ));
+        if run.instructions.is_some() {
+            log(&format!(
+                "  backend instructions per frame: {:.1} (callgrind; window edges {} % of it; rates above are of a backend under callgrind)",
+                run.ipp(),
+                f2(run.edge_pct())
+            ));
+        }
         Ok(run)
     }
+}
+
+/// The callgrind dump file of a backend, in its run's log directory.
+const CALLGRIND_OUT: &str = "backend.callgrind";
+
+/// `callgrind_control ARGS PID`: returns once callgrind has carried the
+/// command out (it answers "OK").
+fn callgrind_control(pid: u32, args: &[&str]) -> Result<(), String> {
+    let out = Command::new("callgrind_control")
+        .args(args)
+        .arg(pid.to_string())
+        .output()
+        .map_err(|e| format!("callgrind_control (valgrind's): {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() && text.contains("OK") {
+        Ok(())
+    } else {
+        Err(format!(
+            "callgrind_control {} {pid}: {}{}",
+            args.join(" "),
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The instruction total of a callgrind dump (its `totals:` line).
+fn callgrind_total(path: &Path) -> Result<u64, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_callgrind_total(&text).ok_or_else(|| format!("{}: no totals: line", path.display()))
+}
+
+fn parse_callgrind_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("totals:"))?;
+    line["totals:".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Sum of a per-queue counter of vnic's `stats`.
@@ -1410,18 +1548,26 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     if o.baseline.is_some() {
         md.push_str(&baseline_table(&rows, &mut js));
     }
+    if o.count {
+        let mut top = instructions_table(&rows, &mut js);
+        top.push_str(
+            "\nThe rates below are of backends running under callgrind (tens of times slower): \
+             they describe callgrind, not the backends.\n\n",
+        );
+        md.insert_str(0, &top);
+    }
     let _ = writeln!(
         md,
-        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count | vnic no-buffer drops, % of generated |"
+        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count | vnic no-buffer drops, % of generated | backend instructions per frame |"
     );
     let _ = writeln!(
         md,
-        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in runs {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.round,
             r.dir.name(),
             r.pairs,
@@ -1437,7 +1583,8 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             f2(r.front_busy()),
             f2(r.back_busy()),
             r.backend_packets,
-            f2(r.no_buf_pct())
+            f2(r.no_buf_pct()),
+            f2(r.ipp())
         );
     }
     (md, js)
@@ -1482,6 +1629,62 @@ fn baseline_table(rows: &[Row], js: &mut [Value]) -> String {
             m.insert("mpps_vnic_over_base_per_round".into(), json!(wall));
             m.insert("mpps_per_cpu_vnic_over_base_per_round".into(), json!(cpu));
             m.insert("mpps_base_over_dpdk_per_round".into(), json!(base_dpdk));
+        }
+    }
+    md
+}
+
+/// `--count-instructions`: backend instructions per frame, vnic against
+/// DPDK (and the baseline), per round (adds the figures to each row's
+/// JSON).
+fn instructions_table(rows: &[Row], js: &mut [Value]) -> String {
+    let mut md = String::from(
+        "Backend instructions per frame the frontend counted (callgrind, every thread of the backend process; below 1 in a ratio: vnic runs fewer):\n\n\
+         | dir | pairs | vnic filters | DPDK | vnic | vnic/DPDK (per round) | baseline | vnic/baseline (per round) | window edges, % (max) |\n\
+         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for (r, j) in rows.iter().zip(js.iter_mut()) {
+        let vd = r.ratios(Run::ipp);
+        let vb = per_round(&r.vnic, &r.base, Run::ipp);
+        let edge = r
+            .dpdk
+            .iter()
+            .chain(&r.vnic)
+            .chain(&r.base)
+            .map(Run::edge_pct)
+            .fold(f64::NAN, f64::max);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.dir.name(),
+            r.pairs,
+            r.filters.label(),
+            f2(med(&r.dpdk, Run::ipp)),
+            f2(med(&r.vnic, Run::ipp)),
+            ratio(&vd),
+            if r.base.is_empty() {
+                "-".to_string()
+            } else {
+                f2(med(&r.base, Run::ipp))
+            },
+            if vb.is_empty() {
+                "-".to_string()
+            } else {
+                ratio(&vb)
+            },
+            f2(edge),
+        );
+        if let Some(m) = j.as_object_mut() {
+            m.insert(
+                "instructions_per_packet_dpdk_median".into(),
+                json!(med(&r.dpdk, Run::ipp)),
+            );
+            m.insert(
+                "instructions_per_packet_vnic_median".into(),
+                json!(med(&r.vnic, Run::ipp)),
+            );
+            m.insert("instructions_vnic_over_dpdk_per_round".into(), json!(vd));
+            m.insert("instructions_vnic_over_base_per_round".into(), json!(vb));
         }
     }
     md
@@ -1615,6 +1818,7 @@ fn main() {
         "vnic": o.vnic,
         "vnic_version": command_out(Command::new(&o.vnic).arg("--version")),
         "baseline": o.baseline,
+        "count_instructions": o.count,
         "directions": o.dirs.iter().map(|d| d.name()).collect::<Vec<_>>(),
         "frontend": "dpdk-testpmd --vdev net_virtio_user0,queues=N,queue_size=1024,in_order=0,mrg_rxbuf=1 --total-num-mbufs=8192 --forward-mode=txonly|rxonly",
         "tx_filters_note": "TX runs vnic with 0 filters only: the filter table is looked up on the device -> guest path alone",
@@ -1734,6 +1938,26 @@ mod tests {
         assert_eq!((c.only, c.pairs), (Some(Dir::Tx), vec![2, 1, 16]));
         // a repeated option takes its last value, as before
         assert_eq!(parse("--pairs 1,2 --pairs 2").unwrap().pairs, [2]);
+    }
+
+    #[test]
+    fn count_instructions_is_a_flag() {
+        assert!(!parse("").unwrap().count_instructions);
+        assert!(
+            parse("--count-instructions --only rx")
+                .unwrap()
+                .count_instructions
+        );
+        assert!(parse("--count-instructions=1").is_err());
+    }
+
+    #[test]
+    fn a_callgrind_dump_gives_its_totals() {
+        let dump = "# callgrind format\nversion: 1\ncreator: callgrind-3.19.0\npid: 4042\ncmd:  vnic serve\npart: 1\n\
+                    desc: I1 cache: \npositions: line\nevents: Ir\nsummary: 4745290710\n\nfl=(1) a.rs\nfn=(1) f\n3 12\n\ntotals: 4745290710\n";
+        assert_eq!(parse_callgrind_total(dump), Some(4_745_290_710));
+        assert_eq!(parse_callgrind_total("summary: 5\n"), None);
+        assert_eq!(parse_callgrind_total("totals: x\n"), None);
     }
 
     #[test]
