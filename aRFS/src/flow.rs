@@ -644,6 +644,59 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame, ParseError> {
     })
 }
 
+/// The flow of an untagged, unfragmented IPv4 TCP or UDP frame, read
+/// without building a [`ParsedFrame`]: the steering fast path for the
+/// common frame. `Some(key)` exactly when [`parse_frame`] gives `Ok` with
+/// no VLAN tag and `l3 == L3::Flow(key)` over IPv4 (the same checks);
+/// `None` for every other frame, which the caller hands to
+/// [`parse_frame`]. Never panics.
+#[inline]
+pub fn ipv4_flow(frame: &[u8]) -> Option<FlowKey> {
+    let p = frame.get(ETH_HLEN..)?;
+    if be16(frame, 12) != ETHERTYPE_IPV4 || p.len() < 20 || p[0] >> 4 != 4 {
+        return None;
+    }
+    let hlen = usize::from(p[0] & 0x0f) * 4;
+    let total = usize::from(be16(p, 2));
+    // (hlen >= 20 is IHL >= 5; total <= p.len() also bounds hlen.)
+    if hlen < 20 || total < hlen || total > p.len() || be16(p, 6) & 0x3fff != 0 {
+        return None;
+    }
+    let payload = &p[hlen..total];
+    let proto = match p[9] {
+        6 => {
+            let doff = usize::from(*payload.get(12)? >> 4);
+            if payload.len() < 20 || doff < 5 || doff * 4 > payload.len() {
+                return None;
+            }
+            L4Proto::Tcp
+        }
+        17 => {
+            if payload.len() < 8 {
+                return None;
+            }
+            let len = usize::from(be16(payload, 4));
+            if len < 8 || len > payload.len() {
+                return None;
+            }
+            L4Proto::Udp
+        }
+        _ => return None,
+    };
+    let mut src = [0u8; 16];
+    let mut dst = [0u8; 16];
+    src[..4].copy_from_slice(&p[12..16]);
+    dst[..4].copy_from_slice(&p[16..20]);
+    Some(FlowKey {
+        family: IpFamily::Ipv4,
+        proto,
+        src_port: be16(payload, 0),
+        dst_port: be16(payload, 2),
+        src,
+        dst,
+    })
+}
+
 /// Parses an IPv4 packet (starting at its header).
 #[inline]
 fn parse_ipv4(p: &[u8]) -> Result<L3, ParseError> {

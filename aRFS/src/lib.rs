@@ -84,7 +84,7 @@ pub mod table;
 pub mod trace;
 
 pub use flow::{
-    parse_frame, FlowKey, IpFamily, IpPair, L4Proto, Layer, ParseError, ParsedFrame, L3,
+    ipv4_flow, parse_frame, FlowKey, IpFamily, IpPair, L4Proto, Layer, ParseError, ParsedFrame, L3,
 };
 pub use index::{FilterId, FlowIndex, IndexError};
 pub use proto::{

@@ -5,7 +5,7 @@ mod common;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use arfs::{parse_frame, FlowKey, IpFamily, L4Proto, Layer, ParseError, L3};
+use arfs::{ipv4_flow, parse_frame, FlowKey, IpFamily, L4Proto, Layer, ParseError, L3};
 use common::*;
 use proptest::prelude::*;
 
@@ -417,6 +417,59 @@ fn errors() {
     assert!(parse_frame(&eth(0x86DD, None, &ipv6(60, V6_A, V6_B, &pl))).is_ok());
 }
 
+/// Checks that `ipv4_flow` says what `parse_frame` says on `f`.
+fn fast_path_agrees(f: &[u8]) -> Result<(), String> {
+    let full = parse_frame(f);
+    match (ipv4_flow(f), full) {
+        (Some(k), Ok(p)) if p.l3 == L3::Flow(k) && p.vlan_tci.is_none() => Ok(()),
+        (Some(k), full) => Err(format!("fast path {k:?}, parse_frame {full:?}")),
+        (None, Ok(p))
+            if p.vlan_tci.is_none()
+                && matches!(p.l3, L3::Flow(k) if k.family() == IpFamily::Ipv4) =>
+        {
+            Err(format!("fast path missed the flow of {p:?}"))
+        }
+        (None, _) => Ok(()),
+    }
+}
+
+/// Every single-byte change (each position, each value) and every cut of
+/// IPv4 TCP and UDP frames (with and without options) and their
+/// neighbours: the fast path agrees with parse_frame on all of them.
+#[test]
+fn ipv4_flow_agrees_on_every_one_byte_change_and_cut() {
+    let frames = [
+        eth(0x0800, None, &ipv4(6, A4, B4, 0, &[], &tcp(1, 2, b"abc"))),
+        eth(0x0800, None, &ipv4(6, A4, B4, 0, &[0; 4], &tcp(1, 2, &[]))),
+        eth(0x0800, None, &ipv4(17, A4, B4, 0, &[], &udp(1, 2, b"abc"))),
+        eth(0x0800, None, &ipv4(17, A4, B4, 0, &[0; 8], &udp(1, 2, &[]))),
+        // Source port 12: with IHL 4 its bytes would read as a UDP length
+        // that fits, so a fast path without the IHL check would answer.
+        eth(0x0800, None, &ipv4(17, A4, B4, 0, &[], &udp(12, 2, b"abc"))),
+        eth(
+            0x0800,
+            Some(7),
+            &ipv4(17, A4, B4, 0, &[], &udp(1, 2, b"abc")),
+        ),
+    ];
+    let mut checked = 0u32;
+    for f in &frames {
+        fast_path_agrees(f).unwrap();
+        for n in 0..f.len() {
+            fast_path_agrees(&f[..n]).unwrap_or_else(|e| panic!("cut at {n}: {e}"));
+        }
+        for i in 0..f.len() {
+            for v in 0..=255u8 {
+                let mut g = f.clone();
+                g[i] = v;
+                fast_path_agrees(&g).unwrap_or_else(|e| panic!("byte {i} = {v}: {e}"));
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 50_000, "{checked}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -446,6 +499,44 @@ proptest! {
         let _ = parse_frame(&f[..n]);
     }
 
+    /// The fast path says what parse_frame says, on every frame it
+    /// answers for, and answers for every untagged IPv4 flow parse_frame
+    /// finds: mutated and cut frames of each kind, and arbitrary bytes.
+    #[test]
+    fn ipv4_flow_agrees_with_parse_frame(which in 0usize..6, pos in any::<prop::sample::Index>(), val in any::<u8>(), cut in any::<prop::sample::Index>(), mode in 0u8..4, noise in proptest::collection::vec(any::<u8>(), 0..80)) {
+        let frames = [
+            eth(0x0800, None, &ipv4(6, A4, B4, 0, &[0; 4], &tcp(1, 2, b"abc"))),
+            eth(0x0800, None, &ipv4(17, A4, B4, 0, &[], &udp(1, 2, b"abc"))),
+            eth(0x0800, Some(7), &ipv4(17, A4, B4, 0, &[], &udp(1, 2, b"abc"))),
+            eth(0x0800, None, &ipv4(1, A4, B4, 0, &[], &[0; 8])),
+            eth(0x86DD, None, &ipv6(17, V6_A, V6_B, &udp(9, 10, &[0; 30]))),
+            noise,
+        ];
+        // mode: 0 intact, 1 one byte changed, 2 cut short, 3 both.
+        let mut f = frames[which].clone();
+        if mode & 1 != 0 && !f.is_empty() {
+            let i = pos.index(f.len());
+            f[i] = val;
+        }
+        let n = if mode & 2 != 0 { cut.index(f.len() + 1) } else { f.len() };
+        let f = &f[..n];
+        let full = parse_frame(f);
+        match ipv4_flow(f) {
+            Some(k) => {
+                let p = full.expect("the fast path answered for a frame parse_frame refuses");
+                prop_assert_eq!(p.l3, L3::Flow(k));
+                prop_assert_eq!(p.vlan_tci, None);
+                prop_assert_eq!(k.family(), IpFamily::Ipv4);
+            }
+            None => {
+                if let Ok(p) = full {
+                    let v4_flow = matches!(p.l3, L3::Flow(k) if k.family() == IpFamily::Ipv4);
+                    prop_assert!(!(v4_flow && p.vlan_tci.is_none()), "parse_frame found an untagged IPv4 flow the fast path missed: {:?}", p);
+                }
+            }
+        }
+    }
+
     /// Any v4/v6 TCP/UDP flow written into a frame parses back to itself.
     #[test]
     fn flow_round_trip(v6 in any::<bool>(), tcp_p in any::<bool>(), s in any::<[u8; 16]>(), d in any::<[u8; 16]>(), sp in any::<u16>(), dp in any::<u16>(), vlan in proptest::option::of(any::<u16>())) {
@@ -460,6 +551,7 @@ proptest! {
         let p = parse_frame(&frame).unwrap();
         prop_assert_eq!(p.l3, L3::Flow(key));
         prop_assert_eq!(p.vlan_tci, vlan);
+        prop_assert_eq!(ipv4_flow(&frame), (!v6 && vlan.is_none()).then_some(key));
     }
 }
 

@@ -11,7 +11,7 @@
 //! [`corrupt_payload`] is the damage the corrupt and bad-checksum faults do.
 
 use arfs::proto::ETHERTYPE_MGMT;
-use arfs::{FlowIndex, Rss, TableEvent, L3};
+use arfs::{FlowIndex, FlowKey, Rss, TableEvent, L3};
 
 use crate::frame::{tcp_payload, udp_payload};
 
@@ -108,6 +108,12 @@ impl Steer {
         if self.off {
             return self.unsteered(frame);
         }
+        // The common frame, an untagged IPv4 TCP/UDP flow, without building
+        // a whole ParsedFrame (the same checks: arfs' tests hold the two
+        // to agreeing on every frame); every other frame is parsed in full.
+        if let Some(k) = arfs::ipv4_flow(frame) {
+            return Some(self.decide_flow(&k));
+        }
         let Ok(p) = arfs::parse_frame(frame) else {
             if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
                 return None;
@@ -128,16 +134,23 @@ impl Steer {
                 flags: 0,
             });
         };
+        Some(self.decide_flow(k))
+    }
+
+    /// The decision for a TCP/UDP flow: its filter, else RSS; the fault
+    /// knobs on a hit.
+    #[inline]
+    fn decide_flow(&mut self, k: &FlowKey) -> Decision {
         // (An empty table is not looked at: its slots are cold.)
         let Some((id, q)) = (!self.index.is_empty())
             .then(|| self.index.lookup(k))
             .flatten()
         else {
-            return Some(Decision {
+            return Decision {
                 q: usize::from(self.rss.queue_for_key(k)),
                 hit: None,
                 flags: 0,
-            });
+            };
         };
         let mut q = usize::from(q);
         let mut flags = 0;
@@ -159,11 +172,11 @@ impl Steer {
                 flags |= FAULT_BAD_CSUM;
             }
         }
-        Some(Decision {
+        Decision {
             q,
             hit: Some(id),
             flags,
-        })
+        }
     }
 
     /// `--steer none`'s decision: the worker's own queue, no parse.
