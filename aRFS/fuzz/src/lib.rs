@@ -208,11 +208,24 @@ pub fn decode_frame(data: &[u8]) {
 
 /// Frame parser: arbitrary Ethernet frames never panic; a parsed flow
 /// hashes and steers in range, and its key survives a round trip through
-/// its raw bytes.
+/// its raw bytes; steering's IPv4 fast path agrees with the full parser.
 pub fn parse_frame(data: &[u8]) {
     static RSS: std::sync::LazyLock<Rss> = std::sync::LazyLock::new(|| Rss::new(4));
     let rss = &*RSS;
-    if let Ok(p) = parse_eth(data) {
+    // The steering fast path says what the full parser says, on every input.
+    let fast = arfs::ipv4_flow(data);
+    let full = parse_eth(data);
+    match (&full, fast) {
+        (Ok(p), Some(k)) => assert!(p.l3 == L3::Flow(k) && p.vlan_tci.is_none()),
+        (Err(_), Some(k)) => panic!("ipv4_flow answered {k:?} for a frame parse_frame refuses"),
+        (Ok(p), None) => assert!(
+            !(p.vlan_tci.is_none()
+                && matches!(p.l3, L3::Flow(k) if k.family() == arfs::IpFamily::Ipv4)),
+            "ipv4_flow missed {p:?}"
+        ),
+        (Err(_), None) => {}
+    }
+    if let Ok(p) = full {
         assert!(p.l3_offset <= data.len());
         let q = rss.queue_for(&p);
         assert!(q < 4);
