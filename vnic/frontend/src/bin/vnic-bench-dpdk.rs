@@ -1410,6 +1410,16 @@ struct Row {
 }
 
 impl Row {
+    /// The row's first three cells: direction, pairs, vnic filters.
+    fn head(&self) -> String {
+        format!(
+            "{} | {} | {}",
+            self.dir.name(),
+            self.pairs,
+            self.filters.label()
+        )
+    }
+
     /// Per round: vnic / DPDK of `f`.
     fn ratios(&self, f: impl Fn(&Run) -> f64) -> Vec<f64> {
         per_round(&self.vnic, &self.dpdk, f)
@@ -1500,10 +1510,8 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {} / {} | {} / {} | {} / {} | {} | {} |",
-            r.dir.name(),
-            r.pairs,
-            r.filters.label(),
+            "| {} | {} -> {} | {} | {} -> {} | {} | {} / {} | {} / {} | {} / {} | {} | {} |",
+            r.head(),
             f3(med(&r.dpdk, Run::mpps)),
             f3(med(&r.vnic, Run::mpps)),
             ratio(&wall),
@@ -1607,10 +1615,8 @@ fn baseline_table(rows: &[Row], js: &mut [Value]) -> String {
         let base_dpdk = per_round(&r.base, &r.dpdk, Run::mpps);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} -> {} | {} | {} -> {} | {} | {}x | {}x |",
-            r.dir.name(),
-            r.pairs,
-            r.filters.label(),
+            "| {} | {} -> {} | {} | {} -> {} | {} | {}x | {}x |",
+            r.head(),
             f3(med(&r.base, Run::mpps)),
             f3(med(&r.vnic, Run::mpps)),
             ratio(&wall),
@@ -1655,10 +1661,8 @@ fn instructions_table(rows: &[Row], js: &mut [Value]) -> String {
             .fold(f64::NAN, f64::max);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.dir.name(),
-            r.pairs,
-            r.filters.label(),
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.head(),
             f2(med(&r.dpdk, Run::ipp)),
             f2(med(&r.vnic, Run::ipp)),
             ratio(&vd),
