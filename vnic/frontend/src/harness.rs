@@ -377,16 +377,44 @@ pub fn ctl(path: &Path) -> Result<Client, CtlError> {
     Client::connect_wait(path, Duration::from_secs(20))
 }
 
+/// Why [`vnic_binary`] found no daemon binary.
+#[derive(Debug, thiserror::Error)]
+pub enum VnicBinaryError {
+    /// The running executable's path, next to which the daemon is looked
+    /// for, is unknown.
+    #[error("the path of the running executable: {0}")]
+    CurrentExe(#[source] io::Error),
+    /// The running executable's path has no directory.
+    #[error("{}: no parent directory", exe.display())]
+    NoParent { exe: PathBuf },
+    /// `cargo build` could not be run.
+    #[error("running cargo build: {0}")]
+    CargoSpawn(#[source] io::Error),
+    /// `cargo build` ran and failed.
+    #[error("cargo build -p vnic --bin vnic failed ({status})")]
+    CargoFailed { status: ExitStatus },
+    /// No `vnic` next to the running executable.
+    #[error(
+        "{} not found: build the daemon into the same target directory first \
+         (cargo build --release -p vnic) or pass --vnic PATH",
+        path.display()
+    )]
+    NotFound { path: PathBuf },
+}
+
 /// The `vnic` daemon binary for the bench binaries: `explicit`, or else
 /// `vnic` next to the running executable. Under `cargo run` (only the
 /// bench itself is built) it first runs `cargo build [--release] -p vnic
 /// --bin vnic` with the same profile.
-pub fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
+pub fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, VnicBinaryError> {
     if let Some(p) = explicit {
         return Ok(p);
     }
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let dir = me.parent().ok_or("no parent dir")?.to_path_buf();
+    let me = std::env::current_exe().map_err(VnicBinaryError::CurrentExe)?;
+    let dir = me
+        .parent()
+        .ok_or_else(|| VnicBinaryError::NoParent { exe: me.clone() })?
+        .to_path_buf();
     if let Ok(cargo) = std::env::var("CARGO") {
         // Under `cargo run` only this binary is built: build the daemon too.
         let mut cmd = Command::new(cargo);
@@ -404,22 +432,16 @@ pub fn vnic_binary(explicit: Option<PathBuf>) -> Result<PathBuf, String> {
             cmd.arg("--release");
         }
         eprintln!("building the vnic daemon binary...");
-        let st = cmd
-            .status()
-            .map_err(|e| format!("running cargo build: {e}"))?;
-        if !st.success() {
-            return Err("cargo build -p vnic --bin vnic failed".into());
+        let status = cmd.status().map_err(VnicBinaryError::CargoSpawn)?;
+        if !status.success() {
+            return Err(VnicBinaryError::CargoFailed { status });
         }
     }
     let p = dir.join("vnic");
     if p.exists() {
         Ok(p)
     } else {
-        Err(format!(
-            "{} not found: build the daemon into the same target directory first \
-             (cargo build --release -p vnic) or pass --vnic PATH",
-            p.display()
-        ))
+        Err(VnicBinaryError::NotFound { path: p })
     }
 }
 

@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgAction, Parser};
 use serde_json::{json, Value};
-use vnic_ctl_proto::{Client, FlowSpec, QueueStats, Stats};
+use vnic_ctl_proto::{Client, CtlError, FlowSpec, QueueStats, Stats};
 use vnic_frontend::harness::ctl as connect_ctl;
-use vnic_frontend::measure::{self, loadavg, median};
+use vnic_frontend::measure::{self, loadavg, median, ProcError};
 
 const ABOUT: &str = "\
 vnic-bench-dpdk: vnic against DPDK's vhost PMD, with testpmd's net_virtio_user
@@ -176,12 +176,121 @@ fn started() -> Instant {
     *T0.get_or_init(Instant::now)
 }
 
+/// Why a run failed (printed as `error: ...`, and kept in the JSON's
+/// `interrupted_or_failed`).
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    /// SIGINT, SIGTERM or SIGHUP.
+    #[error("interrupted")]
+    Interrupted,
+    /// A file or directory of the run (`path`) could not be made or read.
+    #[error("{}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("starting {what} ({}): {source}", program.display())]
+    Spawn {
+        what: String,
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    /// A process of the run exited; the end of its log.
+    #[error("{what} exited ({}); last lines of {}:\n{tail}", describe(*status), log.display())]
+    Exited {
+        what: String,
+        status: ExitStatus,
+        log: PathBuf,
+        tail: String,
+    },
+    /// A socket call (`call`) on the way to a telemetry socket failed.
+    #[error("telemetry {}: {call}: {source}", path.display())]
+    TelemetrySocket {
+        path: PathBuf,
+        call: &'static str,
+        source: std::io::Error,
+    },
+    #[error("telemetry socket path too long: {}", path.display())]
+    TelemetryPathTooLong { path: PathBuf },
+    #[error("telemetry read: {0}")]
+    TelemetryRead(#[source] std::io::Error),
+    #[error("telemetry write: {0}")]
+    TelemetryWrite(#[source] std::io::Error),
+    #[error("telemetry reply: {0}")]
+    TelemetryReply(#[source] serde_json::Error),
+    #[error("telemetry /ethdev/stats,0: unexpected reply {reply}")]
+    TelemetryStats { reply: Value },
+    /// A socket a process makes did not appear; the end of each log.
+    #[error("{what} {} did not appear within {timeout:?}\n{logs}", path.display())]
+    NoPath {
+        what: &'static str,
+        path: PathBuf,
+        timeout: Duration,
+        logs: String,
+    },
+    /// A request on vnic's control socket (`what`) failed.
+    #[error("{what}: {source}")]
+    Ctl {
+        what: &'static str,
+        source: CtlError,
+    },
+    /// vnic did not come up as the case needs it.
+    #[error(
+        "vnic: {pairs} pair(s) enabled and {want} filters live not reached within 1 min \
+         (enabled_pairs {enabled}, live {live}); last lines of {}:\n{tail}",
+        log.display()
+    )]
+    NotReady {
+        pairs: u16,
+        want: u64,
+        enabled: u16,
+        live: u64,
+        log: PathBuf,
+        tail: String,
+    },
+    /// No traffic: the end of both logs.
+    #[error(
+        "the frontend counted no {dir} packets within 30 s\nfrontend, {}:\n{front_tail}\nbackend, {}:\n{back_tail}",
+        front_log.display(),
+        back_log.display()
+    )]
+    NoTraffic {
+        dir: &'static str,
+        front_log: PathBuf,
+        front_tail: String,
+        back_log: PathBuf,
+        back_tail: String,
+    },
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+    #[error("callgrind_control (valgrind's): {0}")]
+    CallgrindSpawn(#[source] std::io::Error),
+    /// callgrind_control did not answer "OK"; its stdout and stderr.
+    #[error("callgrind_control {args} {pid}: {output}")]
+    CallgrindControl {
+        args: String,
+        pid: u32,
+        output: String,
+    },
+    #[error("{}: no totals: line", path.display())]
+    NoTotals { path: PathBuf },
+    /// A filter case's frames were not steered as the case is about.
+    #[error(
+        "vnic filters {label}: {hit} frames steered by a filter and {rss} by RSS in the window: not what the case is about"
+    )]
+    FiltersMissed {
+        label: &'static str,
+        hit: u64,
+        rss: u64,
+    },
+}
+
 /// Sleeps `d`, in short naps so that a signal is acted on at once.
-fn nap(d: Duration) -> Result<(), String> {
+fn nap(d: Duration) -> Result<(), BenchError> {
     let end = Instant::now() + d;
     loop {
         if STOP.load(Ordering::SeqCst) {
-            return Err("interrupted".into());
+            return Err(BenchError::Interrupted);
         }
         let now = Instant::now();
         if now >= end {
@@ -440,9 +549,13 @@ impl Proc {
         log: &Path,
         cpus: &[usize],
         runtime_dir: Option<PathBuf>,
-    ) -> Result<Self, String> {
-        let f = File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let f2 = f.try_clone().map_err(|e| e.to_string())?;
+    ) -> Result<Self, BenchError> {
+        let file_err = |source| BenchError::File {
+            path: log.to_path_buf(),
+            source,
+        };
+        let f = File::create(log).map_err(file_err)?;
+        let f2 = f.try_clone().map_err(file_err)?;
         cmd.stdin(Stdio::piped()).stdout(f).stderr(f2);
         let cpus = cpus.to_vec();
         // SAFETY: the closure runs in the child between fork and exec; it
@@ -467,9 +580,11 @@ impl Proc {
                 Ok(())
             });
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| format!("starting {what} ({}): {e}", cmd.get_program().display()))?;
+        let mut child = cmd.spawn().map_err(|source| BenchError::Spawn {
+            what: what.to_string(),
+            program: PathBuf::from(cmd.get_program()),
+            source,
+        })?;
         let stdin = child.stdin.take();
         Ok(Self {
             what: what.to_string(),
@@ -486,17 +601,16 @@ impl Proc {
 
     /// An error naming the process and showing its log tail when it has
     /// exited.
-    fn check(&mut self) -> Result<(), String> {
+    fn check(&mut self) -> Result<(), BenchError> {
         if let Some(c) = self.child.as_mut() {
-            if let Ok(Some(st)) = c.try_wait() {
+            if let Ok(Some(status)) = c.try_wait() {
                 self.child = None;
-                return Err(format!(
-                    "{} exited ({}); last lines of {}:\n{}",
-                    self.what,
-                    describe(st),
-                    self.log.display(),
-                    tail(&self.log, 25)
-                ));
+                return Err(BenchError::Exited {
+                    what: self.what.clone(),
+                    status,
+                    log: self.log.clone(),
+                    tail: tail(&self.log, 25),
+                });
             }
         }
         Ok(())
@@ -574,13 +688,11 @@ struct Telemetry {
 }
 
 impl Telemetry {
-    fn connect(path: &Path) -> Result<Self, String> {
-        let err = |what: &str| {
-            format!(
-                "telemetry {}: {what}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            )
+    fn connect(path: &Path) -> Result<Self, BenchError> {
+        let err = |call: &'static str| BenchError::TelemetrySocket {
+            path: path.to_path_buf(),
+            call,
+            source: std::io::Error::last_os_error(),
         };
         // SAFETY: socket(2) with constant arguments.
         let fd =
@@ -595,10 +707,9 @@ impl Telemetry {
         addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
         let bytes = path.as_os_str().as_bytes();
         if bytes.len() >= addr.sun_path.len() {
-            return Err(format!(
-                "telemetry socket path too long: {}",
-                path.display()
-            ));
+            return Err(BenchError::TelemetryPathTooLong {
+                path: path.to_path_buf(),
+            });
         }
         for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
             *d = s.cast_signed();
@@ -641,29 +752,29 @@ impl Telemetry {
         Ok(t)
     }
 
-    fn read(&mut self) -> Result<Value, String> {
+    fn read(&mut self) -> Result<Value, BenchError> {
         let n = self
             .sock
             .read(&mut self.buf)
-            .map_err(|e| format!("telemetry read: {e}"))?;
-        serde_json::from_slice(&self.buf[..n]).map_err(|e| format!("telemetry reply: {e}"))
+            .map_err(BenchError::TelemetryRead)?;
+        serde_json::from_slice(&self.buf[..n]).map_err(BenchError::TelemetryReply)
     }
 
-    fn query(&mut self, cmd: &str) -> Result<Value, String> {
+    fn query(&mut self, cmd: &str) -> Result<Value, BenchError> {
         self.sock
             .write_all(cmd.as_bytes())
-            .map_err(|e| format!("telemetry write: {e}"))?;
+            .map_err(BenchError::TelemetryWrite)?;
         let v = self.read()?;
         let key = cmd.split(',').next().unwrap_or(cmd);
         Ok(v[key].clone())
     }
 
     /// (rx, tx) packets of ethdev port 0.
-    fn port_packets(&mut self) -> Result<(u64, u64), String> {
+    fn port_packets(&mut self) -> Result<(u64, u64), BenchError> {
         let s = self.query("/ethdev/stats,0")?;
         match (s["ipackets"].as_u64(), s["opackets"].as_u64()) {
             (Some(i), Some(o)) => Ok((i, o)),
-            _ => Err(format!("telemetry /ethdev/stats,0: unexpected reply {s}")),
+            _ => Err(BenchError::TelemetryStats { reply: s }),
         }
     }
 }
@@ -671,10 +782,10 @@ impl Telemetry {
 /// Waits until `path` exists, both processes staying alive.
 fn wait_path(
     path: &Path,
-    what: &str,
+    what: &'static str,
     procs: &mut [&mut Proc],
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), BenchError> {
     let deadline = Instant::now() + timeout;
     while !path.exists() {
         for p in procs.iter_mut() {
@@ -685,11 +796,12 @@ fn wait_path(
                 .iter()
                 .map(|p| format!("last lines of {}:\n{}", p.log.display(), tail(&p.log, 15)))
                 .collect();
-            return Err(format!(
-                "{what} {} did not appear within {timeout:?}\n{}",
-                path.display(),
-                logs.join("\n")
-            ));
+            return Err(BenchError::NoPath {
+                what,
+                path: path.to_path_buf(),
+                timeout,
+                logs: logs.join("\n"),
+            });
         }
         nap(Duration::from_millis(20))?;
     }
@@ -935,7 +1047,13 @@ impl Bench {
         v
     }
 
-    fn run(&mut self, round: usize, dir: Dir, pairs: u16, backend: Backend) -> Result<Run, String> {
+    fn run(
+        &mut self,
+        round: usize,
+        dir: Dir,
+        pairs: u16,
+        backend: Backend,
+    ) -> Result<Run, BenchError> {
         self.n += 1;
         let tag = match backend {
             Backend::Dpdk => format!("{:02}-{}-{}p-dpdk", self.n, dir.name(), pairs),
@@ -943,7 +1061,10 @@ impl Bench {
             Backend::Base(f) => format!("{:02}-{}-{}p-base-{}", self.n, dir.name(), pairs, f.key()),
         };
         let rdir = self.dir.join(&tag);
-        std::fs::create_dir_all(&rdir).map_err(|e| format!("{}: {e}", rdir.display()))?;
+        std::fs::create_dir_all(&rdir).map_err(|source| BenchError::File {
+            path: rdir.clone(),
+            source,
+        })?;
         let sock = self.sockdir.join(format!("{}.sock", self.n));
         let ctl_path = self.sockdir.join(format!("{}.ctl", self.n));
         let prefix = format!("vnic-bench-dpdk-{}-{}", std::process::id(), self.n);
@@ -1034,7 +1155,10 @@ impl Bench {
                     &mut [&mut back],
                     Duration::from_secs(30),
                 )?;
-                Some(connect_ctl(&ctl_path).map_err(|e| format!("vnic control socket: {e}"))?)
+                Some(connect_ctl(&ctl_path).map_err(|source| BenchError::Ctl {
+                    what: "vnic control socket",
+                    source,
+                })?)
             }
             Backend::Dpdk => None,
         };
@@ -1101,7 +1225,10 @@ impl Bench {
             loop {
                 front.check()?;
                 back.check()?;
-                let s = c.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
+                let s = c.stats().map_err(|source| BenchError::Ctl {
+                    what: "vnic ctl stats",
+                    source,
+                })?;
                 let live = s.table.live;
                 let want = match backend {
                     Backend::Vnic(Filters::None | Filters::SteerOff)
@@ -1113,12 +1240,14 @@ impl Bench {
                     break;
                 }
                 if Instant::now() > deadline {
-                    return Err(format!(
-                        "vnic: {pairs} pair(s) enabled and {want} filters live not reached within 1 min (enabled_pairs {}, live {live}); last lines of {}:\n{}",
-                        s.enabled_pairs,
-                        back.log.display(),
-                        tail(&back.log, 15)
-                    ));
+                    return Err(BenchError::NotReady {
+                        pairs,
+                        want,
+                        enabled: s.enabled_pairs,
+                        live,
+                        log: back.log.clone(),
+                        tail: tail(&back.log, 15),
+                    });
                 }
                 nap(Duration::from_millis(50))?;
             }
@@ -1130,7 +1259,10 @@ impl Bench {
                         .rate(0)
                         .size(64),
                 )
-                .map_err(|e| format!("vnic gen start: {e}"))?;
+                .map_err(|source| BenchError::Ctl {
+                    what: "vnic gen start",
+                    source,
+                })?;
             }
         }
         // Traffic flows: the frontend's counter moves.
@@ -1140,14 +1272,13 @@ impl Bench {
             front.check()?;
             back.check()?;
             if Instant::now() > deadline {
-                return Err(format!(
-                    "the frontend counted no {} packets within 30 s\nfrontend, {}:\n{}\nbackend, {}:\n{}",
-                    dir.name(),
-                    front.log.display(),
-                    tail(&front.log, 20),
-                    back.log.display(),
-                    tail(&back.log, 20)
-                ));
+                return Err(BenchError::NoTraffic {
+                    dir: dir.name(),
+                    front_log: front.log.clone(),
+                    front_tail: tail(&front.log, 20),
+                    back_log: back.log.clone(),
+                    back_tail: tail(&back.log, 20),
+                });
             }
             nap(Duration::from_millis(50))?;
         }
@@ -1163,9 +1294,9 @@ impl Bench {
                       back_tele: &mut Option<Telemetry>,
                       ctl: &mut Option<Client>,
                       last: bool|
-         -> Result<Sample, String> {
-            let fcpu = measure::cpu_seconds(fpid).map_err(|e| e.to_string())?;
-            let cpu = measure::cpu_seconds(bpid).map_err(|e| e.to_string())?;
+         -> Result<Sample, BenchError> {
+            let fcpu = measure::cpu_seconds(fpid)?;
+            let cpu = measure::cpu_seconds(bpid)?;
             let t = Instant::now();
             let pk = pick(dir, tele.port_packets()?);
             let dumped = if count && last {
@@ -1181,7 +1312,10 @@ impl Bench {
                     (if dir == Dir::Rx { tx } else { rx }, None)
                 }
                 (None, Some(client)) => {
-                    let st = client.stats().map_err(|e| format!("vnic ctl stats: {e}"))?;
+                    let st = client.stats().map_err(|source| BenchError::Ctl {
+                        what: "vnic ctl stats",
+                        source,
+                    })?;
                     let field: fn(&QueueStats) -> u64 = if dir == Dir::Rx {
                         |q| q.rx_packets
                     } else {
@@ -1286,10 +1420,11 @@ impl Bench {
                 Filters::Match => rss == 0 && hit > 0,
             };
             if !ok {
-                return Err(format!(
-                    "vnic filters {}: {hit} frames steered by a filter and {rss} by RSS in the window: not what the case is about",
-                    f.label()
-                ));
+                return Err(BenchError::FiltersMissed {
+                    label: f.label(),
+                    hit,
+                    rss,
+                });
             }
         }
         log(&format!(
@@ -1325,29 +1460,37 @@ const CALLGRIND_OUT: &str = "backend.callgrind";
 
 /// `callgrind_control ARGS PID`: returns once callgrind has carried the
 /// command out (it answers "OK").
-fn callgrind_control(pid: u32, args: &[&str]) -> Result<(), String> {
+fn callgrind_control(pid: u32, args: &[&str]) -> Result<(), BenchError> {
     let out = Command::new("callgrind_control")
         .args(args)
         .arg(pid.to_string())
         .output()
-        .map_err(|e| format!("callgrind_control (valgrind's): {e}"))?;
+        .map_err(BenchError::CallgrindSpawn)?;
     let text = String::from_utf8_lossy(&out.stdout);
     if out.status.success() && text.contains("OK") {
         Ok(())
     } else {
-        Err(format!(
-            "callgrind_control {} {pid}: {}{}",
-            args.join(" "),
-            text.trim(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(BenchError::CallgrindControl {
+            args: args.join(" "),
+            pid,
+            output: format!(
+                "{}{}",
+                text.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        })
     }
 }
 
 /// The instruction total of a callgrind dump (its `totals:` line).
-fn callgrind_total(path: &Path) -> Result<u64, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    parse_callgrind_total(&text).ok_or_else(|| format!("{}: no totals: line", path.display()))
+fn callgrind_total(path: &Path) -> Result<u64, BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|source| BenchError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_callgrind_total(&text).ok_or_else(|| BenchError::NoTotals {
+        path: path.to_path_buf(),
+    })
 }
 
 fn parse_callgrind_total(text: &str) -> Option<u64> {
@@ -1826,7 +1969,7 @@ fn main() {
         "directions": o.dirs.iter().map(|d| d.name()).collect::<Vec<_>>(),
         "frontend": "dpdk-testpmd --vdev net_virtio_user0,queues=N,queue_size=1024,in_order=0,mrg_rxbuf=1 --total-num-mbufs=8192 --forward-mode=txonly|rxonly",
         "tx_filters_note": "TX runs vnic with 0 filters only: the filter table is looked up on the device -> guest path alone",
-        "interrupted_or_failed": err,
+        "interrupted_or_failed": err.as_ref().map(ToString::to_string),
         "crowded_cpus_note": crowded,
     });
     let out = json!({"meta": meta, "summary": rows, "runs": runs.iter().map(Run::to_json).collect::<Vec<_>>()});

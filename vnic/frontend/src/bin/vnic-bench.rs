@@ -33,15 +33,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arfs::proto::AddOp;
+use arfs::proto::{Ack, AddOp};
 use arfs::{FlowKey, L4Proto, OpStatus};
 use clap::{ArgAction, CommandFactory, Parser};
-use vnic_ctl_proto::{Client, FlowSpec, QueueStats, Stats};
-use vnic_frontend::guest::{Guest, GUEST_MAC};
-use vnic_frontend::harness::{ctl, vnic_binary, Daemon};
-use vnic_frontend::measure::{self, loadavg, median};
+use vnic_ctl_proto::{Client, CtlError, FlowSpec, QueueStats, Stats};
+use vnic_frontend::guest::{Guest, GuestError, GUEST_MAC};
+use vnic_frontend::harness::{ctl, vnic_binary, Daemon, TimedOut};
+use vnic_frontend::measure::{self, loadavg, median, ProcError};
 use vnic_frontend::pump::{rx_loop, tx_loop, PumpStats};
-use vnic_frontend::{build_frame, FrameSpec, Options};
+use vnic_frontend::{build_frame, DeviceFault, FrameSpec, Options};
 
 const AFTER_HELP: &str = "\
 Cases: RX and TX, 64 B and 1500 B frames, 1 and 2 pairs, 0 and 65535
@@ -166,6 +166,47 @@ enum Dir {
     Tx,
 }
 
+/// Why a case could not be run (printed as `FAILED: ...`).
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    #[error("starting {}: {source}", bin.display())]
+    Daemon {
+        bin: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("daemon has no pid")]
+    NoPid,
+    /// A request on the daemon's control socket (`what`) failed.
+    #[error("{what}: {source}")]
+    Ctl {
+        what: &'static str,
+        source: CtlError,
+    },
+    /// The test frontend could not connect to the daemon.
+    #[error("frontend connect: {0}")]
+    Connect(#[source] vnic_frontend::Error),
+    /// A management exchange of the test frontend (`what`) failed.
+    #[error("{what}: {source}")]
+    Mgmt {
+        what: &'static str,
+        source: GuestError,
+    },
+    #[error(transparent)]
+    TimedOut(#[from] TimedOut),
+    #[error("ADD seq {seq} rejected: {ack:?}")]
+    AddRejected { seq: u32, ack: Ack },
+    #[error("{live} filters live, wanted {wanted}")]
+    FiltersLive { live: u64, wanted: u32 },
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+    /// What a pump thread's driver found wrong in the device's writes
+    /// (`DeviceFault` is no `std::error::Error`: carried, not a source).
+    #[error("{0}")]
+    Pump(DeviceFault),
+    #[error("pump thread panicked")]
+    PumpPanicked,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Case {
     dir: Dir,
@@ -255,7 +296,7 @@ fn filter_op(id: u16, pairs: u16, steer: Steer) -> AddOp {
 
 /// Install `n` filters with ADD frames of 32 ops, keeping a window of 32
 /// frames unacknowledged.
-fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<(), String> {
+fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<(), BenchError> {
     let ids: Vec<u16> = (0..n).map(|i| i as u16).collect();
     let chunks: Vec<&[u16]> = ids.chunks(32).collect();
     let mut pending = std::collections::VecDeque::new();
@@ -265,10 +306,18 @@ fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<()
         pending.push_back(g.send_mgmt(&arfs::proto::Message::Add(ops)));
         if pending.len() >= 32 || i + 1 == chunks.len() {
             while let Some(seq) = pending.pop_front() {
-                let r = g.wait_reply(seq, timeout).map_err(|e| e.to_string())?;
+                let r = g
+                    .wait_reply(seq, timeout)
+                    .map_err(|source| BenchError::Mgmt {
+                        what: "ADD reply",
+                        source,
+                    })?;
                 let a = r.ack();
                 if a.frame_status != 0 || a.statuses.iter().any(|&s| s != OpStatus::Ok as u8) {
-                    return Err(format!("ADD seq {seq} rejected: {a:?}"));
+                    return Err(BenchError::AddRejected {
+                        seq,
+                        ack: a.clone(),
+                    });
                 }
             }
         }
@@ -278,9 +327,9 @@ fn install_filters(g: &mut Guest, n: u32, pairs: u16, steer: Steer) -> Result<()
 
 /// CPU seconds used so far by process `pid`: (all threads, the
 /// `vring_worker` threads).
-fn cpu_seconds(pid: u32) -> Result<(f64, f64), String> {
-    let all = measure::cpu_seconds(pid).map_err(|e| e.to_string())?;
-    let workers = measure::thread_cpu_seconds(pid, "vring_worker").map_err(|e| e.to_string())?;
+fn cpu_seconds(pid: u32) -> Result<(f64, f64), ProcError> {
+    let all = measure::cpu_seconds(pid)?;
+    let workers = measure::thread_cpu_seconds(pid, "vring_worker")?;
     Ok((all, workers))
 }
 
@@ -297,7 +346,7 @@ struct Side {
 }
 
 impl Side {
-    fn setup(bin: &std::path::Path, case: Case, frame: &[u8]) -> Result<Self, String> {
+    fn setup(bin: &std::path::Path, case: Case, frame: &[u8]) -> Result<Self, BenchError> {
         let pairs_s = case.pairs.to_string();
         let d = Daemon::start(
             bin,
@@ -310,29 +359,46 @@ impl Side {
                 "65535",
             ],
         )
-        .map_err(|e| e.to_string())?;
-        let mut c = ctl(&d.ctl).map_err(|e| e.to_string())?;
-        let dpid = d.pid().ok_or("daemon has no pid")?;
+        .map_err(|source| BenchError::Daemon {
+            bin: bin.to_path_buf(),
+            source,
+        })?;
+        let mut c = ctl(&d.ctl).map_err(|source| BenchError::Ctl {
+            what: "connecting to the control socket",
+            source,
+        })?;
+        let dpid = d.pid().ok_or(BenchError::NoPid)?;
         let opts = Options {
             pairs: case.pairs,
             queue_size: 1024,
             ..Options::default()
         };
-        let mut g = Guest::connect(&d.socket, opts, case.pairs).map_err(|e| e.to_string())?;
+        let mut g = Guest::connect(&d.socket, opts, case.pairs).map_err(BenchError::Connect)?;
         // The daemon learns of enabled pairs asynchronously: wait until it
         // reports all of them before any ADD.
         vnic_frontend::harness::wait_for(Duration::from_secs(30), "all pairs enabled", || {
             c.stats().ok().filter(|s| s.enabled_pairs == case.pairs)
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         g.hello(Duration::from_secs(30))
-            .map_err(|e| e.to_string())?;
+            .map_err(|source| BenchError::Mgmt {
+                what: "HELLO",
+                source,
+            })?;
         if case.filters > 0 {
             let t0 = Instant::now();
             install_filters(&mut g, case.filters, case.pairs, case.steer)?;
-            let live = c.table().map_err(|e| e.to_string())?.live;
+            let live = c
+                .table()
+                .map_err(|source| BenchError::Ctl {
+                    what: "ctl table",
+                    source,
+                })?
+                .live;
             if live != u64::from(case.filters) {
-                return Err(format!("{live} filters live, wanted {}", case.filters));
+                return Err(BenchError::FiltersLive {
+                    live,
+                    wanted: case.filters,
+                });
             }
             eprintln!(
                 "  installed {} filters in {:.2?}",
@@ -359,7 +425,7 @@ impl Side {
 
     /// RX: the generator sends as fast as the rx rings take frames (when
     /// this side's pumps are paused its rings fill and it idles).
-    fn start_gen(&mut self, case: Case) -> Result<(), String> {
+    fn start_gen(&mut self, case: Case) -> Result<(), BenchError> {
         if case.dir == Dir::Rx {
             self.gen_id = Some(
                 self.c
@@ -371,7 +437,10 @@ impl Side {
                             .rate(0)
                             .size(case.size),
                     )
-                    .map_err(|e| e.to_string())?,
+                    .map_err(|source| BenchError::Ctl {
+                        what: "ctl gen start",
+                        source,
+                    })?,
             );
         }
         Ok(())
@@ -385,7 +454,7 @@ impl Side {
         frame_len: usize,
         dur: Duration,
         acc: Option<&mut Outcome>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BenchError> {
         let stop = AtomicBool::new(false);
         let frames = |st: &[Arc<PumpStats>]| -> u64 {
             st.iter().map(|s| s.frames.load(Ordering::Relaxed)).sum()
@@ -394,28 +463,36 @@ impl Side {
             st.iter().map(|s| s.waits.load(Ordering::Relaxed)).sum()
         };
         let (f0, w0) = (frames(&self.stats), waits(&self.stats));
-        let s0 = self.c.stats().map_err(|e| e.to_string())?;
+        let s0 = self.c.stats().map_err(|source| BenchError::Ctl {
+            what: "ctl stats",
+            source,
+        })?;
         let (cpu0, wcpu0) = cpu_seconds(self.dpid)?;
         let t0 = Instant::now();
-        std::thread::scope(|s| -> Result<(), String> {
+        std::thread::scope(|s| -> Result<(), BenchError> {
             let mut handles = Vec::new();
             for (qp, st) in self.qps.iter_mut().zip(&self.stats) {
                 let stop = &stop;
                 handles.push(s.spawn(move || match case.dir {
-                    Dir::Rx => rx_loop(&mut qp.rx, stop, st).map_err(|e| e.to_string()),
-                    Dir::Tx => tx_loop(&mut qp.tx, frame_len, stop, st).map_err(|e| e.to_string()),
+                    Dir::Rx => rx_loop(&mut qp.rx, stop, st),
+                    Dir::Tx => tx_loop(&mut qp.tx, frame_len, stop, st),
                 }));
             }
             std::thread::sleep(dur);
             stop.store(true, Ordering::Relaxed);
             for h in handles {
-                h.join().map_err(|_| "pump thread panicked".to_string())??;
+                h.join()
+                    .map_err(|_| BenchError::PumpPanicked)?
+                    .map_err(BenchError::Pump)?;
             }
             Ok(())
         })?;
         let el = t0.elapsed().as_secs_f64();
         let (cpu1, wcpu1) = cpu_seconds(self.dpid)?;
-        let s1 = self.c.stats().map_err(|e| e.to_string())?;
+        let s1 = self.c.stats().map_err(|source| BenchError::Ctl {
+            what: "ctl stats",
+            source,
+        })?;
         let Some(o) = acc else { return Ok(()) };
         let sum = |v: &Stats, f: fn(&QueueStats) -> u64| -> u64 {
             v.queues[..usize::from(case.pairs)].iter().map(f).sum()
@@ -449,9 +526,14 @@ impl Side {
         Ok(())
     }
 
-    fn finish(mut self) -> Result<(), String> {
+    fn finish(mut self) -> Result<(), BenchError> {
         if let Some(id) = self.gen_id {
-            self.c.gen_stop(Some(id)).map_err(|e| e.to_string())?;
+            self.c
+                .gen_stop(Some(id))
+                .map_err(|source| BenchError::Ctl {
+                    what: "ctl gen stop",
+                    source,
+                })?;
         }
         drop(self.g);
         Ok(())
@@ -468,7 +550,7 @@ fn run_case(
     case: Case,
     secs: f64,
     slices: usize,
-) -> Result<Vec<Outcome>, String> {
+) -> Result<Vec<Outcome>, BenchError> {
     let frame = build_frame(&FrameSpec {
         src_mac: GUEST_MAC,
         dst_mac: [0x02, 0, 0, 0, 0, 1],
@@ -518,7 +600,7 @@ fn main() {
     if quick {
         secs = secs.min(1.0);
     }
-    let bin = vnic_binary(vnic).unwrap_or_else(|e| fail(&e));
+    let bin = vnic_binary(vnic).unwrap_or_else(|e| fail(&e.to_string()));
     let mut cases = Vec::new();
     for dir in [Dir::Rx, Dir::Tx] {
         if only.is_some_and(|o| o != dir) {

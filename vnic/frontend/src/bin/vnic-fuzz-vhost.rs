@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use vnic_ctl_proto::{Client, FlowSpec, Stats};
+use vnic_ctl_proto::{Client, CtlError, FlowSpec, Stats};
 use vnic_frontend::fuzz::vhost::Class;
 use vnic_frontend::fuzz::{ctl as fctl, sequence_seed, vhost};
 use vnic_frontend::guest::{discard_frame, Guest};
@@ -130,6 +130,22 @@ impl std::fmt::Display for Failure {
     }
 }
 
+/// Why the daemon under test could not be started ([`Target::start`]).
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    #[error("starting {}: {source}", bin.display())]
+    Daemon {
+        bin: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("daemon has no pid")]
+    NoPid,
+    #[error("ctl connect: {0}")]
+    CtlConnect(#[source] CtlError),
+    #[error("ctl timeout: {0}")]
+    CtlTimeout(#[source] CtlError),
+}
+
 /// The running daemon and what the oracles know of it.
 struct Target {
     d: Daemon,
@@ -152,13 +168,17 @@ const WARM_UP: u64 = 20;
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Target {
-    fn start(bin: &Path, pairs: u16) -> Result<Target, String> {
-        let d = Daemon::start(bin, &["--queues", &pairs.to_string()])
-            .map_err(|e| format!("starting {}: {e}", bin.display()))?;
-        let pid = d.pid().ok_or("daemon has no pid")?;
-        let mut c = vnic_frontend::harness::ctl(&d.ctl).map_err(|e| format!("ctl connect: {e}"))?;
+    fn start(bin: &Path, pairs: u16) -> Result<Target, StartError> {
+        let d = Daemon::start(bin, &["--queues", &pairs.to_string()]).map_err(|source| {
+            StartError::Daemon {
+                bin: bin.to_path_buf(),
+                source,
+            }
+        })?;
+        let pid = d.pid().ok_or(StartError::NoPid)?;
+        let mut c = vnic_frontend::harness::ctl(&d.ctl).map_err(StartError::CtlConnect)?;
         c.set_timeout(Some(STATS_TIMEOUT))
-            .map_err(|e| format!("ctl timeout: {e}"))?;
+            .map_err(StartError::CtlTimeout)?;
         Ok(Target {
             d,
             pid,
@@ -539,8 +559,8 @@ fn print_refusals(s: &Stats) {
 
 fn main() {
     let a = Args::parse();
-    let bin = vnic_binary(a.vnic.clone()).unwrap_or_else(|e| fail(&e));
-    let mut t = Target::start(&bin, a.pairs).unwrap_or_else(|e| fail(&e));
+    let bin = vnic_binary(a.vnic.clone()).unwrap_or_else(|e| fail(&e.to_string()));
+    let mut t = Target::start(&bin, a.pairs).unwrap_or_else(|e| fail(&e.to_string()));
     let mode = if a.ctl {
         "control socket"
     } else {

@@ -84,7 +84,7 @@ fn every(v: &str) -> Result<u64, String> {
 
 fn main() {
     let a = Args::parse();
-    let bin = vnic_binary(a.vnic.clone()).unwrap_or_else(|e| fail(&e));
+    let bin = vnic_binary(a.vnic.clone()).unwrap_or_else(|e| fail(&e.to_string()));
     let pairs = a.pairs.to_string();
     let d = Daemon::start(&bin, &["--queues", pairs.as_str()])
         .unwrap_or_else(|e| fail(&format!("starting {}: {e}", bin.display())));
