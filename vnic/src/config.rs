@@ -490,7 +490,7 @@ impl Knob {
 
 /// Why `set KEY VALUE` was refused before reaching the device.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum KnobError {
+pub enum KnobError {
     #[error("unknown knob {0:?}: expected {names}", names = Knob::NAMES)]
     Unknown(String),
     #[error("{key}: {err}")]

@@ -14,7 +14,9 @@ use vnic_ctl_proto::{self as wire, GenOp, Reply, Request, RequestError};
 use arfs::proto::{DelReason, FrameError, OpStatus};
 
 use crate::clock::now_ns;
-use crate::config::{rate_threshold, threshold_rate, Knob, PeerKind, RATE_ONE};
+use crate::config::{
+    rate_threshold, threshold_rate, InvalidValue, Knob, KnobError, PeerKind, RATE_ONE,
+};
 use crate::conn::Conn;
 use crate::daemon::Shared;
 use crate::mgmt::Snapshot;
@@ -43,10 +45,28 @@ fn to_value<T: Serialize>(r: &T) -> Value {
 }
 
 /// `set`'s key, its value as text and the knob they name.
-fn set_args(key: &str, value: &wire::SetValue) -> Result<(String, Knob), String> {
+fn set_args(key: &str, value: &wire::SetValue) -> Result<(String, Knob), KnobError> {
     let value = value.as_text();
-    let knob = Knob::parse(key, &value).map_err(|e| e.to_string())?;
+    let knob = Knob::parse(key, &value)?;
     Ok((value, knob))
+}
+
+/// Why [`check_request`] refused a line. The `Display` text is the
+/// daemon's error reply to that line.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// Not a request: bad JSON, an unknown command, a missing field.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// `set` names no knob, or a value the knob does not take.
+    #[error(transparent)]
+    Knob(#[from] KnobError),
+    /// `gen start`/`gen set` with a flow spec the generator refuses.
+    #[error("gen {op}: {source}")]
+    Gen {
+        op: &'static str,
+        source: InvalidValue,
+    },
 }
 
 /// Checks one request line as far as that needs no daemon: the JSON
@@ -55,8 +75,8 @@ fn set_args(key: &str, value: &wire::SetValue) -> Result<(String, Knob), String>
 /// parsing code is the daemon's own ([`handle_line`] calls the same
 /// functions); this is the fuzz target's entry (crate `arfs-fuzz`).
 /// Returns the command name.
-pub fn check_request(line: &str) -> Result<String, String> {
-    let req = Request::from_line(line).map_err(|e| e.to_string())?;
+pub fn check_request(line: &str) -> Result<String, CheckError> {
+    let req = Request::from_line(line)?;
     match &req {
         Request::Stats | Request::TraceFlush | Request::Table | Request::Knobs => {}
         Request::Set { key, value } => {
@@ -72,7 +92,10 @@ pub fn check_request(line: &str) -> Result<String, String> {
                     std::net::Ipv4Addr::new(10, 0, 2, 15),
                     4,
                 )
-                .map_err(|e| format!("gen {}: {e}", op.name()))?;
+                .map_err(|source| CheckError::Gen {
+                    op: op.name(),
+                    source,
+                })?;
             }
         }
     }
@@ -113,7 +136,7 @@ pub(crate) fn handle_line(sh: &Shared, line: &str) -> Value {
         Request::Set { key, value } => {
             let (value, knob) = match set_args(&key, &value) {
                 Ok(a) => a,
-                Err(e) => return err(e),
+                Err(e) => return err(e.to_string()),
             };
             let path = match knob {
                 Knob::Misroute(on) => Some((&sh.faults.misroute, if on { RATE_ONE } else { 0 })),
@@ -524,7 +547,7 @@ mod tests {
                 "gen start: flows must be",
             ),
         ] {
-            let e = check_request(bad).expect_err(bad);
+            let e = check_request(bad).expect_err(bad).to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
     }

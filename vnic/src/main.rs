@@ -8,10 +8,11 @@ use vnic::cli::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let r = match cli.command {
-        Command::Serve(args) => vnic::cli::serve(args).map_err(|e| e.to_string()),
-        Command::Ctl(args) => vnic::cli::run_ctl(&args).map_err(|e| e.to_string()),
-        Command::Trace(args) => vnic_trace::run(&args),
+    // Each subcommand's own error type; here they are only printed.
+    let r: Result<(), Box<dyn std::error::Error>> = match cli.command {
+        Command::Serve(args) => vnic::cli::serve(args).map_err(Into::into),
+        Command::Ctl(args) => vnic::cli::run_ctl(&args).map_err(Into::into),
+        Command::Trace(args) => vnic_trace::run(&args).map_err(Into::into),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -106,8 +106,29 @@ fn main() -> ExitCode {
     }
 }
 
-// Errors as text here and below: they only reach main, which prints them.
-fn run() -> Result<bool, String> {
+/// Why a fuzz run could not run (a crash or hang is a result, not this).
+#[derive(Debug, thiserror::Error)]
+enum FuzzError {
+    /// `--repro`'s target name (the value parser's message).
+    #[error("{0}")]
+    Target(String),
+    /// A file to replay or a corpus file cannot be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A target's corpus directory cannot be listed.
+    #[error("corpus {}: {source} (write it with: python3 aRFS/fuzz/seed.py)", dir.display())]
+    Corpus {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("corpus {} is empty", dir.display())]
+    EmptyCorpus { dir: PathBuf },
+}
+
+fn run() -> Result<bool, FuzzError> {
     let cli = Cli::parse();
     if cli.list {
         for t in TARGETS {
@@ -116,8 +137,11 @@ fn run() -> Result<bool, String> {
         return Ok(true);
     }
     if let Some([name, file]) = cli.repro.as_deref() {
-        let t = target(name)?;
-        let data = std::fs::read(file).map_err(|e| format!("{file}: {e}"))?;
+        let t = target(name).map_err(FuzzError::Target)?;
+        let data = std::fs::read(file).map_err(|source| FuzzError::Read {
+            path: file.into(),
+            source,
+        })?;
         println!("{}: running {file} ({} bytes)", t.name, data.len());
         (t.run)(&data); // a crash shows with its backtrace
         println!("{}: {file} passed", t.name);
@@ -171,13 +195,11 @@ fn install_panic_hook() {
 }
 
 /// The corpus of one target: the files of `DIR/TARGET/` and of the
-/// committed `regressions/TARGET/` (findings), by name. Errors: text for main.
-fn load_corpus(dir: &Path, regressions: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| {
-        format!(
-            "corpus {}: {e} (write it with: python3 aRFS/fuzz/seed.py)",
-            dir.display()
-        )
+/// committed `regressions/TARGET/` (findings), by name.
+fn load_corpus(dir: &Path, regressions: &Path) -> Result<Vec<(String, Vec<u8>)>, FuzzError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| FuzzError::Corpus {
+        dir: dir.to_path_buf(),
+        source,
     })?;
     let mut files: Vec<PathBuf> = rd
         .chain(std::fs::read_dir(regressions).into_iter().flatten())
@@ -189,7 +211,10 @@ fn load_corpus(dir: &Path, regressions: &Path) -> Result<Vec<(String, Vec<u8>)>,
     files
         .into_iter()
         .map(|p| {
-            let data = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let data = std::fs::read(&p).map_err(|source| FuzzError::Read {
+                path: p.clone(),
+                source,
+            })?;
             Ok((
                 p.file_name()
                     .unwrap_or_default()
@@ -218,15 +243,14 @@ fn save(o: &Opts, t: &Target, kind: &str, data: &[u8]) -> PathBuf {
     p
 }
 
-/// Fuzz one target; false on a crash or hang (errors: text for main).
-fn fuzz(t: &'static Target, o: &Opts) -> Result<bool, String> {
+/// Fuzz one target; false on a crash or hang.
+fn fuzz(t: &'static Target, o: &Opts) -> Result<bool, FuzzError> {
     let regressions = Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
     let corpus = load_corpus(&o.corpus.join(t.name), &regressions.join(t.name))?;
     if corpus.is_empty() {
-        return Err(format!(
-            "corpus {} is empty",
-            o.corpus.join(t.name).display()
-        ));
+        return Err(FuzzError::EmptyCorpus {
+            dir: o.corpus.join(t.name),
+        });
     }
     // The input running now and the executions so far, for the hang watchdog.
     let current = Arc::new(Mutex::new(Vec::<u8>::new()));

@@ -68,10 +68,39 @@ pub struct PlotArgs {
     pub output: PathBuf,
 }
 
+/// Why `vnic trace ...` failed.
+#[derive(Debug)]
+pub enum TraceError {
+    /// `vnic trace summary`: the trace or a side file is not usable.
+    Summary(summary::SummaryError),
+    /// `vnic trace summary --json`: the summary cannot be encoded.
+    Json(serde_json::Error),
+    /// `vnic trace plot` failed.
+    Plot(plot::PlotError),
+}
+
+impl std::fmt::Display for TraceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Summary(e) => e.fmt(f),
+            Self::Json(e) => write!(f, "cannot encode the summary as JSON: {e}"),
+            Self::Plot(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for TraceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Summary(e) => Some(e),
+            Self::Json(e) => Some(e),
+            Self::Plot(e) => Some(e),
+        }
+    }
+}
+
 /// Runs `vnic trace ...`.
-// A String: vnic's main takes this with the other subcommands' errors as
-// text and only prints it.
-pub fn run(args: &TraceArgs) -> Result<(), String> {
+pub fn run(args: &TraceArgs) -> Result<(), TraceError> {
     match &args.cmd {
         TraceCmd::Summary(a) => {
             let s = summary::summarize(
@@ -82,9 +111,9 @@ pub fn run(args: &TraceArgs) -> Result<(), String> {
                     top: a.top,
                 },
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(TraceError::Summary)?;
             if a.json {
-                let text = serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?;
+                let text = serde_json::to_string_pretty(&s).map_err(TraceError::Json)?;
                 println!("{text}");
             } else {
                 print!("{}", summary::render(&s, a.exact));
@@ -92,7 +121,7 @@ pub fn run(args: &TraceArgs) -> Result<(), String> {
             Ok(())
         }
         TraceCmd::Plot(a) => {
-            let msg = plot::plot(&a.file, &a.output).map_err(|e| e.to_string())?;
+            let msg = plot::plot(&a.file, &a.output).map_err(TraceError::Plot)?;
             eprintln!("{msg}");
             Ok(())
         }
