@@ -5,18 +5,38 @@
 //! fatal error into a power-off). It serves newline-delimited JSON requests
 //! (see `vnic_agent::proto`) on the virtio-serial port named `vnic.agent`.
 //!
-//! Options: `--port PATH` uses PATH instead of looking the port up by name.
+//! Options (clap, [`Cli`]): `--port PATH` uses PATH instead of looking the
+//! port up by name. A bad command line takes the fatal path too (a
+//! power-off when PID 1), never a plain exit.
 
 mod netlink;
 mod rawtx;
 mod sys;
 mod workload;
 
+use clap::Parser;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vnic_agent::proto::{Envelope, Reply, Request, PORT_NAME};
+
+/// The command line.
+#[derive(Parser, Debug)]
+#[command(
+    name = "vnic-agent",
+    override_usage = "vnic-agent [--port PATH]",
+    about = format!(
+        "Serves the vnic guest-test protocol (JSON lines) on the virtio-serial port named \
+         {PORT_NAME} (or --port PATH)."
+    )
+)]
+struct Cli {
+    /// Serve on PATH instead of looking the virtio-serial port up by its
+    /// name
+    #[arg(long, value_name = "PATH")]
+    port: Option<PathBuf>,
+}
 
 fn log(msg: &str) {
     eprintln!("vnic-agent: {msg}");
@@ -56,22 +76,18 @@ fn fatal(msg: &str) -> ! {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let mut port: Option<PathBuf> = None;
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--port" => port = args.next().map(PathBuf::from),
-            "-h" | "--help" => {
-                println!(
-                    "vnic-agent [--port PATH]\n\nServes the vnic guest-test protocol (JSON lines) on the \
-                     virtio-serial port named {PORT_NAME} (or PATH)."
-                );
-                return;
-            }
-            other => fatal(&format!("unknown argument {other:?} (try --help)")),
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help: clap's "error" is the text to print on stdout, and the
+        // agent returns as from any run that ends.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return;
         }
-    }
-    let Some(port) = port.or_else(|| find_port(Duration::from_secs(20))) else {
+        // Not exit(2) as clap would: PID 1 must power off instead.
+        Err(e) => fatal(e.to_string().trim_end()),
+    };
+    let Some(port) = cli.port.or_else(|| find_port(Duration::from_secs(20))) else {
         fatal(&format!("no virtio-serial port named {PORT_NAME}"))
     };
     let file = match OpenOptions::new().read(true).write(true).open(&port) {
@@ -122,13 +138,11 @@ fn serve(mut reader: BufReader<File>, mut writer: File) -> ! {
                 let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     workload::handle(&mut state, env.req)
                 }));
-                let res = match res {
-                    Ok(r) => r,
-                    Err(_) => Err("agent handler panicked".to_string()),
-                };
+                // The protocol boundary: a handler's error becomes its text.
                 let (result, error) = match res {
-                    Ok(v) => (Some(v), None),
-                    Err(e) => (None, Some(e)),
+                    Ok(Ok(v)) => (Some(v), None),
+                    Ok(Err(e)) => (None, Some(e.to_string())),
+                    Err(_) => (None, Some("agent handler panicked".to_string())),
                 };
                 (
                     Reply {
@@ -168,4 +182,32 @@ fn id_of(text: &str) -> u64 {
         .ok()
         .and_then(|v| v.get("id").and_then(serde_json::Value::as_u64))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::{CommandFactory, Parser};
+    use std::path::Path;
+
+    #[test]
+    fn command_line() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["vnic-agent", "--port", "/x"]).unwrap();
+        assert_eq!(cli.port.as_deref(), Some(Path::new("/x")));
+        assert_eq!(Cli::try_parse_from(["vnic-agent"]).unwrap().port, None);
+        let e = Cli::try_parse_from(["vnic-agent", "--frobnicate"]).unwrap_err();
+        assert!(e.use_stderr(), "{e}");
+        assert!(e.to_string().contains("--frobnicate"), "{e}");
+        // --port needs its PATH.
+        assert!(Cli::try_parse_from(["vnic-agent", "--port"]).is_err());
+        // --help is no error to act on: main prints it and returns.
+        let h = Cli::try_parse_from(["vnic-agent", "--help"]).unwrap_err();
+        assert!(!h.use_stderr());
+        let text = h.to_string();
+        assert!(
+            text.contains("virtio-serial port named vnic.agent (or --port PATH)"),
+            "{text}"
+        );
+    }
 }

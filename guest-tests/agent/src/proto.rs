@@ -405,14 +405,34 @@ pub fn hex_encode(b: &[u8]) -> String {
     s
 }
 
+/// Why [`hex_decode`] refused a string.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HexError {
+    #[error("odd-length hex string ({0} chars)")]
+    OddLength(usize),
+    /// The two bytes at offset `at` are not two hex digits.
+    #[error("bad hex at {at}: {digits:?} is not a hex byte")]
+    BadByte { at: usize, digits: String },
+}
+
 /// Bytes of a hex string (even length, no separators).
-pub fn hex_decode(s: &str) -> Result<Vec<u8>, String> {
+pub fn hex_decode(s: &str) -> Result<Vec<u8>, HexError> {
     if !s.len().is_multiple_of(2) {
-        return Err(format!("odd-length hex string ({} chars)", s.len()));
+        return Err(HexError::OddLength(s.len()));
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| format!("bad hex at {i}: {e}")))
+    // Byte pairs, not `&s[i..i + 2]`: a non-ASCII character would put a
+    // slice boundary inside it (a panic).
+    let digit = |b: u8| char::from(b).to_digit(16);
+    s.as_bytes()
+        .chunks_exact(2)
+        .enumerate()
+        .map(|(k, pair)| match (digit(pair[0]), digit(pair[1])) {
+            (Some(hi), Some(lo)) => Ok((hi << 4 | lo) as u8),
+            _ => Err(HexError::BadByte {
+                at: 2 * k,
+                digits: String::from_utf8_lossy(pair).into_owned(),
+            }),
+        })
         .collect()
 }
 
@@ -442,3 +462,24 @@ pub struct ExecResult {
 
 /// Files read by `read_dir`.
 pub type DirContents = BTreeMap<String, String>;
+
+#[cfg(test)]
+mod tests {
+    use super::{hex_decode, hex_encode, HexError};
+
+    #[test]
+    fn hex_round_trip_and_refusals() {
+        let b = [0u8, 1, 0x7f, 0x80, 0xab, 0xff];
+        assert_eq!(hex_decode(&hex_encode(&b)).unwrap(), b);
+        assert_eq!(hex_decode("ABcd").unwrap(), [0xab, 0xcd]);
+        assert_eq!(hex_decode("abc"), Err(HexError::OddLength(3)));
+        let e = hex_decode("00zz").unwrap_err();
+        assert_eq!(e.to_string(), "bad hex at 2: \"zz\" is not a hex byte");
+        // Signs and non-ASCII text are refused, not sliced.
+        assert!(hex_decode("+f").is_err());
+        assert!(matches!(
+            hex_decode("a\u{e9}0"),
+            Err(HexError::BadByte { at: 0, .. })
+        ));
+    }
+}

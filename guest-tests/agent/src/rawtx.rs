@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use vnic_agent::proto::{hex_decode, hex_encode, RawTxReport, RawTxSpec};
+use vnic_agent::proto::{hex_decode, hex_encode, HexError, RawTxReport, RawTxSpec};
 
 const MAX_CAPTURE: usize = 4096;
 
@@ -18,25 +18,67 @@ pub struct Job {
     done: Arc<AtomicBool>,
 }
 
+/// Why a raw-frame job did not start (raw_tx_start's reply text, as
+/// `workload::handle` sends it).
+#[derive(Debug, thiserror::Error)]
+pub enum RawTxError {
+    #[error("frame {index}: {source}")]
+    BadFrame {
+        index: usize,
+        #[source]
+        source: HexError,
+    },
+    #[error("every frame must be 14..=1514 bytes (frame {index} has {len})")]
+    FrameSize { index: usize, len: usize },
+    #[error("{ifname}: {source}")]
+    NoInterface {
+        ifname: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The AF_PACKET socket `dir` ("tx" or "rx") could not be opened or bound.
+    #[error("AF_PACKET {dir} socket: {source}")]
+    Socket {
+        dir: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("spawn: {0}")]
+    Spawn(#[source] io::Error),
+}
+
 impl Job {
-    // A String: the error is raw_tx_start's reply text (workload::handle).
-    pub fn start(spec: RawTxSpec) -> Result<Self, String> {
+    pub fn start(spec: RawTxSpec) -> Result<Self, RawTxError> {
         let frames: Vec<Vec<u8>> = spec
             .frames
             .iter()
-            .map(|h| hex_decode(h))
+            .enumerate()
+            .map(|(index, h)| {
+                hex_decode(h).map_err(|source| RawTxError::BadFrame { index, source })
+            })
             .collect::<Result<_, _>>()?;
-        if frames.iter().any(|f| f.len() < 14 || f.len() > 1514) {
-            return Err("every frame must be 14..=1514 bytes".into());
+        if let Some((index, f)) = frames
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.len() < 14 || f.len() > 1514)
+        {
+            return Err(RawTxError::FrameSize {
+                index,
+                len: f.len(),
+            });
         }
-        let ifindex = ifindex(&spec.ifname).map_err(|e| format!("{}: {e}", spec.ifname))?;
-        let tx = packet_socket(ifindex, 0).map_err(|e| format!("AF_PACKET tx socket: {e}"))?;
-        let rx = match spec.capture_ethertype {
-            Some(t) => {
-                Some(packet_socket(ifindex, t).map_err(|e| format!("AF_PACKET rx socket: {e}"))?)
-            }
-            None => None,
+        let ifindex = ifindex(&spec.ifname).map_err(|source| RawTxError::NoInterface {
+            ifname: spec.ifname.clone(),
+            source,
+        })?;
+        let socket = |dir, ethertype| {
+            packet_socket(ifindex, ethertype).map_err(|source| RawTxError::Socket { dir, source })
         };
+        let tx = socket("tx", 0)?;
+        let rx = spec
+            .capture_ethertype
+            .map(|t| socket("rx", t))
+            .transpose()?;
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         let thread = std::thread::Builder::new()
@@ -47,7 +89,7 @@ impl Job {
                 d.store(true, Ordering::Release);
                 r
             })
-            .map_err(|e| format!("spawn: {e}"))?;
+            .map_err(RawTxError::Spawn)?;
         Ok(Job {
             thread: Some(thread),
             done,

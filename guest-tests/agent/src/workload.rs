@@ -1,15 +1,17 @@
 //! Request dispatch and the workloads (connected UDP receivers, a TCP server).
 //!
-//! Errors are `String`s throughout: a handler's error is sent as it is, as
-//! the text of the reply's `"error"` field (main.rs), and nothing in the
-//! agent acts on its kind.
+//! A handler fails with a [`WorkloadError`]; main.rs turns it into the text
+//! of the reply's `"error"` field (its `Display`), the one place it
+//! becomes a string. Nothing in the agent acts on its kind.
 
+use crate::rawtx::RawTxError;
 use crate::sys;
 use serde::Serialize;
 use serde_json::Value;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
+    AddrParseError, IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream,
+    UdpSocket,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -48,23 +50,145 @@ impl State {
     }
 }
 
-// Err: reply text (module doc).
-fn to_value<T: Serialize>(v: &T) -> Result<Value, String> {
-    serde_json::to_value(v).map_err(|e| e.to_string())
+/// Why a request failed. Its `Display` is the reply's `"error"` text.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    // ---- a request field the agent cannot use
+    /// `what`: "IPv4 address", "IPv6 address", "address", "peer address".
+    #[error("bad {what} {addr:?}: {source}")]
+    BadAddress {
+        what: &'static str,
+        addr: String,
+        #[source]
+        source: AddrParseError,
+    },
+    #[error("refusing to write {0:?}: only /proc and /sys")]
+    PathRefused(String),
+    #[error("bad move ({flow}, {cpu})")]
+    BadMove { flow: usize, cpu: usize },
+    #[error("bad cpu list {cpus:?} ({ncpu} CPUs)")]
+    BadCpuList { cpus: Vec<usize>, ncpu: usize },
+    #[error("cpu {cpu} out of range ({ncpu} CPUs)")]
+    CpuOutOfRange { cpu: usize, ncpu: usize },
+    #[error("no flows")]
+    NoFlows,
+    #[error("echo needs connected sockets (connect: true)")]
+    EchoNeedsConnect,
+    #[error("empty argv")]
+    EmptyArgv,
+
+    // ---- the agent's state does not allow the request
+    #[error("a UDP workload is already running (udp_stop first)")]
+    UdpRunning,
+    #[error("a TCP server is already running")]
+    TcpRunning,
+    #[error("a raw-frame job is already running (raw_tx_wait first)")]
+    RawTxRunning,
+    /// No such workload: `0` is "UDP workload", "TCP server" or
+    /// "raw-frame job".
+    #[error("no {0}")]
+    NotRunning(&'static str),
+
+    // ---- the system refused
+    /// A system call (or a group of them: ethtool, netlink, a socket
+    /// set-up) failed; `what` names it.
+    #[error("{what}: {source}")]
+    Sys {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Reading a file or directory (procfs, sysfs, debugfs) failed.
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Writing a procfs or sysfs file failed.
+    #[error("{path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    /// `exec` could not start its program.
+    #[error("{prog}: {source}")]
+    Exec {
+        prog: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{feature} is {} after setting it {}", onoff(*.active), onoff(*.wanted))]
+    FeatureNotSet {
+        feature: String,
+        active: bool,
+        wanted: bool,
+    },
+    #[error("asked for {asked} combined channels, the device has {got}")]
+    ChannelsNotSet { asked: u32, got: u32 },
+    /// `udp_stop`: receivers still running after `waited` (each
+    /// `:PORT (cpuN)`), left behind with their sockets.
+    #[error(
+        "{} UDP receiver(s) did not stop within {waited:?}, left running: {}",
+        .stuck.len(),
+        .stuck.join(", ")
+    )]
+    StuckReceivers {
+        stuck: Vec<String>,
+        waited: Duration,
+    },
+    #[error(transparent)]
+    RawTx(#[from] RawTxError),
+    /// The reply's result could not be encoded as JSON.
+    #[error("{0}")]
+    Encode(#[from] serde_json::Error),
 }
 
-fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
-    move |e| format!("{what}: {e}")
+type Result<T, E = WorkloadError> = std::result::Result<T, E>;
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value> {
+    Ok(serde_json::to_value(v)?)
 }
 
-// Err: reply text.
-fn parse_v4(s: &str) -> Result<Ipv4Addr, String> {
-    s.parse()
-        .map_err(|e| format!("bad IPv4 address {s:?}: {e}"))
+/// `map_err` for a failed system call named `what`.
+fn sys_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> WorkloadError {
+    move |source| WorkloadError::Sys {
+        what: what.into(),
+        source,
+    }
 }
 
-/// Runs one request. The error is the reply's `"error"` text, sent as it is.
-pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
+fn read_err(path: &str) -> impl FnOnce(io::Error) -> WorkloadError + '_ {
+    move |source| WorkloadError::Read {
+        path: path.to_string(),
+        source,
+    }
+}
+
+fn write_err(path: &str) -> impl FnOnce(io::Error) -> WorkloadError + '_ {
+    move |source| WorkloadError::Write {
+        path: path.to_string(),
+        source,
+    }
+}
+
+/// `addr` as an address of the kind `what` names (see
+/// [`WorkloadError::BadAddress`]).
+fn parse_addr<T: std::str::FromStr<Err = AddrParseError>>(
+    what: &'static str,
+    addr: &str,
+) -> Result<T> {
+    addr.parse().map_err(|source| WorkloadError::BadAddress {
+        what,
+        addr: addr.to_string(),
+        source,
+    })
+}
+
+/// Runs one request; main.rs sends the error's text as the reply's
+/// `"error"`.
+pub fn handle(st: &mut State, req: Request) -> Result<Value> {
     match req {
         Request::Hello => to_value(&Info {
             protocol: PROTOCOL_VERSION,
@@ -83,39 +207,36 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             addr6,
             prefix6,
         } => {
-            let a = parse_v4(&addr)?;
-            let a6 = addr6
+            let a: Ipv4Addr = parse_addr("IPv4 address", &addr)?;
+            let a6: Option<Ipv6Addr> = addr6
                 .as_deref()
-                .map(|s| {
-                    s.parse::<Ipv6Addr>()
-                        .map_err(|e| format!("bad IPv6 address {s:?}: {e}"))
-                })
+                .map(|s| parse_addr("IPv6 address", s))
                 .transpose()?;
-            sys::link_up("lo").map_err(err("lo up"))?;
-            sys::set_ipv4(&ifname, a, prefix).map_err(err("set address"))?;
+            sys::link_up("lo").map_err(sys_err("lo up"))?;
+            sys::set_ipv4(&ifname, a, prefix).map_err(sys_err("set address"))?;
             if a6.is_some() {
                 // No duplicate address detection: the address is usable at
                 // once (a tentative one cannot be bound or sent from).
-                std::fs::write(format!("/proc/sys/net/ipv6/conf/{ifname}/accept_dad"), "0")
-                    .map_err(err("accept_dad"))?;
+                let path = format!("/proc/sys/net/ipv6/conf/{ifname}/accept_dad");
+                std::fs::write(&path, "0").map_err(write_err(&path))?;
             }
-            sys::link_up(&ifname).map_err(err("link up"))?;
+            sys::link_up(&ifname).map_err(sys_err("link up"))?;
             if let Some(a6) = a6 {
-                sys::set_ipv6(&ifname, a6, prefix6).map_err(err("set IPv6 address"))?;
+                sys::set_ipv6(&ifname, a6, prefix6).map_err(sys_err("set IPv6 address"))?;
             }
             Ok(Value::Null)
         }
         Request::WriteFile { path, value } => {
             check_path(&path)?;
-            std::fs::write(&path, value.as_bytes()).map_err(err(&path))?;
+            std::fs::write(&path, value.as_bytes()).map_err(write_err(&path))?;
             Ok(Value::Null)
         }
         Request::ReadFile { path } => std::fs::read_to_string(&path)
             .map(Value::String)
-            .map_err(err(&path)),
+            .map_err(read_err(&path)),
         Request::ReadDir { path } => {
             let mut out = DirContents::new();
-            read_dir(Path::new(&path), "", &mut out, 0).map_err(err(&path))?;
+            read_dir(Path::new(&path), "", &mut out, 0).map_err(read_err(&path))?;
             to_value(&out)
         }
         Request::Rfs {
@@ -130,34 +251,35 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             on,
         } => {
             let active =
-                sys::set_feature(&ifname, &feature, on).map_err(err("ethtool features"))?;
+                sys::set_feature(&ifname, &feature, on).map_err(sys_err("ethtool features"))?;
             if active != on {
-                return Err(format!(
-                    "{feature} is {} after setting it {}",
-                    onoff(active),
-                    onoff(on)
-                ));
+                return Err(WorkloadError::FeatureNotSet {
+                    feature,
+                    active,
+                    wanted: on,
+                });
             }
             Ok(Value::Bool(active))
         }
         Request::RxQueueNapi { ifname } => {
-            to_value(&crate::netlink::rx_queue_napi(&ifname).map_err(err("netdev netlink"))?)
+            to_value(&crate::netlink::rx_queue_napi(&ifname).map_err(sys_err("netdev netlink"))?)
         }
         Request::SetChannels { ifname, combined } => {
-            let got = sys::set_channels(&ifname, combined).map_err(err("ethtool channels"))?;
+            let got = sys::set_channels(&ifname, combined).map_err(sys_err("ethtool channels"))?;
             if got != combined {
-                return Err(format!(
-                    "asked for {combined} combined channels, the device has {got}"
-                ));
+                return Err(WorkloadError::ChannelsNotSet {
+                    asked: combined,
+                    got,
+                });
             }
             Ok(Value::from(got))
         }
         Request::ModuleLoad { path, params } => {
-            sys::module_load(&path, &params).map_err(err(&format!("finit_module {path}")))?;
+            sys::module_load(&path, &params).map_err(sys_err(format!("finit_module {path}")))?;
             Ok(Value::Null)
         }
         Request::ModuleUnload { name } => {
-            sys::module_unload(&name).map_err(err(&format!("delete_module {name}")))?;
+            sys::module_unload(&name).map_err(sys_err(format!("delete_module {name}")))?;
             Ok(Value::Null)
         }
         Request::ProbedUnload {
@@ -172,27 +294,26 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             timeout_ms,
         } => to_value(
             &sys::ping(
-                addr.parse::<IpAddr>()
-                    .map_err(|e| format!("bad address {addr:?}: {e}"))?,
+                parse_addr::<IpAddr>("address", &addr)?,
                 count,
                 Duration::from_millis(timeout_ms),
             )
-            .map_err(err("ping"))?,
+            .map_err(sys_err("ping"))?,
         ),
         Request::UdpStart(spec) => {
             if st.udp.is_some() {
-                return Err("a UDP workload is already running (udp_stop first)".into());
+                return Err(WorkloadError::UdpRunning);
             }
             let n = spec.flows.len();
             st.udp = Some(UdpRun::start(&spec)?);
             Ok(Value::from(n))
         }
         Request::UdpMigrate { moves } => {
-            let run = st.udp.as_ref().ok_or("no UDP workload")?;
+            let run = st.udp.as_ref().ok_or(NO_UDP)?;
             let ncpu = sys::online_cpus();
             for &(flow, cpu) in &moves {
                 if flow >= run.flows.len() || cpu >= ncpu {
-                    return Err(format!("bad move ({flow}, {cpu})"));
+                    return Err(WorkloadError::BadMove { flow, cpu });
                 }
             }
             for (flow, cpu) in moves {
@@ -200,40 +321,43 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value, String> {
             }
             Ok(Value::Null)
         }
-        Request::UdpStats => to_value(&st.udp.as_ref().ok_or("no UDP workload")?.stats(true)),
+        Request::UdpStats => to_value(&st.udp.as_ref().ok_or(NO_UDP)?.stats(true)),
         Request::UdpStop => {
-            let run = st.udp.take().ok_or("no UDP workload")?;
+            let run = st.udp.take().ok_or(NO_UDP)?;
             to_value(&run.stop()?)
         }
         Request::TcpStart { port, cpus, echo } => {
             if st.tcp.is_some() {
-                return Err("a TCP server is already running".into());
+                return Err(WorkloadError::TcpRunning);
             }
             let ncpu = sys::online_cpus();
             if cpus.is_empty() || cpus.iter().any(|&c| c >= ncpu) {
-                return Err(format!("bad cpu list {cpus:?} ({ncpu} CPUs)"));
+                return Err(WorkloadError::BadCpuList { cpus, ncpu });
             }
             st.tcp = Some(TcpRun::start(port, cpus, echo)?);
             Ok(Value::Null)
         }
-        Request::TcpStats => to_value(&st.tcp.as_ref().ok_or("no TCP server")?.stats(true)),
+        Request::TcpStats => to_value(&st.tcp.as_ref().ok_or(NO_TCP)?.stats(true)),
         Request::TcpStop => {
-            let run = st.tcp.take().ok_or("no TCP server")?;
+            let run = st.tcp.take().ok_or(NO_TCP)?;
             to_value(&run.stop())
         }
-        Request::Dmesg { since } => to_value(&sys::kmsg(since).map_err(err("/dev/kmsg"))?),
+        Request::Dmesg { since } => to_value(&sys::kmsg(since).map_err(sys_err("/dev/kmsg"))?),
         Request::Exec { argv, timeout_ms } => {
             to_value(&exec(&argv, Duration::from_millis(timeout_ms))?)
         }
         Request::RawTxStart(spec) => {
             if st.raw.is_some() {
-                return Err("a raw-frame job is already running (raw_tx_wait first)".into());
+                return Err(WorkloadError::RawTxRunning);
             }
             st.raw = Some(crate::rawtx::Job::start(spec)?);
             Ok(Value::Null)
         }
         Request::RawTxWait { timeout_ms } => {
-            let job = st.raw.as_mut().ok_or("no raw-frame job")?;
+            let job = st
+                .raw
+                .as_mut()
+                .ok_or(WorkloadError::NotRunning("raw-frame job"))?;
             match job.wait(Duration::from_millis(timeout_ms.min(600_000))) {
                 Some(r) => {
                     st.raw = None;
@@ -297,12 +421,15 @@ fn onoff(b: bool) -> &'static str {
     }
 }
 
-/// Writes only go to the kernel's own trees (Err: reply text).
-fn check_path(path: &str) -> Result<(), String> {
+const NO_UDP: WorkloadError = WorkloadError::NotRunning("UDP workload");
+const NO_TCP: WorkloadError = WorkloadError::NotRunning("TCP server");
+
+/// Writes only go to the kernel's own trees.
+fn check_path(path: &str) -> Result<()> {
     if (path.starts_with("/proc/") || path.starts_with("/sys/")) && !path.contains("..") {
         Ok(())
     } else {
-        Err(format!("refusing to write {path:?}: only /proc and /sys"))
+        Err(WorkloadError::PathRefused(path.to_string()))
     }
 }
 
@@ -325,11 +452,10 @@ fn read_dir(dir: &Path, prefix: &str, out: &mut DirContents, depth: usize) -> st
     Ok(())
 }
 
-// Err: reply text.
-fn rfs(ifname: &str, entries: u32, flow_cnt: u32, rps_cpus: Option<&str>) -> Result<Value, String> {
+fn rfs(ifname: &str, entries: u32, flow_cnt: u32, rps_cpus: Option<&str>) -> Result<Value> {
     let mut written = serde_json::Map::new();
-    let mut put = |path: String, v: String| -> Result<(), String> {
-        std::fs::write(&path, v.as_bytes()).map_err(err(&path))?;
+    let mut put = |path: String, v: String| -> Result<()> {
+        std::fs::write(&path, v.as_bytes()).map_err(write_err(&path))?;
         written.insert(path, Value::String(v));
         Ok(())
     };
@@ -339,7 +465,7 @@ fn rfs(ifname: &str, entries: u32, flow_cnt: u32, rps_cpus: Option<&str>) -> Res
     )?;
     let qdir = format!("/sys/class/net/{ifname}/queues");
     let mut rx: Vec<String> = std::fs::read_dir(&qdir)
-        .map_err(err(&qdir))?
+        .map_err(read_err(&qdir))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("rx-"))
@@ -354,16 +480,18 @@ fn rfs(ifname: &str, entries: u32, flow_cnt: u32, rps_cpus: Option<&str>) -> Res
     Ok(Value::Object(written))
 }
 
-// Err: reply text.
-fn exec(argv: &[String], timeout: Duration) -> Result<ExecResult, String> {
-    let (prog, args) = argv.split_first().ok_or("empty argv")?;
+fn exec(argv: &[String], timeout: Duration) -> Result<ExecResult> {
+    let (prog, args) = argv.split_first().ok_or(WorkloadError::EmptyArgv)?;
     let mut child = std::process::Command::new(prog)
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(err(prog))?;
+        .map_err(|source| WorkloadError::Exec {
+            prog: prog.clone(),
+            source,
+        })?;
     let mut so = child.stdout.take().expect("piped");
     let mut se = child.stderr.take().expect("piped");
     let to = std::thread::spawn(move || {
@@ -379,12 +507,12 @@ fn exec(argv: &[String], timeout: Duration) -> Result<ExecResult, String> {
     let deadline = Instant::now() + timeout;
     let mut timed_out = false;
     let status = loop {
-        match child.try_wait().map_err(err("wait"))? {
+        match child.try_wait().map_err(sys_err("wait"))? {
             Some(s) => break s,
             None if Instant::now() >= deadline => {
                 timed_out = true;
                 let _ = child.kill();
-                break child.wait().map_err(err("wait"))?;
+                break child.wait().map_err(sys_err("wait"))?;
             }
             None => std::thread::sleep(Duration::from_millis(10)),
         }
@@ -530,25 +658,21 @@ struct UdpRun {
 }
 
 impl UdpRun {
-    // Err: reply text (udp_start's).
-    fn start(spec: &UdpSpec) -> Result<Self, String> {
-        let parse = |p: &str| -> Result<IpAddr, String> {
-            p.parse()
-                .map_err(|e| format!("bad peer address {p:?}: {e}"))
-        };
+    fn start(spec: &UdpSpec) -> Result<Self> {
+        let parse = |p: &str| -> Result<IpAddr> { parse_addr("peer address", p) };
         let default_peer = parse(&spec.peer)?;
         let ncpu = sys::online_cpus();
         if spec.flows.is_empty() {
-            return Err("no flows".into());
+            return Err(WorkloadError::NoFlows);
         }
         if spec.echo && !spec.connect {
-            return Err("echo needs connected sockets (connect: true)".into());
+            return Err(WorkloadError::EchoNeedsConnect);
         }
         // Open every socket first: a bind failure aborts before any thread runs.
         let mut socks = Vec::with_capacity(spec.flows.len());
         for f in &spec.flows {
             if f.cpu >= ncpu {
-                return Err(format!("cpu {} out of range ({ncpu} CPUs)", f.cpu));
+                return Err(WorkloadError::CpuOutOfRange { cpu: f.cpu, ncpu });
             }
             let peer = match &f.peer {
                 Some(p) => parse(p)?,
@@ -559,14 +683,15 @@ impl UdpRun {
                 IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             };
             let s = UdpSocket::bind(SocketAddr::new(any, f.local_port))
-                .map_err(err(&format!("bind udp {}", f.local_port)))?;
+                .map_err(sys_err(format!("bind udp {}", f.local_port)))?;
             // Connected: the kernel records the flow for RFS only on
             // sockets with a destination (inet_daddr set).
             if spec.connect {
                 s.connect(SocketAddr::new(peer, f.peer_port))
-                    .map_err(err(&format!("connect udp {}", f.peer_port)))?;
+                    .map_err(sys_err(format!("connect udp {}", f.peer_port)))?;
             }
-            s.set_read_timeout(Some(POLL)).map_err(err("SO_RCVTIMEO"))?;
+            s.set_read_timeout(Some(POLL))
+                .map_err(sys_err("SO_RCVTIMEO"))?;
             socks.push(s);
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -588,7 +713,7 @@ impl UdpRun {
                 .name(format!("udp-{}", f.local_port))
                 .stack_size(STACK)
                 .spawn(move || udp_receiver(&sock, echo, ports, &t, &c, &s))
-                .map_err(err("spawn"))?;
+                .map_err(sys_err("spawn"))?;
             flows.push(UdpFlow {
                 local_port: f.local_port,
                 peer_port: f.peer_port,
@@ -636,9 +761,8 @@ impl UdpRun {
     /// Stops the receivers: each sees the flag within its 100 ms receive
     /// timeout. One that has not finished after [`STOP_WAIT`] is left
     /// behind (its socket with it) and named in the error, so that a
-    /// stuck guest CPU fails the request instead of hanging the agent
-    /// (Err: udp_stop's reply text).
-    fn stop(mut self) -> Result<UdpStats, String> {
+    /// stuck guest CPU fails the request instead of hanging the agent.
+    fn stop(mut self) -> Result<UdpStats> {
         self.stop.store(true, Ordering::Relaxed);
         let deadline = Instant::now() + STOP_WAIT;
         while Instant::now() < deadline
@@ -670,11 +794,10 @@ impl UdpRun {
         if stuck.is_empty() {
             Ok(stats)
         } else {
-            Err(format!(
-                "{} UDP receiver(s) did not stop within {STOP_WAIT:?}, left running: {}",
-                stuck.len(),
-                stuck.join(", ")
-            ))
+            Err(WorkloadError::StuckReceivers {
+                stuck,
+                waited: STOP_WAIT,
+            })
         }
     }
 }
@@ -756,14 +879,13 @@ struct TcpRun {
 }
 
 impl TcpRun {
-    // Err: reply text (tcp_start's).
-    fn start(port: u16, cpus: Vec<usize>, echo: bool) -> Result<Self, String> {
+    fn start(port: u16, cpus: Vec<usize>, echo: bool) -> Result<Self> {
         // [::] takes IPv4 connections too (v4-mapped peers); a kernel
         // without IPv6 gets the IPv4 wildcard.
         let l = TcpListener::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port))
             .or_else(|_| TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))
-            .map_err(err("bind tcp"))?;
-        l.set_nonblocking(true).map_err(err("nonblocking"))?;
+            .map_err(sys_err("bind tcp"))?;
+        l.set_nonblocking(true).map_err(sys_err("nonblocking"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicU64::new(0));
         let conns: Arc<Mutex<Vec<TcpConn>>> = Arc::default();
@@ -790,7 +912,7 @@ impl TcpRun {
                     }
                 }
             })
-            .map_err(err("spawn"))?;
+            .map_err(sys_err("spawn"))?;
         Ok(TcpRun {
             stop,
             accepted,

@@ -57,6 +57,19 @@ impl From<&str> for Error {
     }
 }
 
+/// Typed errors of the suite's own parsers, for `?` in scenarios (their
+/// text is the message).
+macro_rules! message_of {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Error {
+            fn from(e: $t) -> Self {
+                Error(e.to_string())
+            }
+        }
+    )*};
+}
+message_of!(crate::proto::HexError);
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a guest boot failed, typed where the suite decides whether the
@@ -229,8 +242,9 @@ impl Artifacts {
     }
 }
 
-/// Seconds since the Unix epoch as `YYYYmmdd-HHMMSS` (UTC), for directory names.
-/// A command-line number `s` for option `name`, within `lo..=hi`.
+/// A command-line number `s` for option `name`, within `lo..=hi`: clap's
+/// `value_parser` for the numeric options (its `String` error is what clap
+/// prints).
 pub fn parse_num(s: &str, name: &str, lo: u64, hi: u64) -> std::result::Result<u64, String> {
     let v: u64 = s
         .parse()
@@ -241,6 +255,7 @@ pub fn parse_num(s: &str, name: &str, lo: u64, hi: u64) -> std::result::Result<u
     Ok(v)
 }
 
+/// Seconds since the Unix epoch as `YYYYmmdd-HHMMSS` (UTC), for directory names.
 pub fn timestamp() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
