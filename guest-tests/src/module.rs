@@ -327,6 +327,43 @@ pub struct Reset {
     pub ops: Vec<ResetOp>,
 }
 
+/// Why the module's `resets` text is not a log [`ResetLog::parse`] accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetLogError {
+    #[error("resets: first line {0:?}")]
+    FirstLine(String),
+    /// Field `what` of `line` is missing or not a number of its type.
+    #[error("resets: bad {what} in {line:?}")]
+    BadNumber { what: &'static str, line: String },
+    #[error("resets: {0:?} before any reset")]
+    OpBeforeReset(String),
+    #[error("resets: unexpected line {0:?}")]
+    UnexpectedLine(String),
+    #[error("resets: reset {nr} says {logged} logged of {add_ops} ops, lists {listed}")]
+    OpCount {
+        nr: u64,
+        logged: usize,
+        add_ops: u32,
+        listed: usize,
+    },
+    /// The kept resets are not the last ones, consecutive, oldest first.
+    #[error("resets: {resets} resets, kept numbers {kept:?}")]
+    KeptNumbers { resets: u64, kept: Vec<u64> },
+}
+
+/// Why [`ResetLog::unacked_since`] cannot name every unacknowledged ADD op.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Incomplete {
+    #[error("resets went back from {since} to {now}")]
+    WentBack { since: u64, now: u64 },
+    #[error("{since} resets since, the module's log keeps the last {kept}")]
+    TooMany { since: u64, kept: usize },
+    #[error("reset {nr} is no longer in the module's log ({resets} resets, {kept} kept)")]
+    Gone { nr: u64, resets: u64, kept: usize },
+    #[error("reset {nr} left {add_ops} ADD ops unacknowledged, the log keeps {kept}")]
+    Truncated { nr: u64, add_ops: u32, kept: usize },
+}
+
 /// The module's debugfs `resets`: resets since attach and the last few kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResetLog {
@@ -342,17 +379,24 @@ impl ResetLog {
 
     /// Parse the file; anything malformed or inconsistent is an error (the
     /// text comes from the guest).
-    pub fn parse(text: &str) -> Result<Self, String> {
-        fn num<T: std::str::FromStr>(w: Option<&str>, what: &str, line: &str) -> Result<T, String> {
+    pub fn parse(text: &str) -> Result<Self, ResetLogError> {
+        fn num<T: std::str::FromStr>(
+            w: Option<&str>,
+            what: &'static str,
+            line: &str,
+        ) -> Result<T, ResetLogError> {
             w.and_then(|w| w.parse().ok())
-                .ok_or_else(|| format!("resets: bad {what} in {line:?}"))
+                .ok_or_else(|| ResetLogError::BadNumber {
+                    what,
+                    line: line.to_string(),
+                })
         }
         let mut log = ResetLog::default();
         let mut lines = text.lines();
         let first = lines.next().unwrap_or_default();
         let mut w = first.split_whitespace();
         if w.next() != Some("resets") {
-            return Err(format!("resets: first line {first:?}"));
+            return Err(ResetLogError::FirstLine(first.to_string()));
         }
         log.resets = num(w.next(), "count", first)?;
         let mut logged = Vec::new();
@@ -375,24 +419,24 @@ impl ResetLog {
                     let r = log
                         .kept
                         .last_mut()
-                        .ok_or_else(|| format!("resets: {line:?} before any reset"))?;
+                        .ok_or_else(|| ResetLogError::OpBeforeReset(line.to_string()))?;
                     r.ops.push(ResetOp {
                         seq: num(Some(seq), "seq", line)?,
                         id: num(Some(id), "id", line)?,
                         rxq: num(Some(rxq), "rxq", line)?,
                     });
                 }
-                _ => return Err(format!("resets: unexpected line {line:?}")),
+                _ => return Err(ResetLogError::UnexpectedLine(line.to_string())),
             }
         }
         for (r, &l) in log.kept.iter().zip(&logged) {
             if r.ops.len() != l || l > r.add_ops as usize {
-                return Err(format!(
-                    "resets: reset {} says {l} logged of {} ops, lists {}",
-                    r.nr,
-                    r.add_ops,
-                    r.ops.len()
-                ));
+                return Err(ResetLogError::OpCount {
+                    nr: r.nr,
+                    logged: l,
+                    add_ops: r.add_ops,
+                    listed: r.ops.len(),
+                });
             }
         }
         // The kept resets are the last ones, consecutive, oldest first.
@@ -402,10 +446,10 @@ impl ResetLog {
             || got.last().is_some_and(|&l| l != log.resets)
             || got.len() as u64 > log.resets
         {
-            return Err(format!(
-                "resets: {} resets, kept numbers {got:?}",
-                log.resets
-            ));
+            return Err(ResetLogError::KeptNumbers {
+                resets: log.resets,
+                kept: got,
+            });
         }
         Ok(log)
     }
@@ -414,32 +458,36 @@ impl ResetLog {
     /// `resets` count of an earlier read), or why the log cannot give all
     /// of them (resets no longer kept, ops beyond the per-reset bound): a
     /// check matching against it must then fail, not pass on a part.
-    pub fn unacked_since(&self, since: u64) -> Result<Vec<ResetOp>, String> {
+    pub fn unacked_since(&self, since: u64) -> Result<Vec<ResetOp>, Incomplete> {
         if self.resets < since {
-            return Err(format!("resets went back from {since} to {}", self.resets));
+            return Err(Incomplete::WentBack {
+                since,
+                now: self.resets,
+            });
         }
         if self.resets - since > self.kept.len() as u64 {
-            return Err(format!(
-                "{} resets since, the module's log keeps the last {}",
-                self.resets - since,
-                self.kept.len()
-            ));
+            return Err(Incomplete::TooMany {
+                since: self.resets - since,
+                kept: self.kept.len(),
+            });
         }
         let mut out = Vec::new();
         for nr in since + 1..=self.resets {
-            let r = self.kept.iter().find(|r| r.nr == nr).ok_or_else(|| {
-                format!(
-                    "reset {nr} is no longer in the module's log ({} resets, {} kept)",
-                    self.resets,
-                    self.kept.len()
-                )
-            })?;
+            let r = self
+                .kept
+                .iter()
+                .find(|r| r.nr == nr)
+                .ok_or(Incomplete::Gone {
+                    nr,
+                    resets: self.resets,
+                    kept: self.kept.len(),
+                })?;
             if r.ops.len() != r.add_ops as usize {
-                return Err(format!(
-                    "reset {nr} left {} ADD ops unacknowledged, the log keeps {}",
-                    r.add_ops,
-                    r.ops.len()
-                ));
+                return Err(Incomplete::Truncated {
+                    nr,
+                    add_ops: r.add_ops,
+                    kept: r.ops.len(),
+                });
             }
             out.extend_from_slice(&r.ops);
         }

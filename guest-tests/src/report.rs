@@ -18,6 +18,31 @@ use vnic_trace::summary::units;
 
 use crate::scenarios::experiments::{CollisionPoint, Variant};
 
+/// Why the reader's page was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// Creating the directory or writing a file of the page failed.
+    #[error("{}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "the report compares two kernels (original code first, new code second); the points have {0}"
+    )]
+    Kernels(usize),
+    #[error(transparent)]
+    Plot(#[from] plot::DrawError),
+}
+
+fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReportError + '_ {
+    move |source| ReportError::Write {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// One row of the patch's tables.
 #[derive(Clone, Copy, Debug)]
 pub struct PatchRow {
@@ -195,14 +220,11 @@ pub fn write_report(
     points: &[CollisionPoint],
     about: &str,
     dir: &Path,
-) -> Result<Vec<PathBuf>, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+) -> Result<Vec<PathBuf>, ReportError> {
+    std::fs::create_dir_all(dir).map_err(write_err(dir))?;
     let ks = kernels(points);
     if ks.len() != 2 {
-        return Err(format!(
-            "the report compares two kernels (original code first, new code second); the points have {}",
-            ks.len()
-        ));
+        return Err(ReportError::Kernels(ks.len()));
     }
     let (old, new) = (&ks[0], &ks[1]);
     let mut variants: Vec<Variant> = points.iter().map(CollisionPoint::variant).collect();
@@ -369,11 +391,11 @@ pub fn write_report(
             &panels,
             &path,
         )?;
-        std::fs::write(&path, svg).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(&path, svg).map_err(write_err(&path))?;
         let _ = writeln!(md, "![{}]({})\n", c.name, c.file);
         files.push(path);
     }
-    std::fs::write(&files[0], md).map_err(|e| format!("{}: {e}", files[0].display()))?;
+    std::fs::write(&files[0], md).map_err(write_err(&files[0]))?;
     Ok(files)
 }
 

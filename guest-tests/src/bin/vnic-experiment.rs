@@ -7,17 +7,20 @@
 
 use clap::{ArgAction, CommandFactory, Parser};
 use guest_tests::harness::build::{self, Kernel};
-use guest_tests::harness::{parse_num as num, repo_root, timestamp};
+use guest_tests::harness::{self, parse_num as num, repo_root, timestamp};
+use guest_tests::report::ReportError;
 use guest_tests::scenarios::experiments::{
     self, CollisionPoint, CollisionWorkload, RpsPhase, Variant,
 };
-use guest_tests::scenarios::shard::{self, KernelId, PointKey, Run, Shard, SweepDef};
+use guest_tests::scenarios::shard::{
+    self, KernelId, MergeError, PartialError, PointKey, Run, Shard, SweepDef,
+};
 use guest_tests::scenarios::{BootKind, Session, Settings, Tools};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use vnic_trace::plot::{self, Line, Panel};
+use vnic_trace::plot::{self, DrawError, Line, Panel};
 use vnic_trace::summary::units;
 
 const ABOUT: &str = "vnic-experiment: the vnic experiments (real kernels, real QEMU, real vnic)";
@@ -257,6 +260,134 @@ enum Cmd {
     Rps,
 }
 
+/// A command line clap accepts that asks for something the experiments
+/// do not do ([`settle`]'s checks across options); exit status 2.
+#[derive(Debug, thiserror::Error)]
+enum UsageError {
+    #[error("unknown command {0:?} (collisions or rps)")]
+    UnknownCommand(String),
+    #[error("{0} belongs to `collisions` (see --help)")]
+    CollisionsOnly(&'static str),
+    /// `instead`: what `collisions` has in its place, if anything.
+    #[error(
+        "{option} belongs to `rps`{}",
+        .instead.map_or(String::new(), |i| format!(" (collisions: {i})"))
+    )]
+    RpsOnly {
+        option: &'static str,
+        instead: Option<&'static str>,
+    },
+    #[error("--shard runs part of a sweep: no {0}")]
+    NotWithShard(&'static str),
+    #[error("--shard writes a partial result only: give --report to --merge")]
+    ReportWithShard,
+    #[error(
+        "--merge takes the settings from the partial results: no {0} (only --out and --report)"
+    )]
+    NotWithMerge(&'static str),
+    #[error("--kernel-image and --kdir go together")]
+    ImageWithoutTree,
+    #[error("--kernel {0:?}: expected a series like 6.12 or 7.3")]
+    BadSeries(String),
+    #[error("--check runs the one-iteration variant only (no --variant)")]
+    CheckWithVariant,
+    #[error("--check compares exactly two kernels: old code first, new code second")]
+    CheckKernels,
+    #[error(
+        "{flows} flows x {iterations} iterations do not fit in the guest port range 20000..65535"
+    )]
+    PortRange { flows: usize, iterations: u32 },
+}
+
+/// Why an experiment (or `--merge`, `--render`) failed; exit status 1.
+#[derive(Debug, thiserror::Error)]
+enum ExperimentError {
+    #[error("no kernel selected")]
+    NoKernel,
+    #[error("kernel {label} unavailable: {source}")]
+    KernelUnavailable {
+        label: String,
+        #[source]
+        source: harness::Error,
+    },
+    #[error(
+        "kernel {label}: the build gave label {built} (the sweep's point list would not match)"
+    )]
+    KernelLabel { label: String, built: String },
+    #[error("{label}: boot: {source}")]
+    Boot {
+        label: String,
+        #[source]
+        source: harness::Error,
+    },
+    /// A phase of the `rps` experiment on kernel `label` failed.
+    #[error("{label} {phase}: {source}")]
+    RpsPhase {
+        label: String,
+        phase: String,
+        #[source]
+        source: harness::Error,
+    },
+    /// The harness failed (building the tools or a kernel, a guest request).
+    #[error(transparent)]
+    Harness(#[from] harness::Error),
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not JSON.
+    #[error("{}: {source}", .path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file's `points` are not collision points.
+    #[error("{}: points: {source}", .path.display())]
+    Points {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot encode JSON: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error(
+        "{}: a partial result (shard {shard}): --merge all the shards' directories, which writes the tables",
+        .path.display()
+    )]
+    RenderPartial { path: PathBuf, shard: String },
+    #[error(
+        "--out {} holds the partial result {}: the merge would overwrite it (choose another --out)",
+        .out.display(),
+        .file.display()
+    )]
+    MergeOverwrites { out: PathBuf, file: PathBuf },
+    #[error(transparent)]
+    Partial(#[from] PartialError),
+    #[error(transparent)]
+    Merge(#[from] MergeError),
+    #[error(transparent)]
+    Plot(#[from] DrawError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    /// The acceptance check's verdict: what did not hold.
+    #[error("acceptance check failed: {}", .0.join("; "))]
+    CheckFailed(Vec<String>),
+    /// The run ended, with these problems.
+    #[error("{} problem(s):\n  {}", .0.len(), .0.join("\n  "))]
+    Problems(Vec<String>),
+}
+
+type Result<T, E = ExperimentError> = std::result::Result<T, E>;
+
 struct Args {
     cmd: Cmd,
     kernels: Vec<String>,
@@ -291,21 +422,20 @@ struct Args {
 
 /// The run `cli` asks for, with the checks that take more than one option;
 /// `argv`: the arguments (after the program's name) it was parsed from.
-fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
+fn settle(cli: Cli, argv: &[String]) -> Result<Args, UsageError> {
     // The command comes first, as the usage says (argv[1..] is the record
     // of its options).
     let cmd = match (cli.cmd, argv.first()) {
         (Some(cmd), Some(first)) if command(first) == Ok(cmd) => cmd,
         (_, first) => {
-            return Err(format!(
-                "unknown command {:?} (collisions or rps)",
-                first.map_or("", String::as_str)
+            return Err(UsageError::UnknownCommand(
+                first.cloned().unwrap_or_default(),
             ))
         }
     };
-    let coll = |name: &str, given: bool| {
+    let coll = |name: &'static str, given: bool| {
         if given && cmd != Cmd::Collisions {
-            Err(format!("{name} belongs to `collisions` (see --help)"))
+            Err(UsageError::CollisionsOnly(name))
         } else {
             Ok(())
         }
@@ -330,11 +460,11 @@ fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
             ("--merge", cli.merge.is_some()),
         ] {
             if given {
-                return Err(format!("--shard runs part of a sweep: no {name}"));
+                return Err(UsageError::NotWithShard(name));
             }
         }
         if cli.report.is_some() {
-            return Err("--shard writes a partial result only: give --report to --merge".into());
+            return Err(UsageError::ReportWithShard);
         }
     }
     if cli.merge.is_some() {
@@ -359,18 +489,22 @@ fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
             ("--no-latency", cli.no_latency),
         ] {
             if given {
-                return Err(format!(
-                    "--merge takes the settings from the partial results: no {name} (only --out and --report)"
-                ));
+                return Err(UsageError::NotWithMerge(name));
             }
         }
     }
     if cmd != Cmd::Rps {
         if cli.cpus.is_some() {
-            return Err("--cpus belongs to `rps` (collisions: --queues)".into());
+            return Err(UsageError::RpsOnly {
+                option: "--cpus",
+                instead: Some("--queues"),
+            });
         }
         if cli.sources.is_some() {
-            return Err("--sources belongs to `rps`".into());
+            return Err(UsageError::RpsOnly {
+                option: "--sources",
+                instead: None,
+            });
         }
     }
     let kernels_given = cli.kernel.is_some();
@@ -417,28 +551,24 @@ fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
             }
         }
         (None, None) => {}
-        _ => return Err("--kernel-image and --kdir go together".into()),
+        _ => return Err(UsageError::ImageWithoutTree),
     }
     for k in &a.kernels {
         if !k
             .split('.')
             .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
         {
-            return Err(format!(
-                "--kernel {k:?}: expected a series like 6.12 or 7.3"
-            ));
+            return Err(UsageError::BadSeries(k.clone()));
         }
     }
     if a.check && cmd == Cmd::Collisions {
         // The acceptance figure is defined at rps_flow_cnt 256.
         a.flow_cnts = vec![256];
         if variant.is_some() {
-            return Err("--check runs the one-iteration variant only (no --variant)".into());
+            return Err(UsageError::CheckWithVariant);
         }
         if a.kernels.len() + usize::from(a.custom.is_some()) != 2 {
-            return Err(
-                "--check compares exactly two kernels: old code first, new code second".into(),
-            );
+            return Err(UsageError::CheckKernels);
         }
     }
     a.variants = match variant {
@@ -452,10 +582,10 @@ fn settle(cli: Cli, argv: &[String]) -> Result<Args, String> {
         1
     };
     if a.cmd == Cmd::Collisions && 20000 + a.flows * max_iters as usize > 65535 {
-        return Err(format!(
-            "{} flows x {} iterations do not fit in the guest port range 20000..65535",
-            a.flows, a.iterations
-        ));
+        return Err(UsageError::PortRange {
+            flows: a.flows,
+            iterations: a.iterations,
+        });
     }
     Ok(a)
 }
@@ -544,7 +674,7 @@ fn main() -> ExitCode {
 }
 
 /// The kernels to boot, in order.
-fn kernels(args: &Args) -> Result<Vec<Kernel>, String> {
+fn kernels(args: &Args) -> Result<Vec<Kernel>> {
     Ok(kernels_where(args, &|_| true)?
         .into_iter()
         .flatten()
@@ -563,10 +693,10 @@ fn kernel_labels(args: &Args) -> Vec<String> {
 
 /// The kernels of [`kernel_labels`], each built or found when `need(i)`
 /// holds (`None` otherwise: a shard with no point on it).
-fn kernels_where(args: &Args, need: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Kernel>>, String> {
+fn kernels_where(args: &Args, need: &dyn Fn(usize) -> bool) -> Result<Vec<Option<Kernel>>> {
     let labels = kernel_labels(args);
     if labels.is_empty() {
-        return Err("no kernel selected".into());
+        return Err(ExperimentError::NoKernel);
     }
     let mut out = Vec::new();
     for (i, label) in labels.iter().enumerate() {
@@ -575,24 +705,26 @@ fn kernels_where(args: &Args, need: &dyn Fn(usize) -> bool) -> Result<Vec<Option
             continue;
         }
         let k = match &args.custom {
-            Some((image, kdir)) if i == args.kernels.len() => {
-                build::kernel_custom(image, kdir).map_err(|e| e.0)?
-            }
-            _ => build::kernel_series(label, "default")
-                .map_err(|e| format!("kernel {label} unavailable: {e}"))?,
+            Some((image, kdir)) if i == args.kernels.len() => build::kernel_custom(image, kdir)?,
+            _ => build::kernel_series(label, "default").map_err(|source| {
+                ExperimentError::KernelUnavailable {
+                    label: label.clone(),
+                    source,
+                }
+            })?,
         };
         if k.label != *label {
-            return Err(format!(
-                "kernel {label}: the build gave label {} (the sweep's point list would not match)",
-                k.label
-            ));
+            return Err(ExperimentError::KernelLabel {
+                label: label.clone(),
+                built: k.label,
+            });
         }
         out.push(Some(k));
     }
     Ok(out)
 }
 
-fn boot(kernel: Kernel, tools: &Tools, settings: Settings, art: &Path) -> Result<Session, String> {
+fn boot(kernel: Kernel, tools: &Tools, settings: Settings, art: &Path) -> Result<Session> {
     let label = kernel.label.clone();
     eprintln!(
         "[experiment] booting {label} ({}) with {} vCPUs / {} queue pairs",
@@ -608,7 +740,10 @@ fn boot(kernel: Kernel, tools: &Tools, settings: Settings, art: &Path) -> Result
         BootKind::Default,
         |why| eprintln!("[experiment] {label}: {why}"),
     )
-    .map_err(|e| format!("{label}: boot: {e}"))?;
+    .map_err(|source| ExperimentError::Boot {
+        label: label.clone(),
+        source,
+    })?;
     eprintln!(
         "[experiment] {label}: guest up in {:.1}s (kernel {})",
         s.guest.boot_time.as_secs_f64(),
@@ -652,8 +787,11 @@ fn utc_now() -> String {
         .unwrap_or_default()
 }
 
-fn write(path: &Path, text: &str) -> Result<(), String> {
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|source| ExperimentError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 // ---- collisions ---------------------------------------------------------
@@ -770,7 +908,7 @@ fn render_tables(points: &[CollisionPoint]) -> String {
     out
 }
 
-fn render_plot(points: &[CollisionPoint], title: &str, out: &Path) -> Result<(), String> {
+fn render_plot(points: &[CollisionPoint], title: &str, out: &Path) -> Result<()> {
     let mut keys: Vec<(String, String, Variant)> = Vec::new();
     for p in points {
         let k = (p.kernel.clone(), p.release.clone(), p.variant());
@@ -892,7 +1030,7 @@ fn new_run(args: &Args, kernels: Vec<KernelId>) -> Run {
     }
 }
 
-fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
+fn collisions(args: &Args, out: &Path, art: &Path) -> Result<()> {
     let (settings, duration, rate) = collision_settings(args);
     let labels = kernel_labels(args);
     let (plan, mine) = sweep_points(args);
@@ -923,7 +1061,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         .collect();
     let mut run = new_run(args, ids);
     let json_path = out.join("points.json");
-    let save = |run: &mut Run| -> Result<(), String> {
+    let save = |run: &mut Run| -> Result<()> {
         // Decided (and named) when the first guest booted.
         run.machine = machine();
         run.elapsed_s = t0.elapsed().as_secs_f64();
@@ -936,7 +1074,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         );
         None
     } else {
-        Some(Tools::build().map_err(|e| e.0)?)
+        Some(Tools::build()?)
     };
     let mut done = 0usize;
     for (ki, kernel) in kernels.into_iter().enumerate() {
@@ -956,7 +1094,7 @@ fn collisions(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("[experiment] {e}");
-                run.errors.push((first, e));
+                run.errors.push((first, e.to_string()));
                 done += todo.len();
                 continue;
             }
@@ -1094,8 +1232,8 @@ fn point_line(p: &CollisionPoint) -> String {
     )
 }
 
-fn pretty(v: &serde_json::Value) -> Result<String, String> {
-    serde_json::to_string_pretty(v).map_err(|e| e.to_string())
+fn pretty(v: &serde_json::Value) -> Result<String> {
+    serde_json::to_string_pretty(v).map_err(ExperimentError::Encode)
 }
 
 /// What every collisions run writes at its end, whole, shard or merge
@@ -1104,7 +1242,7 @@ fn pretty(v: &serde_json::Value) -> Result<String, String> {
 /// plot.svg and, with `report`, the reader's page. A shard prints its
 /// tables marked partial and writes points.json only. Returns the problems
 /// of the plot and the report.
-fn write_collisions(run: &Run, out: &Path, report: Option<&Path>) -> Result<Vec<String>, String> {
+fn write_collisions(run: &Run, out: &Path, report: Option<&Path>) -> Result<Vec<String>> {
     write(&out.join("points.json"), &pretty(&run.to_json())?)?;
     let mut errors = Vec::new();
     let points = run.bare_points();
@@ -1203,17 +1341,16 @@ fn write_collisions(run: &Run, out: &Path, report: Option<&Path>) -> Result<Vec<
 
 /// `--merge`: the partial results of `dirs` as one run, written into `out`
 /// as a whole run writes it.
-fn merge(args: &Args, dirs: &[PathBuf], out: &Path) -> Result<(), String> {
+fn merge(args: &Args, dirs: &[PathBuf], out: &Path) -> Result<()> {
     let own = std::fs::canonicalize(out.join("points.json")).ok();
     let mut parts = Vec::new();
     for d in dirs {
         let file = shard::points_file(d);
         if own.is_some() && std::fs::canonicalize(&file).ok() == own {
-            return Err(format!(
-                "--out {} holds the partial result {}: the merge would overwrite it (choose another --out)",
-                out.display(),
-                file.display()
-            ));
+            return Err(ExperimentError::MergeOverwrites {
+                out: out.to_path_buf(),
+                file,
+            });
         }
         parts.push((d.display().to_string(), shard::read_partial(d)?));
     }
@@ -1243,18 +1380,27 @@ fn merge(args: &Args, dirs: &[PathBuf], out: &Path) -> Result<(), String> {
 
 /// `--render`: tables and plot again from a points.json (e.g. after a
 /// change of layout), Add/Del/Replace/Reject taken from the device counters.
-fn render_again(path: &Path, report: Option<&Path>) -> Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+fn render_again(path: &Path, report: Option<&Path>) -> Result<()> {
+    let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Some(s) = shard::is_partial(&v) {
-        return Err(format!(
-            "{}: a partial result (shard {s}): --merge all the shards' directories, which writes the tables",
-            path.display()
-        ));
+        serde_json::from_str(&text).map_err(|source| ExperimentError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if let Some(shard) = shard::is_partial(&v) {
+        return Err(ExperimentError::RenderPartial {
+            path: path.to_path_buf(),
+            shard,
+        });
     }
-    let mut points: Vec<CollisionPoint> = serde_json::from_value(v["points"].clone())
-        .map_err(|e| format!("{}: points: {e}", path.display()))?;
+    let mut points: Vec<CollisionPoint> =
+        serde_json::from_value(v["points"].clone()).map_err(|source| ExperimentError::Points {
+            path: path.to_path_buf(),
+            source,
+        })?;
     for p in &mut points {
         p.counts_from_device();
     }
@@ -1298,7 +1444,7 @@ fn render_again(path: &Path, report: Option<&Path>) -> Result<(), String> {
 /// 256: old/new Add ratio >= 10, new Add <= 1.5 x flows, and the lower
 /// bound on the new kernel (issue 23): >= 90% of the flows that kept their
 /// slot hold their queue at the end ([`guest_tests::scenarios::slots::held_at_end`]).
-fn check(points: &[CollisionPoint], flows: usize, errors: &[String]) -> Result<(), String> {
+fn check(points: &[CollisionPoint], flows: usize, errors: &[String]) -> Result<()> {
     let mut fails: Vec<String> = errors.to_vec();
     let at = |i: usize| -> Option<&CollisionPoint> {
         let mut labels: Vec<&str> = Vec::new();
@@ -1397,7 +1543,7 @@ fn check(points: &[CollisionPoint], flows: usize, errors: &[String]) -> Result<(
         for f in &fails {
             println!("  - {f}");
         }
-        Err(format!("acceptance check failed: {}", fails.join("; ")))
+        Err(ExperimentError::CheckFailed(fails))
     }
 }
 
@@ -1460,7 +1606,7 @@ fn rps_block(p: &RpsPhase) -> String {
     s
 }
 
-fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
+fn rps(args: &Args, out: &Path, art: &Path) -> Result<()> {
     let duration = Duration::from_secs(args.duration.unwrap_or(if args.check { 10 } else { 20 }));
     let rate = args.rate.unwrap_or(20000);
     let settings = Settings {
@@ -1469,7 +1615,7 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         ..Settings::default()
     };
     let kernels = kernels(args)?;
-    let tools = Tools::build().map_err(|e| e.0)?;
+    let tools = Tools::build()?;
     let started = utc_now();
     let t0 = Instant::now();
     let mut phases: Vec<RpsPhase> = Vec::new();
@@ -1478,8 +1624,8 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         let label = kernel.label.clone();
         let mut s = boot(kernel, &tools, settings.clone(), art)?;
         let first = phases.len();
-        let r = (|| -> Result<(), String> {
-            let mask = experiments::rps_setup(&mut s).map_err(|e| e.0)?;
+        let r = (|| -> Result<()> {
+            let mask = experiments::rps_setup(&mut s)?;
             for (name, sources, on) in [
                 (
                     format!("RPS off, {} source IP addresses", args.sources),
@@ -1494,13 +1640,17 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
                 ("1 source IP address (one heavy flow)".to_string(), 1, true),
             ] {
                 let mask = if on { mask.as_str() } else { "0" };
-                experiments::rps_set_mask(&mut s, mask).map_err(|e| e.0)?;
+                experiments::rps_set_mask(&mut s, mask)?;
                 eprintln!(
                     "[experiment] {label}: {name}, {rate} pps for {}s",
                     duration.as_secs()
                 );
                 let p = experiments::rps_phase(&mut s, &name, sources, rate, duration, mask)
-                    .map_err(|e| format!("{label} {name}: {e}"))?;
+                    .map_err(|source| ExperimentError::RpsPhase {
+                        label: label.clone(),
+                        phase: name.clone(),
+                        source,
+                    })?;
                 if !p.kernel_problems.is_empty() {
                     errors.push(format!("{label}: kernel reported {:?}", p.kernel_problems));
                 }
@@ -1511,7 +1661,7 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
         })();
         if let Err(e) = r {
             eprintln!("[experiment] {e}");
-            errors.push(e);
+            errors.push(e.to_string());
         } else if let [off, balanced, heavy] = &phases[first..] {
             // The background material's pattern, asserted.
             for (holds, what) in experiments::rps_pattern(Some(off), balanced, heavy) {
@@ -1550,7 +1700,7 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
     });
     write(
         &out.join("rps.json"),
-        &serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?,
+        &serde_json::to_string_pretty(&json).map_err(ExperimentError::Encode)?,
     )?;
     write(
         &out.join("rps.md"),
@@ -1563,15 +1713,11 @@ fn rps(args: &Args, out: &Path, art: &Path) -> Result<(), String> {
 }
 
 /// `Ok` when nothing went wrong, else one error listing every problem.
-fn problems(errors: &[String]) -> Result<(), String> {
+fn problems(errors: &[String]) -> Result<()> {
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "{} problem(s):\n  {}",
-            errors.len(),
-            errors.join("\n  ")
-        ))
+        Err(ExperimentError::Problems(errors.to_vec()))
     }
 }
 
@@ -1611,11 +1757,11 @@ mod tests {
         assert!(check(&ok, 332, &[]).is_ok());
         // Ratio below 10.
         let low = [point("6.12", 256, 1, 2400), point("7.3", 256, 1, 250)];
-        let e = check(&low, 332, &[]).unwrap_err();
+        let e = check(&low, 332, &[]).unwrap_err().to_string();
         assert!(e.contains("below 10"), "{e}");
         // New code re-programs: ratio fine but Add > 1.5 x flows.
         let many = [point("6.12", 256, 1, 60000), point("7.3", 256, 1, 600)];
-        let e = check(&many, 332, &[]).unwrap_err();
+        let e = check(&many, 332, &[]).unwrap_err().to_string();
         assert!(e.contains("more than 1.5x"), "{e}");
         // Nothing steered on the new kernel is a failure, not an infinite ratio.
         let none = [point("6.12", 256, 1, 3000), point("7.3", 256, 1, 0)];
@@ -1629,7 +1775,7 @@ mod tests {
         let mut few = ok.clone();
         few[1].slots.own_slot_on_queue = 179;
         few[1].end_misses = vec![":20007 live filter to q2, expected q1".into()];
-        let e = check(&few, 332, &[]).unwrap_err();
+        let e = check(&few, 332, &[]).unwrap_err().to_string();
         assert!(
             e.contains("179 of the 200") && e.contains("under 90%"),
             "{e}"
@@ -1645,7 +1791,7 @@ mod tests {
         // cannot pass on the new kernel, whatever its ADDs.
         let mut unmeasured = ok.clone();
         unmeasured[1].end_window_s = None;
-        let e = check(&unmeasured, 332, &[]).unwrap_err();
+        let e = check(&unmeasured, 332, &[]).unwrap_err().to_string();
         assert!(e.contains("no end-of-point counts"), "{e}");
         let mut unknown = ok.clone();
         unknown[1].slot_rule = None;
@@ -1739,7 +1885,7 @@ mod cli_tests {
             std::iter::once("vnic-experiment".to_string()).chain(argv.iter().cloned()),
         )
         .map_err(|e| e.to_string())?;
-        settle(cli, &argv)
+        settle(cli, &argv).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -2066,7 +2212,9 @@ mod shard_tests {
         );
         let a = args(&line);
         // The failed point is the merged run's problem, as the whole run's.
-        let e = merge(&a, a.merge.as_deref().unwrap(), &out).unwrap_err();
+        let e = merge(&a, a.merge.as_deref().unwrap(), &out)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("point 8: guest gone"), "{e}");
         assert_eq!(comparable(&out), comparable(&whole));
         assert_eq!(tables(&out), tables(&whole));
@@ -2109,26 +2257,38 @@ mod shard_tests {
         assert_eq!(merged["sweep"]["kernels"][1]["release"], "7.3.4");
         // The merged run re-renders like any run; a shard does not.
         assert!(render_again(&out.join("points.json"), None).is_ok());
-        let e = render_again(&dirs[0].join("points.json"), None).unwrap_err();
+        let e = render_again(&dirs[0].join("points.json"), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a partial result (shard 1/3)"), "{e}");
         // Merging into a shard's own directory would overwrite it.
-        let e = merge(&a, a.merge.as_deref().unwrap(), &dirs[1]).unwrap_err();
+        let e = merge(&a, a.merge.as_deref().unwrap(), &dirs[1])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("the merge would overwrite it"), "{e}");
         // A shard run with other settings is refused, naming them.
         let odd = root.join("odd");
         std::fs::create_dir_all(&odd).unwrap();
         let r = measured(&args(&format!("{SWEEP} --rate 3000 --shard 2/3")));
         write_collisions(&r, &odd, None).unwrap();
-        let e = merge(&a, &[dirs[0].clone(), odd.clone(), dirs[2].clone()], &out).unwrap_err();
+        let e = merge(&a, &[dirs[0].clone(), odd.clone(), dirs[2].clone()], &out)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("settings differ") && e.contains("workload.rate_pps: 2000 vs 3000"),
             "{e}"
         );
-        let e = merge(&a, &[dirs[0].clone(), dirs[2].clone()], &out).unwrap_err();
+        let e = merge(&a, &[dirs[0].clone(), dirs[2].clone()], &out)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("shard 2/3 missing"), "{e}");
-        let e = merge(&a, &[root.join("nowhere")], &out).unwrap_err();
+        let e = merge(&a, &[root.join("nowhere")], &out)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no partial result there"), "{e}");
-        let e = merge(&a, std::slice::from_ref(&whole), &out).unwrap_err();
+        let e = merge(&a, std::slice::from_ref(&whole), &out)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a partial result"), "{e}");
         let _ = std::fs::remove_dir_all(&root);
     }
@@ -2147,7 +2307,10 @@ mod shard_tests {
             match Cli::try_parse_from(std::iter::once("x".to_string()).chain(argv.iter().cloned()))
             {
                 Err(e) => e.to_string(),
-                Ok(cli) => settle(cli, &argv).err().unwrap_or_default(),
+                Ok(cli) => settle(cli, &argv)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
             }
         };
         for (line, msg) in [

@@ -251,9 +251,33 @@ fn print_list() {
     }
 }
 
+/// Options clap accepts that together ask for no run ([`settle`]'s
+/// checks across options); exit status 2.
+#[derive(Debug, thiserror::Error)]
+enum UsageError {
+    #[error("--kernel-image and --kdir go together")]
+    ImageWithoutTree,
+    #[error("--topology and --cpus/--queues are alternatives")]
+    TopologyAndShape,
+    #[error("--channels goes with --cpus/--queues (in --topology: 4x2/ch4)")]
+    ChannelsWithTopology,
+    /// The shape --cpus/--queues/--channels make is not one the suite can
+    /// boot (`Topology`'s message).
+    #[error(transparent)]
+    Shape(guest_tests::harness::Error),
+    #[error("unknown scenario {name:?}; known: {}", scenarios::all().join(", "))]
+    UnknownScenario { name: String },
+    #[error(
+        "--kernel {0:?}: expected a series like 6.12 or 7.3, or 6.1-deb (Debian's prebuilt kernel)"
+    )]
+    BadSeries(String),
+    #[error("too many flows ({flows}; at most {max})")]
+    TooManyFlows { flows: usize, max: u16 },
+}
+
 /// The run the options ask for (`demo`: the demo's), with the checks that
 /// take more than one option.
-fn settle(demo: bool, o: Opts) -> Result<Args, String> {
+fn settle(demo: bool, o: Opts) -> Result<Args, UsageError> {
     let mut a = Args {
         demo: false,
         kernels: vec!["6.12".into(), "7.3".into()],
@@ -308,17 +332,15 @@ fn settle(demo: bool, o: Opts) -> Result<Args, String> {
     match (image, kdir) {
         (Some(i), Some(k)) => a.custom = Some((i, k)),
         (None, None) => {}
-        _ => return Err("--kernel-image and --kdir go together".into()),
+        _ => return Err(UsageError::ImageWithoutTree),
     }
     let shape_given =
         topo_list.is_some() || cpus.is_some() || queues.is_some() || channels.is_some();
     let topologies: Vec<Topology> = match (topo_list, cpus, queues) {
-        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-            return Err("--topology and --cpus/--queues are alternatives".into())
-        }
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => return Err(UsageError::TopologyAndShape),
         (Some(l), None, None) => {
             if channels.is_some() {
-                return Err("--channels goes with --cpus/--queues (in --topology: 4x2/ch4)".into());
+                return Err(UsageError::ChannelsWithTopology);
             }
             l
         }
@@ -333,14 +355,18 @@ fn settle(demo: bool, o: Opts) -> Result<Args, String> {
                 cpus: n_cpus.unwrap_or(default.cpus),
                 channels,
             };
-            one.validate().map_err(|e| e.0)?;
+            one.validate().map_err(UsageError::Shape)?;
             vec![one]
         }
     };
     a.cells = if !shape_given && families.is_none() {
         DEFAULT_CELLS
             .iter()
-            .map(|&(t, f, one)| Topology::parse(t).map(|t| (t, f, one)).map_err(|e| e.0))
+            .map(|&(t, f, one)| {
+                Topology::parse(t)
+                    .map(|t| (t, f, one))
+                    .map_err(UsageError::Shape)
+            })
             .collect::<Result<_, _>>()?
     } else {
         let fams = families.unwrap_or_else(|| vec![Family::Ipv4]);
@@ -359,10 +385,7 @@ fn settle(demo: bool, o: Opts) -> Result<Args, String> {
     a.explicit = !a.scenarios.is_empty();
     for s in &a.scenarios {
         if !scenarios::all().contains(&s.as_str()) {
-            return Err(format!(
-                "unknown scenario {s:?}; known: {}",
-                scenarios::all().join(", ")
-            ));
+            return Err(UsageError::UnknownScenario { name: s.clone() });
         }
     }
     for k in &a.kernels {
@@ -371,13 +394,15 @@ fn settle(demo: bool, o: Opts) -> Result<Args, String> {
             .split('.')
             .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
         {
-            return Err(format!(
-                "--kernel {k:?}: expected a series like 6.12 or 7.3, or 6.1-deb (Debian's prebuilt kernel)"
-            ));
+            return Err(UsageError::BadSeries(k.clone()));
         }
     }
-    if a.settings.flows > usize::from(u16::MAX - scenarios::BASE_PORT) {
-        return Err("too many flows".into());
+    let max_flows = u16::MAX - scenarios::BASE_PORT;
+    if a.settings.flows > usize::from(max_flows) {
+        return Err(UsageError::TooManyFlows {
+            flows: a.settings.flows,
+            max: max_flows,
+        });
     }
     if !debug_given {
         a.debug_kernels.clone_from(&a.kernels);
@@ -761,7 +786,7 @@ mod tests {
     /// What `main` makes of `line` (a clap error as its text).
     fn args(line: &str) -> Result<Args, String> {
         match parse(line).map_err(|e| e.to_string())?.into_parts() {
-            Parts::Suite(demo, opts) => settle(demo, opts),
+            Parts::Suite(demo, opts) => settle(demo, opts).map_err(|e| e.to_string()),
             Parts::Run(r) => Err(format!("run: {r:?}")),
         }
     }

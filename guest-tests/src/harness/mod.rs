@@ -68,7 +68,7 @@ macro_rules! message_of {
         }
     )*};
 }
-message_of!(crate::proto::HexError);
+message_of!(crate::module::ResetLogError, crate::proto::HexError);
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

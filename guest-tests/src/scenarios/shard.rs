@@ -18,6 +18,160 @@ use serde_json::Value;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+/// Why `--shard` text is not `I/N` with 1 <= I <= N <= [`MAX_SHARDS`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardSyntaxError {
+    #[error("no '/' (expected I/N with 1 <= I <= N, e.g. 3/4)")]
+    NoSlash,
+    /// `which`: "I" or "N".
+    #[error("{which} {text:?} is not a number (expected I/N with 1 <= I <= N, e.g. 3/4)")]
+    NotANumber { which: &'static str, text: String },
+    #[error("N is 0 (expected I/N with 1 <= I <= N, e.g. 3/4)")]
+    NoShards,
+    #[error("N is above {MAX_SHARDS} (expected I/N with 1 <= I <= N, e.g. 3/4)")]
+    TooManyShards,
+    #[error("I counts from 1 (expected I/N with 1 <= I <= N, e.g. 3/4)")]
+    IndexZero,
+    #[error("I is above N (expected I/N with 1 <= I <= N, e.g. 3/4)")]
+    IndexAboveCount,
+}
+
+/// Why a partial result cannot be read ([`read_partial`],
+/// [`Run::partial_from_json`]); `what` names it (its points.json).
+#[derive(Debug, thiserror::Error)]
+pub enum PartialError {
+    #[error("{}: no partial result there (a shard's --out directory, or its points.json)", .0.display())]
+    NotThere(PathBuf),
+    #[error("{what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "{0}: no `sweep` record: written before --shard existed, or not a collisions points.json"
+    )]
+    NoSweep(String),
+    #[error("{0}: not a partial result (no `shard`): a whole run needs no merge")]
+    Whole(String),
+    #[error("{what}: shard {index}/{count}: {source}")]
+    BadShard {
+        what: String,
+        index: usize,
+        count: usize,
+        #[source]
+        source: ShardSyntaxError,
+    },
+    /// `shard.OF_indices` does not give one sweep index per point (`of`
+    /// "point") or error (`of` "error").
+    #[error("{what}: shard.{of}_indices holds {indices} indices for {items} {of}(s)")]
+    IndexCount {
+        what: String,
+        of: &'static str,
+        indices: usize,
+        items: usize,
+    },
+}
+
+/// Why [`merge`] refused its partial results (each path as given).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MergeError {
+    #[error("{0}: not a partial result (no shard)")]
+    NotPartial(String),
+    #[error("--merge needs at least one partial result")]
+    Nothing,
+    #[error(
+        "shard counts differ: {first_path} is shard {first}, {path} is shard {shard}: all shards of one sweep share N"
+    )]
+    CountsDiffer {
+        first_path: String,
+        first: Shard,
+        path: String,
+        shard: Shard,
+    },
+    #[error("shard {shard} given twice: {first_path} and {path}")]
+    Twice {
+        shard: Shard,
+        first_path: String,
+        path: String,
+    },
+    #[error("{path}: shard {shard} did not finish (its run was interrupted): run it again")]
+    Unfinished { path: String, shard: Shard },
+    /// `missing`: the shards not given, as `I/N`.
+    #[error("shard {} missing: a merge needs all {count} shards of the sweep", .missing.join(", "))]
+    Missing { missing: Vec<String>, count: usize },
+    /// `difference`: the first setting that differs, `field: a vs b`.
+    #[error("settings differ between {first_path} and {path}: {difference}")]
+    Settings {
+        first_path: String,
+        path: String,
+        difference: String,
+    },
+    #[error(transparent)]
+    Kernel(Box<KernelDiffers>),
+    #[error("{path}: the sweep records {recorded} points, its kernels x sizes x variants make {planned}")]
+    PointCount {
+        path: String,
+        recorded: usize,
+        planned: usize,
+    },
+    #[error("{path}: point {k} is outside the sweep's {points} points")]
+    OutsideSweep {
+        path: String,
+        k: usize,
+        points: usize,
+    },
+    #[error(
+        "points overlap: point {k} ({kernel} rps_flow_cnt {rps_flow_cnt} {variant:?}) is in {first_path} and in {path}"
+    )]
+    Overlap {
+        k: usize,
+        kernel: String,
+        rps_flow_cnt: u32,
+        variant: Variant,
+        first_path: String,
+        path: String,
+    },
+    #[error("{path}: point {k} is not shard {shard}'s")]
+    NotTheShards {
+        path: String,
+        k: usize,
+        shard: Shard,
+    },
+    /// Point `k` of `path` measured something else than the sweep's point
+    /// `k` (`got`, `want`: kernel label, rps_flow_cnt, variant).
+    #[error(
+        "{path}: point {k} is {} rps_flow_cnt {} {:?}, the sweep's point {k} is {} rps_flow_cnt {} {:?}",
+        .got.0, .got.1, .got.2, .want.0, .want.1, .want.2
+    )]
+    WrongPoint {
+        path: String,
+        k: usize,
+        got: (String, u32, Variant),
+        want: (String, u32, Variant),
+    },
+}
+
+/// Two shards saw one fact of a kernel differently: `what` is "release"
+/// or "config hash ..." (what the host read of it), or "its guest ran
+/// release" (uname -r in its guests).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("kernel {label} differs: {what} {a} in {a_path}, {b} in {b_path}")]
+pub struct KernelDiffers {
+    pub label: String,
+    pub what: &'static str,
+    pub a: String,
+    pub a_path: String,
+    pub b: String,
+    pub b_path: String,
+}
+
 /// Shard I of N (1 <= I <= N): the points whose index k has k % N == I - 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shard {
@@ -31,26 +185,28 @@ pub const MAX_SHARDS: usize = 1000;
 
 impl Shard {
     /// `I/N` as `--shard` takes it.
-    pub fn parse(s: &str) -> Result<Shard, String> {
-        let bad = |why: &str| format!("{why} (expected I/N with 1 <= I <= N, e.g. 3/4)");
-        let (i, n) = s.split_once('/').ok_or_else(|| bad("no '/'"))?;
-        let num = |v: &str, what: &str| -> Result<usize, String> {
+    pub fn parse(s: &str) -> Result<Shard, ShardSyntaxError> {
+        let (i, n) = s.split_once('/').ok_or(ShardSyntaxError::NoSlash)?;
+        let num = |v: &str, which: &'static str| -> Result<usize, ShardSyntaxError> {
             v.trim()
                 .parse::<usize>()
-                .map_err(|_| bad(&format!("{what} {v:?} is not a number")))
+                .map_err(|_| ShardSyntaxError::NotANumber {
+                    which,
+                    text: v.to_string(),
+                })
         };
         let (index, count) = (num(i, "I")?, num(n, "N")?);
         if count == 0 {
-            return Err(bad("N is 0"));
+            return Err(ShardSyntaxError::NoShards);
         }
         if count > MAX_SHARDS {
-            return Err(bad(&format!("N is above {MAX_SHARDS}")));
+            return Err(ShardSyntaxError::TooManyShards);
         }
         if index == 0 {
-            return Err(bad("I counts from 1"));
+            return Err(ShardSyntaxError::IndexZero);
         }
         if index > count {
-            return Err(bad("I is above N"));
+            return Err(ShardSyntaxError::IndexAboveCount);
         }
         Ok(Shard { index, count })
     }
@@ -249,27 +405,35 @@ impl Run {
 
     /// A partial result as [`Run::to_json`] wrote it; `what` names it in
     /// errors.
-    pub fn partial_from_json(v: Value, what: &str) -> Result<Run, String> {
+    pub fn partial_from_json(v: Value, what: &str) -> Result<Run, PartialError> {
         if v.get("sweep").is_none() {
-            return Err(format!(
-                "{what}: no `sweep` record: written before --shard existed, or not a collisions points.json"
-            ));
+            return Err(PartialError::NoSweep(what.to_string()));
         }
-        let f: File = serde_json::from_value(v).map_err(|e| format!("{what}: {e}"))?;
+        let f: File = serde_json::from_value(v).map_err(|source| PartialError::Json {
+            what: what.to_string(),
+            source,
+        })?;
         let Some(s) = f.shard else {
-            return Err(format!(
-                "{what}: not a partial result (no `shard`): a whole run needs no merge"
-            ));
+            return Err(PartialError::Whole(what.to_string()));
         };
-        let shard = Shard::parse(&format!("{}/{}", s.index, s.count))
-            .map_err(|e| format!("{what}: shard {}/{}: {e}", s.index, s.count))?;
-        let lens = |a: usize, b: usize, of: &str| {
-            if a == b {
+        let shard = Shard::parse(&format!("{}/{}", s.index, s.count)).map_err(|source| {
+            PartialError::BadShard {
+                what: what.to_string(),
+                index: s.index,
+                count: s.count,
+                source,
+            }
+        })?;
+        let lens = |indices: usize, items: usize, of: &'static str| {
+            if indices == items {
                 Ok(())
             } else {
-                Err(format!(
-                    "{what}: shard.{of}_indices holds {a} indices for {b} {of}(s)"
-                ))
+                Err(PartialError::IndexCount {
+                    what: what.to_string(),
+                    of,
+                    indices,
+                    items,
+                })
             }
         };
         lens(s.point_indices.len(), f.points.len(), "point")?;
@@ -317,17 +481,20 @@ pub fn points_file(path: &Path) -> PathBuf {
 }
 
 /// Reads the partial result at `path` (a directory or its points.json).
-pub fn read_partial(path: &Path) -> Result<Run, String> {
+pub fn read_partial(path: &Path) -> Result<Run, PartialError> {
     let file = points_file(path);
     let what = file.display().to_string();
     if !file.is_file() {
-        return Err(format!(
-            "{}: no partial result there (a shard's --out directory, or its points.json)",
-            path.display()
-        ));
+        return Err(PartialError::NotThere(path.to_path_buf()));
     }
-    let text = std::fs::read_to_string(&file).map_err(|e| format!("{what}: {e}"))?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{what}: {e}"))?;
+    let text = std::fs::read_to_string(&file).map_err(|source| PartialError::Read {
+        what: what.clone(),
+        source,
+    })?;
+    let v: Value = serde_json::from_str(&text).map_err(|source| PartialError::Json {
+        what: what.clone(),
+        source,
+    })?;
     Run::partial_from_json(v, &what)
 }
 
@@ -356,33 +523,41 @@ fn first_difference(path: &str, a: &Value, b: &Value) -> Option<String> {
 /// settings, kernels or shard counts, a shard missing or given twice, an
 /// unfinished shard, points that overlap or are not their shard's.
 /// `command` is the merge's own command line.
-pub fn merge(parts: Vec<(String, Run)>, command: &str) -> Result<Run, String> {
+pub fn merge(parts: Vec<(String, Run)>, command: &str) -> Result<Run, MergeError> {
     let mut parts: Vec<(String, Shard, Run)> = parts
         .into_iter()
         .map(|(path, r)| match r.shard {
             Some(s) => Ok((path, s, r)),
-            None => Err(format!("{path}: not a partial result (no shard)")),
+            None => Err(MergeError::NotPartial(path)),
         })
         .collect::<Result<_, _>>()?;
     let Some((first_path, first_shard, _)) = parts.first() else {
-        return Err("--merge needs at least one partial result".into());
+        return Err(MergeError::Nothing);
     };
     let n = first_shard.count;
     let mut seen: Vec<Option<&str>> = vec![None; n];
     for (path, s, r) in &parts {
         if s.count != n {
-            return Err(format!(
-                "shard counts differ: {first_path} is shard {first_shard}, {path} is shard {s}: all shards of one sweep share N"
-            ));
+            return Err(MergeError::CountsDiffer {
+                first_path: first_path.clone(),
+                first: *first_shard,
+                path: path.clone(),
+                shard: *s,
+            });
         }
         if let Some(other) = seen[s.index - 1] {
-            return Err(format!("shard {s} given twice: {other} and {path}"));
+            return Err(MergeError::Twice {
+                shard: *s,
+                first_path: other.to_string(),
+                path: path.clone(),
+            });
         }
         seen[s.index - 1] = Some(path);
         if !r.finished {
-            return Err(format!(
-                "{path}: shard {s} did not finish (its run was interrupted): run it again"
-            ));
+            return Err(MergeError::Unfinished {
+                path: path.clone(),
+                shard: *s,
+            });
         }
     }
     let missing: Vec<String> = (1..=n)
@@ -390,10 +565,7 @@ pub fn merge(parts: Vec<(String, Run)>, command: &str) -> Result<Run, String> {
         .map(|i| format!("{i}/{n}"))
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "shard {} missing: a merge needs all {n} shards of the sweep",
-            missing.join(", ")
-        ));
+        return Err(MergeError::Missing { missing, count: n });
     }
     parts.sort_by_key(|p| p.1.index);
     let (first_path, first) = (&parts[0].0, &parts[0].2);
@@ -407,20 +579,21 @@ pub fn merge(parts: Vec<(String, Run)>, command: &str) -> Result<Run, String> {
     };
     for (path, _, r) in &parts[1..] {
         if let Some(d) = first_difference("", &settings(first), &settings(r)) {
-            return Err(format!(
-                "settings differ between {first_path} and {path}: {}",
-                d.trim_start_matches('.')
-            ));
+            return Err(MergeError::Settings {
+                first_path: first_path.clone(),
+                path: path.clone(),
+                difference: d.trim_start_matches('.').to_string(),
+            });
         }
     }
     let kernels = kernel_ids(&parts)?;
     let plan = first.sweep.plan();
     if plan.len() != first.sweep.points {
-        return Err(format!(
-            "{first_path}: the sweep records {} points, its kernels x sizes x variants make {}",
-            first.sweep.points,
-            plan.len()
-        ));
+        return Err(MergeError::PointCount {
+            path: first_path.clone(),
+            recorded: first.sweep.points,
+            planned: plan.len(),
+        });
     }
     let mut owner: Vec<Option<&str>> = vec![None; plan.len()];
     let mut releases: Vec<Option<(&str, &str)>> = vec![None; kernels.len()];
@@ -429,37 +602,52 @@ pub fn merge(parts: Vec<(String, Run)>, command: &str) -> Result<Run, String> {
     for (path, s, r) in &parts {
         for (k, p) in &r.points {
             let Some(key) = plan.get(*k) else {
-                return Err(format!(
-                    "{path}: point {k} is outside the sweep's {} points",
-                    plan.len()
-                ));
+                return Err(MergeError::OutsideSweep {
+                    path: path.clone(),
+                    k: *k,
+                    points: plan.len(),
+                });
             };
             if let Some(other) = owner[*k] {
-                return Err(format!(
-                    "points overlap: point {k} ({} rps_flow_cnt {} {:?}) is in {other} and in {path}",
-                    p.kernel, p.rps_flow_cnt, key.variant
-                ));
+                return Err(MergeError::Overlap {
+                    k: *k,
+                    kernel: p.kernel.clone(),
+                    rps_flow_cnt: p.rps_flow_cnt,
+                    variant: key.variant,
+                    first_path: other.to_string(),
+                    path: path.clone(),
+                });
             }
             owner[*k] = Some(path);
             if !s.selects(*k) {
-                return Err(format!("{path}: point {k} is not shard {s}'s"));
+                return Err(MergeError::NotTheShards {
+                    path: path.clone(),
+                    k: *k,
+                    shard: *s,
+                });
             }
             let label = &kernels[key.kernel].label;
             if p.kernel != *label
                 || p.rps_flow_cnt != key.rps_flow_cnt
                 || p.variant() != key.variant
             {
-                return Err(format!(
-                    "{path}: point {k} is {} rps_flow_cnt {} {:?}, the sweep's point {k} is {label} rps_flow_cnt {} {:?}",
-                    p.kernel, p.rps_flow_cnt, p.variant(), key.rps_flow_cnt, key.variant
-                ));
+                return Err(MergeError::WrongPoint {
+                    path: path.clone(),
+                    k: *k,
+                    got: (p.kernel.clone(), p.rps_flow_cnt, p.variant()),
+                    want: (label.clone(), key.rps_flow_cnt, key.variant),
+                });
             }
             match releases[key.kernel] {
                 Some((rel, other)) if rel != p.release => {
-                    return Err(format!(
-                    "kernel {label} differs: its guest ran release {rel} in {other}, {} in {path}",
-                    p.release
-                ))
+                    return Err(MergeError::Kernel(Box::new(KernelDiffers {
+                        label: label.clone(),
+                        what: "its guest ran release",
+                        a: rel.to_string(),
+                        a_path: other.to_string(),
+                        b: p.release.clone(),
+                        b_path: path.clone(),
+                    })))
                 }
                 Some(_) => {}
                 None => releases[key.kernel] = Some((&p.release, path)),
@@ -513,7 +701,7 @@ pub fn merge(parts: Vec<(String, Run)>, command: &str) -> Result<Run, String> {
 /// The sweep's kernels as the shards that looked at them saw them (a shard
 /// with no point on a kernel records its label only); refuses when two
 /// shards saw a different release or `.config`.
-fn kernel_ids(parts: &[(String, Shard, Run)]) -> Result<Vec<KernelId>, String> {
+fn kernel_ids(parts: &[(String, Shard, Run)]) -> Result<Vec<KernelId>, MergeError> {
     let labels = &parts[0].2.sweep.kernels;
     let mut out: Vec<KernelId> = labels.iter().map(|k| KernelId::unused(&k.label)).collect();
     // Who set each field, for the message.
@@ -532,10 +720,14 @@ fn kernel_ids(parts: &[(String, Shard, Run)]) -> Result<Vec<KernelId>, String> {
             ] {
                 match (mine.as_ref(), theirs) {
                     (Some(a), Some(b)) if a != b => {
-                        return Err(format!(
-                            "kernel {} differs: {name} {a} in {}, {b} in {path}",
-                            k.label, by[i][f]
-                        ))
+                        return Err(MergeError::Kernel(Box::new(KernelDiffers {
+                            label: k.label.clone(),
+                            what: name,
+                            a: a.clone(),
+                            a_path: by[i][f].to_string(),
+                            b: b.clone(),
+                            b_path: path.clone(),
+                        })))
                     }
                     (None, Some(b)) => {
                         *mine = Some(b.clone());
@@ -674,7 +866,7 @@ mod tests {
             ("1/2/3", "N \"2/3\" is not a number"),
             ("1/1001", "N is above 1000"),
         ] {
-            let e = Shard::parse(bad).unwrap_err();
+            let e = Shard::parse(bad).unwrap_err().to_string();
             assert!(
                 e.contains(why) && e.contains("expected I/N"),
                 "{bad:?}: {e}"
@@ -725,9 +917,11 @@ mod tests {
         // A whole run has no shard record.
         let whole = fake_run(None).to_json();
         assert!(whole.get("shard").is_none() && is_partial(&whole).is_none());
-        let e = Run::partial_from_json(whole, "w").unwrap_err();
+        let e = Run::partial_from_json(whole, "w").unwrap_err().to_string();
         assert!(e.contains("not a partial result"), "{e}");
-        let e = Run::partial_from_json(json!({"points": []}), "old").unwrap_err();
+        let e = Run::partial_from_json(json!({"points": []}), "old")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no `sweep` record"), "{e}");
     }
 
@@ -749,7 +943,7 @@ mod tests {
     }
 
     fn refused(parts: Vec<(String, Run)>) -> String {
-        merge(parts, "merge").unwrap_err()
+        merge(parts, "merge").unwrap_err().to_string()
     }
 
     #[test]
@@ -848,14 +1042,14 @@ mod tests {
         // A shard's index lists must match its points and errors.
         let mut v = fake_run(Some(Shard { index: 1, count: 2 })).to_json();
         v["shard"]["point_indices"] = json!([0]);
-        let e = Run::partial_from_json(v, "p").unwrap_err();
+        let e = Run::partial_from_json(v, "p").unwrap_err().to_string();
         assert!(
             e.contains("point_indices holds 1 indices for 5 point(s)"),
             "{e}"
         );
         let mut v = fake_run(Some(Shard { index: 1, count: 2 })).to_json();
         v["shard"]["index"] = json!(3);
-        let e = Run::partial_from_json(v, "p").unwrap_err();
+        let e = Run::partial_from_json(v, "p").unwrap_err().to_string();
         assert!(e.contains("shard 3/2: I is above N"), "{e}");
     }
 }

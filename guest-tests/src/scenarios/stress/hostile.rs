@@ -522,7 +522,7 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     });
     let agree = tables_agree(s, Duration::from_secs(15))?;
     if let Err(e) = &agree {
-        c.check(false, || e.clone());
+        c.check(false, || e.to_string());
     }
     // No data frame lost, repeated or damaged under the blast.
     let delivery = s.check_delivery(c)?;

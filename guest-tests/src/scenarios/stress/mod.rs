@@ -74,9 +74,30 @@ fn drop_module(s: &mut Session) -> Result<()> {
     s.wait_device_empty("the device table to empty")
 }
 
+/// The device table and the module's still differ after a wait (a
+/// verdict: the scenario records it).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "device table ({device} entries) != module table ({module} active, {in_flight} in flight) \
+     after {:.0}s; only in module: {only_in_module:?}; only on device: {only_on_device:?}",
+    .waited.as_secs_f64()
+)]
+struct TablesDiffer {
+    device: usize,
+    module: usize,
+    in_flight: usize,
+    waited: Duration,
+    /// A few entries (`ID qRXQ FLOW`) of each side the other lacks.
+    only_in_module: Vec<String>,
+    only_on_device: Vec<String>,
+}
+
 /// Wait until the device table equals the module's, entry for entry, with
 /// nothing in flight. Returns the number of entries, or the differences.
-fn tables_agree(s: &mut Session, timeout: Duration) -> Result<std::result::Result<usize, String>> {
+fn tables_agree(
+    s: &mut Session,
+    timeout: Duration,
+) -> Result<std::result::Result<usize, TablesDiffer>> {
     let start = Instant::now();
     loop {
         let (m, unsettled) = s.module_table()?;
@@ -92,14 +113,14 @@ fn tables_agree(s: &mut Session, timeout: Duration) -> Result<std::result::Resul
                     .map(|(id, (flow, rxq))| format!("{id} q{rxq} {flow}"))
                     .collect()
             };
-            return Ok(Err(format!(
-                "device table ({} entries) != module table ({} active, {unsettled} in flight) after {:.0}s; only in module: {:?}; only on device: {:?}",
-                d.len(),
-                m.len(),
-                timeout.as_secs_f64(),
-                only(&m, &d),
-                only(&d, &m)
-            )));
+            return Ok(Err(TablesDiffer {
+                device: d.len(),
+                module: m.len(),
+                in_flight: unsettled,
+                waited: timeout,
+                only_in_module: only(&m, &d),
+                only_on_device: only(&d, &m),
+            }));
         }
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -227,7 +248,7 @@ pub(super) fn device_restart(s: &mut Session, c: &mut Checks) -> Result<String> 
     // everything the module had before (live flows keep their filters).
     let agree = tables_agree(s, Duration::from_secs(20))?;
     if let Err(e) = &agree {
-        c.check(false, || e.clone());
+        c.check(false, || e.to_string());
     }
     let (m_after, _) = s.module_table()?;
     let kept = m_before
