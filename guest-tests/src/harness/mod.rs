@@ -68,7 +68,12 @@ macro_rules! message_of {
         }
     )*};
 }
-message_of!(crate::module::ResetLogError, crate::proto::HexError);
+message_of!(
+    crate::module::ResetLogError,
+    crate::proto::HexError,
+    crate::scenarios::slots::FlowhashLineError,
+    crate::scenarios::slots::NoSlotRule
+);
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

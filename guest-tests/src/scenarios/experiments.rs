@@ -1076,7 +1076,7 @@ pub fn rps_phase(
         );
         match text
             .map_err(|e| e.0)
-            .and_then(|t| slots::parse_flowhash_packets(&t))
+            .and_then(|t| slots::parse_flowhash_packets(&t).map_err(|e| e.to_string()))
         {
             Ok(flows) => {
                 predicted = vec![0u64; sn1.len()];

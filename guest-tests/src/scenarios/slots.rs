@@ -61,10 +61,27 @@ fn parse_proto(s: &str) -> Option<L4Proto> {
     }
 }
 
+/// A line of `vnic_flowhash`'s `flows` file that is not what it should be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("vnic_flowhash: cannot parse {line:?}")]
+pub struct FlowhashLineError {
+    pub line: String,
+}
+
+/// No slot rule explains where the kernel put the filtered flows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "neither `hash & mask` nor `hash_32` maps the flow hashes of the {filters} filters to their flow_id (table log {log})"
+)]
+pub struct NoSlotRule {
+    pub filters: usize,
+    pub log: u32,
+}
+
 /// `vnic_flowhash`'s `flows` file: flow -> hash, and the packets of flows
 /// it had no room for. Lines: `udp SRC SPORT DST DPORT hash 0x.. rxq Q
 /// packets N`, after `# flows N full M`.
-pub fn parse_flowhash(text: &str) -> Result<(HashMap<FlowKey, u32>, u64), String> {
+pub fn parse_flowhash(text: &str) -> Result<(HashMap<FlowKey, u32>, u64), FlowhashLineError> {
     let mut out = HashMap::new();
     let mut full = 0;
     for line in text.lines() {
@@ -78,7 +95,9 @@ pub fn parse_flowhash(text: &str) -> Result<(HashMap<FlowKey, u32>, u64), String
         if w.is_empty() {
             continue;
         }
-        let bad = || format!("vnic_flowhash: cannot parse {line:?}");
+        let bad = || FlowhashLineError {
+            line: line.to_string(),
+        };
         if w.len() < 7 || w[5] != "hash" {
             return Err(bad());
         }
@@ -96,7 +115,7 @@ pub fn parse_flowhash(text: &str) -> Result<(HashMap<FlowKey, u32>, u64), String
 
 /// `vnic_flowhash`'s `flows` file with each flow's packet count: (flow,
 /// hash, packets) per line.
-pub fn parse_flowhash_packets(text: &str) -> Result<Vec<(FlowKey, u32, u64)>, String> {
+pub fn parse_flowhash_packets(text: &str) -> Result<Vec<(FlowKey, u32, u64)>, FlowhashLineError> {
     let (hashes, _) = parse_flowhash(text)?;
     let mut out = Vec::new();
     for line in text
@@ -104,7 +123,9 @@ pub fn parse_flowhash_packets(text: &str) -> Result<Vec<(FlowKey, u32, u64)>, St
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
     {
         let w: Vec<&str> = line.split_whitespace().collect();
-        let bad = || format!("vnic_flowhash: cannot parse {line:?}");
+        let bad = || FlowhashLineError {
+            line: line.to_string(),
+        };
         let i = w.iter().position(|&x| x == "packets").ok_or_else(bad)?;
         let packets: u64 = w.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(bad)?;
         let proto = parse_proto(w[0]).ok_or_else(bad)?;
@@ -144,7 +165,7 @@ pub fn infer_rule<S: BuildHasher>(
     filters: &[(FlowKey, u32)],
     hashes: &HashMap<FlowKey, u32, S>,
     log: u32,
-) -> Result<Option<SlotRule>, String> {
+) -> Result<Option<SlotRule>, NoSlotRule> {
     let known: Vec<(u32, u32)> = filters
         .iter()
         .filter_map(|(k, id)| Some((*hashes.get(k)?, *id)))
@@ -157,10 +178,10 @@ pub fn infer_rule<S: BuildHasher>(
             return Ok(Some(rule));
         }
     }
-    Err(format!(
-        "neither `hash & mask` nor `hash_32` maps the flow hashes of the {} filters to their flow_id (table log {log})",
-        known.len()
-    ))
+    Err(NoSlotRule {
+        filters: known.len(),
+        log,
+    })
 }
 
 /// Slot figures of one set of concurrent flows (one iteration).
