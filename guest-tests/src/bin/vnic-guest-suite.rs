@@ -7,7 +7,7 @@
 
 use clap::{ArgAction, Parser, Subcommand};
 use guest_tests::harness::build::{self, Kernel};
-use guest_tests::harness::{parse_num as num, repo_root, timestamp, Artifacts};
+use guest_tests::harness::{parse_num as num, repo_root, timestamp};
 use guest_tests::scenarios::poke::{self, RunArgs};
 use guest_tests::scenarios::{
     self, report_line, BootKind, Family, Outcome, Session, Settings, Tools, Topology,
@@ -724,17 +724,19 @@ fn demo(args: &Args, art_root: &std::path::Path) -> ExitCode {
             },
         };
         let label = kernel.label.clone();
-        let art = Artifacts::new(art_root.join(&label))?;
         eprintln!(
             "[demo] booting {label} with {} vCPUs / {} queue pairs",
             args.settings.cpus, args.settings.queues
         );
-        let mut s = Session::boot(
+        // As in the suite: a boot hung by TCG or the guest kernel before
+        // any device (or with a stuck vCPU) is repeated once, said why.
+        let mut s = Session::boot_in(
             kernel,
             &tools,
             args.settings.clone(),
-            art,
+            &art_root.join(&label),
             BootKind::Default,
+            |m| eprintln!("[demo] {m}"),
         )?;
         eprintln!(
             "[demo] guest up in {:.1}s, kernel {}",
