@@ -103,7 +103,8 @@ impl Steer {
     /// filter hit gives the filter's queue, otherwise RSS; `None` for a
     /// frame with the management EtherType (never delivered: a peer must
     /// not speak for the device).
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub(crate) fn decide(&mut self, frame: &[u8]) -> Option<Decision> {
         if self.off {
             return self.unsteered(frame);
@@ -139,7 +140,8 @@ impl Steer {
 
     /// The decision for a TCP/UDP flow: its filter, else RSS; the fault
     /// knobs on a hit.
-    #[inline]
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     fn decide_flow(&mut self, k: &FlowKey) -> Decision {
         // (An empty table is not looked at: its slots are cold.)
         let Some((id, q)) = (!self.index.is_empty())
