@@ -283,3 +283,91 @@ impl VringT<Mem> for Vring {
         self.0.set_err(file);
     }
 }
+
+/// Random split rings of 16 entries, for the tests that hold the rx and tx
+/// single-descriptor paths to the chain walk.
+#[cfg(test)]
+pub(crate) mod random_ring {
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+    use virtio_queue::Queue;
+    use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
+
+    /// The end of guest memory: two regions of 2 MiB.
+    pub(crate) const END: u64 = 0x40_0000;
+
+    /// xorshift64: the same draws on every run.
+    pub(crate) struct Draw(pub(crate) u64);
+
+    impl Draw {
+        /// A draw in `0..n`.
+        pub(crate) fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// A buffer's address: mostly `home`, else across the two regions,
+    /// across the end of memory, or outside it.
+    pub(crate) fn addr(d: &mut Draw, home: u64) -> u64 {
+        match d.below(10) {
+            0 => END / 2 - 40,
+            1 => END - 40,
+            2 => 0x4000_0000,
+            _ => home,
+        }
+    }
+
+    /// Heads for the avail ring: up to 16, one in 12 outside the table.
+    pub(crate) fn heads(d: &mut Draw) -> Vec<u16> {
+        (0..d.below(17))
+            .map(|_| {
+                if d.below(12) == 0 {
+                    16 + d.below(100) as u16
+                } else {
+                    d.below(16) as u16
+                }
+            })
+            .collect()
+    }
+
+    /// Fresh guest memory (`fill` writes what the buffers hold) with
+    /// `descs` in a 16-entry table and `heads` in the avail ring, and the
+    /// queue over them.
+    pub(crate) fn posted(
+        descs: &[RawDescriptor],
+        heads: &[u16],
+        fill: impl FnOnce(&GuestMemoryMmap),
+    ) -> (GuestMemoryMmap, Queue) {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), (END / 2) as usize),
+            (GuestAddress(END / 2), (END / 2) as usize),
+        ])
+        .unwrap();
+        fill(&m);
+        let q = {
+            let mq = MockSplitQueue::new(&m, 16);
+            for (i, d) in descs.iter().enumerate() {
+                mq.desc_table().store(i as u16, *d).unwrap();
+            }
+            let avail = mq.avail_addr();
+            for (i, h) in heads.iter().enumerate() {
+                m.write_obj(*h, avail.unchecked_add(4 + 2 * i as u64))
+                    .unwrap();
+            }
+            m.write_obj(heads.len() as u16, avail.unchecked_add(2))
+                .unwrap();
+            mq.create_queue().unwrap()
+        };
+        (m, q)
+    }
+
+    /// Every byte of guest memory.
+    pub(crate) fn snapshot(m: &GuestMemoryMmap) -> Vec<u8> {
+        let mut all = vec![0u8; END as usize];
+        m.read_slice(&mut all, GuestAddress(0)).unwrap();
+        all
+    }
+}

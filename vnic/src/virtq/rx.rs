@@ -1376,81 +1376,43 @@ mod tests {
         // and by the walk alone, into two copies of the same guest memory:
         // the outcomes, the bad-chain counts and every byte of guest
         // memory (buffers, used ring) must agree.
-        const END: u64 = 0x40_0000;
-        let two_regions = || {
-            GuestMemoryMmap::<()>::from_ranges(&[
-                (GuestAddress(0), 0x20_0000),
-                (GuestAddress(0x20_0000), 0x20_0000),
-            ])
-            .unwrap()
-        };
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        use crate::virtq::random_ring::{addr, heads, posted, snapshot, Draw};
+        let mut d = Draw(0x9E37_79B9_7F4A_7C15);
         let (mut singles, mut bads) = (0u32, 0u64);
         for round in 0..400 {
-            let mrg = rnd(4) != 0;
+            let mrg = d.below(4) != 0;
             let descs: Vec<RawDescriptor> = (0..16u16)
                 .map(|i| {
-                    let addr = match rnd(10) {
-                        0 => 0x20_0000 - 40,
-                        1 => END - 40,
-                        2 => 0x4000_0000,
-                        _ => BUF + u64::from(i) * 0x1000,
-                    };
-                    let len = match rnd(8) {
+                    let a = addr(&mut d, BUF + u64::from(i) * 0x1000);
+                    let len = match d.below(8) {
                         0 => 0,
                         1 => 12,
                         2 => 40,
                         3 => 76,
                         4 => 200,
-                        5 => rnd(300) as u32,
+                        5 => d.below(300) as u32,
                         _ => 2048,
                     };
                     let w = VRING_DESC_F_WRITE as u16;
-                    let (flags, next) = match rnd(10) {
+                    let (flags, next) = match d.below(10) {
                         0 => (0, 0),
-                        1 => (w | VRING_DESC_F_NEXT as u16, rnd(20) as u16),
+                        1 => (w | VRING_DESC_F_NEXT as u16, d.below(20) as u16),
                         2 => (w | VRING_DESC_F_INDIRECT as u16, 0),
                         _ => (w, 0),
                     };
-                    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+                    RawDescriptor::from(SplitDescriptor::new(a, len, flags, next))
                 })
                 .collect();
-            let heads: Vec<u16> = (0..rnd(17))
+            let heads = heads(&mut d);
+            let frames: Vec<Vec<u8>> = (0..=d.below(8))
                 .map(|_| {
-                    if rnd(12) == 0 {
-                        16 + rnd(100) as u16
-                    } else {
-                        rnd(16) as u16
-                    }
-                })
-                .collect();
-            let frames: Vec<Vec<u8>> = (0..=rnd(8))
-                .map(|_| {
-                    (0..NET_HDR_LEN as u64 + rnd(300))
-                        .map(|_| rnd(256) as u8)
+                    (0..NET_HDR_LEN as u64 + d.below(300))
+                        .map(|_| d.below(256) as u8)
                         .collect()
                 })
                 .collect();
             let run = |deliver: DeliverOne| {
-                let m = two_regions();
-                let mq = MockSplitQueue::new(&m, 16);
-                for (i, d) in descs.iter().enumerate() {
-                    mq.desc_table().store(i as u16, *d).unwrap();
-                }
-                let avail = mq.avail_addr();
-                for (i, h) in heads.iter().enumerate() {
-                    m.write_obj(*h, avail.checked_add(4 + 2 * i as u64).unwrap())
-                        .unwrap();
-                }
-                m.write_obj(heads.len() as u16, avail.checked_add(2).unwrap())
-                    .unwrap();
-                let mut q: Queue = mq.create_queue().unwrap();
+                let (m, mut q) = posted(&descs, &heads, |_| {});
                 let mut r = RxRing::open(&q, &m).unwrap();
                 let mut bad = 0;
                 let outs: Vec<RxOutcome> = frames
@@ -1458,9 +1420,7 @@ mod tests {
                     .map(|f| deliver(&mut r, &mut f.clone(), mrg, &mut bad))
                     .collect();
                 r.finish(&mut q);
-                let mut all = vec![0u8; END as usize];
-                m.read_slice(&mut all, GuestAddress(0)).unwrap();
-                (outs, bad, all)
+                (outs, bad, snapshot(&m))
             };
             let (outs, bad, mem_a) = run(deliver);
             let (outs_b, bad_b, mem_b) = run(walk_only);

@@ -309,77 +309,40 @@ mod tests {
         // by the walk alone, on two copies of the same guest memory: what
         // each chain gave (frame bytes, or the reason it was bad), the
         // ring positions and every byte of guest memory must agree.
-        const END: u64 = 0x40_0000;
-        let two_regions = || {
-            GuestMemoryMmap::<()>::from_ranges(&[
-                (GuestAddress(0), 0x20_0000),
-                (GuestAddress(0x20_0000), 0x20_0000),
-            ])
-            .unwrap()
-        };
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut rnd = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        use crate::virtq::random_ring::{addr, heads, posted, snapshot, Draw};
+        let mut draw = Draw(0x2545_F491_4F6C_DD1D);
         let (mut oks, mut bads) = (0u32, 0u32);
         for round in 0..300 {
             let descs: Vec<RawDescriptor> = (0..16u16)
                 .map(|i| {
-                    let addr = match rnd(10) {
-                        0 => 0x20_0000 - 40,
-                        1 => END - 40,
-                        2 => 0x4000_0000,
-                        _ => BUF + u64::from(i) * 0x1_0000,
-                    };
-                    let len = match rnd(8) {
+                    let a = addr(&mut draw, BUF + u64::from(i) * 0x1_0000);
+                    let len = match draw.below(8) {
                         0 => 0,
                         1 => 11,
                         2 => 12,
                         3 => 60,
                         4 => (MAX_TX_LEN + 1) as u32,
                         5 => MAX_TX_LEN as u32,
-                        _ => 1 + rnd(2000) as u32,
+                        _ => 1 + draw.below(2000) as u32,
                     };
-                    let (flags, next) = match rnd(10) {
+                    let (flags, next) = match draw.below(10) {
                         0 => (VRING_DESC_F_WRITE as u16, 0),
-                        1 => (VRING_DESC_F_NEXT as u16, rnd(20) as u16),
+                        1 => (VRING_DESC_F_NEXT as u16, draw.below(20) as u16),
                         2 => (VRING_DESC_F_INDIRECT as u16, 0),
                         _ => (0, 0),
                     };
-                    RawDescriptor::from(SplitDescriptor::new(addr, len, flags, next))
+                    RawDescriptor::from(SplitDescriptor::new(a, len, flags, next))
                 })
                 .collect();
-            let heads: Vec<u16> = (0..rnd(17))
-                .map(|_| {
-                    if rnd(12) == 0 {
-                        16 + rnd(100) as u16
-                    } else {
-                        rnd(16) as u16
-                    }
-                })
-                .collect();
+            let heads = heads(&mut draw);
             let run = |walk_only: bool| {
-                let m = two_regions();
-                for i in 0..16u64 {
-                    let fill: Vec<u8> = (0..0x1_0000).map(|k| (k as u64 ^ i) as u8).collect();
-                    m.write_slice(&fill, GuestAddress(BUF + i * 0x1_0000))
-                        .unwrap();
-                }
-                let mq = MockSplitQueue::new(&m, 16);
-                for (i, d) in descs.iter().enumerate() {
-                    mq.desc_table().store(i as u16, *d).unwrap();
-                }
-                let avail = mq.avail_addr();
-                for (i, h) in heads.iter().enumerate() {
-                    m.write_obj(*h, avail.checked_add(4 + 2 * i as u64).unwrap())
-                        .unwrap();
-                }
-                m.write_obj(heads.len() as u16, avail.checked_add(2).unwrap())
-                    .unwrap();
-                let mut q: Queue = mq.create_queue().unwrap();
+                let (m, mut q) = posted(&descs, &heads, |m| {
+                    for i in 0..16u64 {
+                        let fill: Vec<u8> = (0..0x1_0000u64).map(|k| (k ^ i) as u8).collect();
+                        m.write_slice(&fill, GuestAddress(BUF + i * 0x1_0000))
+                            .unwrap();
+                    }
+                });
                 let mut r = TxRing::open(&q, &m).unwrap();
                 let mut got = Vec::new();
                 let mut buf = Vec::new();
@@ -400,9 +363,7 @@ mod tests {
                     }
                 }
                 r.finish(&mut q);
-                let mut all = vec![0u8; END as usize];
-                m.read_slice(&mut all, GuestAddress(0)).unwrap();
-                (got, q.next_avail(), q.next_used(), all)
+                (got, q.next_avail(), q.next_used(), snapshot(&m))
             };
             let (got, avail, used, mem_a) = run(false);
             let (got_b, avail_b, used_b, mem_b) = run(true);
