@@ -594,13 +594,17 @@ pub(super) fn unload_rtnl(s: &mut Session, c: &mut Checks) -> Result<String> {
             None => s.module_loaded = false,
             Some(e) => c.check(false, || format!("{what}: {e}")),
         }
-        // RTNL held across the 10 s wait blocks a probe for seconds. Under
-        // TCG with KASAN a vCPU descheduled by the host makes a single probe
-        // take a few hundred ms now and then (seen once: 199 ms, the others
-        // under 40 ms), so the bar is: no probe over 1 s and at most 1% of
-        // the probes over 100 ms.
+        // RTNL held across the 10 s wait blocks a probe for seconds, and
+        // RTNL taken for each of the module's waits (100 ms and more, again
+        // and again) makes most probes slow. Under TCG with KASAN a vCPU
+        // descheduled by the host makes a probe take a few hundred ms now
+        // and then: 1 of 333 (199 ms) in one cold CI run, 3 of 160 (up to
+        // 249 ms, with NTUPLE toggling, a kernel build on the other core)
+        // in another, none over 40 ms in the other runs. So the bar is: no
+        // probe over 1 s and at most 5% of the probes over 100 ms (the 1%
+        // it was failed that second run, a false failure).
         c.check(
-            r.max_probe_ms < 1_000.0 && r.slow_probes * 100 <= r.probes,
+            r.max_probe_ms < 1_000.0 && r.slow_probes * 20 <= r.probes,
             || {
                 format!(
                     "{what}: RTNL held during the unload: {} of {} ethtool ioctls took over 100 ms (slowest {:.0} ms; unload {:.0} ms)",
