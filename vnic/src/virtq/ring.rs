@@ -27,6 +27,7 @@ use std::sync::atomic::Ordering;
 use std::sync::atomic::fence;
 
 use virtio_bindings::bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryMmap,
@@ -296,6 +297,19 @@ impl<'a> RingView<'a> {
         self.next_used += Wrapping(1);
         if i + 1 >= usize::from(PUBLISH_EVERY) {
             self.publish();
+        }
+    }
+
+    /// Descriptor `head` of the table, read from host memory; `None` when
+    /// the table lies across regions (reached by guest address) or `head`
+    /// is outside it: the chain walker then reads it, and names the fault.
+    #[inline]
+    pub(crate) fn host_desc(&self, head: u16) -> Option<Descriptor> {
+        match &self.desc {
+            Area::Host(t) if head < self.size => {
+                t.read_obj::<Descriptor>(16 * usize::from(head)).ok()
+            }
+            _ => None,
         }
     }
 

@@ -11,14 +11,13 @@ use std::sync::atomic::Ordering;
 
 use vhost_user_backend::VringState;
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
-use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, Permissions, VolatileSlice,
 };
 
 use super::chain::Chain as Walk;
-use super::ring::{needs_notification, prefetch_write, Area, RingView};
+use super::ring::{needs_notification, prefetch_write, RingView};
 use super::{Mem, RingStop, NET_HDR_LEN};
 
 /// Offset of `num_buffers` in the header.
@@ -388,14 +387,10 @@ impl RxRing<'_> {
         let Some(head) = self.pop() else {
             return Some(RxOutcome::NoBuffers);
         };
-        let d = match &self.r.desc {
-            Area::Host(t) if head < self.r.size => {
-                t.read_obj::<Descriptor>(16 * usize::from(head)).ok()
-            }
-            _ => None,
-        };
         let total = pkt.len();
-        let buf = d
+        let buf = self
+            .r
+            .host_desc(head)
             .filter(|d| {
                 d.flags() & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT) as u16 == 0
                     && d.is_write_only()

@@ -7,12 +7,11 @@
 use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
-use virtio_queue::desc::split::Descriptor;
 use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::chain::{Chain, LinkFault};
-use super::ring::{Area, RingView};
+use super::ring::RingView;
 use super::{RingStop, NET_HDR_LEN};
 
 /// Largest tx chain accepted (header + 64 KiB frame).
@@ -134,12 +133,7 @@ impl<'a> TxRing<'a> {
     /// for any other chain: nothing was read, and the walk takes it.
     #[inline]
     fn single(&mut self, head: u16, buf: &mut Vec<u8>) -> Option<usize> {
-        let d = match &self.r.desc {
-            Area::Host(t) if head < self.r.size => {
-                t.read_obj::<Descriptor>(16 * usize::from(head)).ok()?
-            }
-            _ => return None,
-        };
+        let d = self.r.host_desc(head)?;
         let len = d.len() as usize;
         let plain = d.flags()
             & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE) as u16
