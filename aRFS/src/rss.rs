@@ -264,6 +264,10 @@ pub struct Rss {
     toeplitz: Toeplitz,
     indirection: [u16; INDIRECTION_LEN],
     enabled: u16,
+    /// `Some(q)` when every indirection entry is `q` (one enabled queue,
+    /// or a table pointing at one queue): every hash then selects `q`, so
+    /// the queue of an IP frame is known without hashing it.
+    single: Option<u16>,
 }
 
 impl Rss {
@@ -284,6 +288,7 @@ impl Rss {
             toeplitz,
             indirection: [0; INDIRECTION_LEN],
             enabled: 1,
+            single: Some(0),
         };
         r.set_enabled(enabled_queues);
         r
@@ -297,6 +302,7 @@ impl Rss {
         for (i, q) in self.indirection.iter_mut().enumerate() {
             *q = (i % usize::from(n)) as u16;
         }
+        self.single = single_queue(&self.indirection);
     }
 
     /// Number of enabled queues.
@@ -312,6 +318,7 @@ impl Rss {
     /// Replaces the indirection table (entries are not checked against `enabled`).
     pub fn set_indirection(&mut self, table: [u16; INDIRECTION_LEN]) {
         self.indirection = table;
+        self.single = single_queue(&self.indirection);
     }
 
     /// The hasher.
@@ -325,19 +332,36 @@ impl Rss {
         self.indirection[(hash as usize) & (INDIRECTION_LEN - 1)]
     }
 
-    /// Queue for a flow (4-tuple).
+    /// Queue for a flow (4-tuple): `queue_for_hash` of its hash, which is
+    /// not computed when the table has one queue only (the same answer).
     #[inline]
     pub fn queue_for_key(&self, k: &FlowKey) -> u16 {
-        self.queue_for_hash(self.toeplitz.hash_flow(k))
+        match self.single {
+            Some(q) => q,
+            None => self.queue_for_hash(self.toeplitz.hash_flow(k)),
+        }
     }
 
-    /// Queue for a parsed frame; non-IP frames go to queue 0.
+    /// Queue for a parsed frame; non-IP frames go to queue 0. As
+    /// `queue_for_key`, an IP frame is not hashed when the table has one
+    /// queue only.
     #[inline]
     pub fn queue_for(&self, f: &ParsedFrame) -> u16 {
-        self.toeplitz
-            .hash_frame(f)
-            .map_or(0, |h| self.queue_for_hash(h))
+        match (&f.l3, self.single) {
+            (L3::NonIp, _) => 0,
+            (_, Some(q)) => q,
+            _ => self
+                .toeplitz
+                .hash_frame(f)
+                .map_or(0, |h| self.queue_for_hash(h)),
+        }
     }
+}
+
+/// `Some(q)` when every entry of `table` is `q`.
+fn single_queue(table: &[u16; INDIRECTION_LEN]) -> Option<u16> {
+    let q = table[0];
+    table.iter().all(|&e| e == q).then_some(q)
 }
 
 impl Default for Rss {
@@ -368,6 +392,72 @@ mod tests {
         r.set_enabled(0);
         assert_eq!(r.enabled(), 1);
         assert!(r.indirection().iter().all(|&q| q == 0));
+    }
+
+    /// The queue is `indirection[hash & 127]` whether or not the hash is
+    /// skipped: for tables with one queue (the skip), with one entry
+    /// different (no skip), round-robin, and every queue count, over random
+    /// keys, IPv4/IPv6 flows and 2-tuples; non-IP frames go to queue 0.
+    #[test]
+    fn the_queue_is_the_indirection_of_the_hash_with_one_queue_or_many() {
+        use crate::flow::L4Proto;
+        use crate::rng::SplitMix64;
+        use std::net::{Ipv4Addr, Ipv6Addr};
+        let mut g = SplitMix64::new(26);
+        for round in 0..400 {
+            let mut key = [0u8; KEY_LEN];
+            key.iter_mut().for_each(|b| *b = g.next_u64() as u8);
+            let mut r = Rss::with_key(key, 1 + (g.next_u64() % 8) as u16);
+            let q = (g.next_u64() % 8) as u16;
+            match round % 4 {
+                0 => r.set_indirection([q; INDIRECTION_LEN]),
+                1 => {
+                    let mut t = [q; INDIRECTION_LEN];
+                    t[(g.next_u64() % 128) as usize] = q + 1;
+                    r.set_indirection(t);
+                }
+                2 => r.set_enabled((g.next_u64() % 3) as u16),
+                _ => {}
+            }
+            let expect = |h: u32| r.indirection()[(h & 127) as usize];
+            for _ in 0..20 {
+                let (a, b) = (g.next_u64(), g.next_u64());
+                let k = if a & 1 == 0 {
+                    let v4 = |x: u64| Ipv4Addr::from(x as u32);
+                    FlowKey::v4(
+                        L4Proto::Udp,
+                        v4(a),
+                        (a >> 32) as u16,
+                        v4(b),
+                        (b >> 32) as u16,
+                    )
+                } else {
+                    let v6 = |x: u64| Ipv6Addr::from(u128::from(x) << 64 | u128::from(!x));
+                    FlowKey::v6(
+                        L4Proto::Tcp,
+                        v6(a),
+                        (a >> 48) as u16,
+                        v6(b),
+                        (b >> 48) as u16,
+                    )
+                };
+                let h = r.toeplitz().hash_flow(&k);
+                assert_eq!(r.queue_for_key(&k), expect(h), "round {round} {k}");
+                let frame = |l3| ParsedFrame {
+                    dst_mac: [0; 6],
+                    src_mac: [0; 6],
+                    vlan_tci: None,
+                    ethertype: 0x0800,
+                    l3_offset: 14,
+                    l3,
+                };
+                assert_eq!(r.queue_for(&frame(L3::Flow(k))), expect(h));
+                let pair = k.ip_pair();
+                let h2 = r.toeplitz().hash_pair(&pair);
+                assert_eq!(r.queue_for(&frame(L3::Ip(pair))), expect(h2));
+                assert_eq!(r.queue_for(&frame(L3::NonIp)), 0);
+            }
+        }
     }
 
     #[test]
