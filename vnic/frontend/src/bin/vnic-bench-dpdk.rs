@@ -876,6 +876,10 @@ struct Run {
     /// sample, after its last), as a fraction of the window: the
     /// instruction count is high by about this fraction at most.
     count_edge: Option<f64>,
+    /// The line round trip between the first backend and the first
+    /// frontend CPU, just before the backend started and just after both
+    /// stopped, ns ([`measure::line_round_trip`]; NaN when not measured).
+    rtt: (f64, f64),
 }
 
 impl Run {
@@ -950,6 +954,7 @@ impl Run {
             "backend_instructions": self.instructions,
             "backend_instructions_per_packet": self.instructions.map(|_| self.ipp()),
             "instruction_count_edge_fraction": self.count_edge,
+            "line_round_trip_ns_before_after": [self.rtt.0, self.rtt.1],
         })
     }
 }
@@ -1013,6 +1018,12 @@ impl Bench {
     /// `--lcores`: the main lcore and `workers` forwarding lcores on `cpus`
     /// (forwarding lcore i on cpus[i % n]; the main one, which sleeps, on
     /// the first).
+    /// [`measure::line_round_trip`] between the first backend and the
+    /// first frontend CPU, ns (NaN when it could not be measured).
+    fn line_round_trip(&self) -> f64 {
+        measure::line_round_trip(self.o.back_cpus[0], self.o.front_cpus[0]).unwrap_or(f64::NAN)
+    }
+
     fn lcores(cpus: &[usize], workers: u16) -> String {
         let mut s = format!("0@{}", cpus[0]);
         for i in 0..usize::from(workers) {
@@ -1074,10 +1085,12 @@ impl Bench {
             Backend::Vnic(f) => format!("vnic, filters {}", f.label()),
             Backend::Base(f) => format!("vnic baseline, filters {}", f.label()),
         };
+        let rtt_before = self.line_round_trip();
         log(&format!(
-            "round {round}: {} {pairs} pair(s), {label} (logs {})",
+            "round {round}: {} {pairs} pair(s), {label} (logs {}); line round trip between the CPUs {} ns",
             dir.name(),
-            rdir.display()
+            rdir.display(),
+            f2(rtt_before),
         ));
 
         // The backend.
@@ -1386,6 +1399,7 @@ impl Bench {
             libc::SIGTERM
         };
         back.stop(sig, Duration::from_secs(20));
+        let rtt_after = self.line_round_trip();
         let frontend_cycles = busy_cycles(&front.log);
         let backend_cycles = if backend == Backend::Dpdk {
             busy_cycles(&back.log)
@@ -1412,6 +1426,7 @@ impl Bench {
             dpdk_version,
             instructions,
             count_edge,
+            rtt: (rtt_before, rtt_after),
         };
         // The filter cases measure what they claim to.
         if let (Some(f), Some(hit), Some(rss)) = (backend.vnic_filters(), rx_filter, rx_rss) {
@@ -1699,6 +1714,7 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     if o.baseline.is_some() {
         md.push_str(&baseline_table(&rows, &mut js));
     }
+    md.push_str(&near_table(&rows, runs, &mut js));
     if o.count {
         let mut top = instructions_table(&rows, &mut js);
         top.push_str(
@@ -1709,16 +1725,16 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     }
     let _ = writeln!(
         md,
-        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count | vnic no-buffer drops, % of generated | backend instructions per frame |"
+        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count | vnic no-buffer drops, % of generated | backend instructions per frame | line round trip before / after, ns |"
     );
     let _ = writeln!(
         md,
-        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in runs {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
             r.round,
             r.dir.name(),
             r.pairs,
@@ -1735,10 +1751,85 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             f2(r.back_busy()),
             r.backend_packets,
             f2(r.no_buf_pct()),
-            f2(r.ipp())
+            f2(r.ipp()),
+            f2(r.rtt.0),
+            f2(r.rtt.1),
         );
     }
     (md, js)
+}
+
+/// A run is "near" when both its line round trips are at most this many
+/// times the shortest of the whole bench.
+const NEAR_FACTOR: f64 = 2.0;
+
+/// The shortest line round trip of the bench (NaN when none was measured).
+fn fastest_round_trip(runs: &[Run]) -> f64 {
+    runs.iter()
+        .flat_map(|r| [r.rtt.0, r.rtt.1])
+        .filter(|x| x.is_finite())
+        .fold(f64::NAN, f64::min)
+}
+
+/// Whether both line round trips of `r` stayed within [`NEAR_FACTOR`] of
+/// `fastest`: the host kept the two CPUs near each other from before the
+/// backend started to after both stopped (it may still have moved them
+/// apart and back in between).
+fn near(r: &Run, fastest: f64) -> bool {
+    r.rtt.0 <= fastest * NEAR_FACTOR && r.rtt.1 <= fastest * NEAR_FACTOR
+}
+
+/// The rows again over the runs whose CPUs stayed near ([`near`]), as
+/// medians of each backend's runs (rounds cannot be paired once some of
+/// their runs are left out); adds the figures to each row's JSON.
+fn near_table(rows: &[Row], runs: &[Run], js: &mut [Value]) -> String {
+    let fastest = fastest_round_trip(runs);
+    if fastest.is_nan() {
+        return String::new();
+    }
+    let far = runs.iter().filter(|r| !near(r, fastest)).count();
+    let mut md = format!(
+        "\nThe line round trip between the backend's and the frontend's first CPU was measured before and after each run: the shortest was {} ns, and {far} of {} runs read over {NEAR_FACTOR}x that before or after (the host had the two CPUs far apart, which slows every backend by up to 2x; see \"Each run\"). Over the other runs, medians of each backend's runs:\n\n\
+         | dir | pairs | vnic filters | runs DPDK / vnic | Mpps wall DPDK -> vnic | vnic/DPDK | Mpps per backend CPU-s DPDK -> vnic | vnic/DPDK |\n\
+         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
+        f2(fastest),
+        runs.len()
+    );
+    for (r, j) in rows.iter().zip(js.iter_mut()) {
+        let d: Vec<Run> = r
+            .dpdk
+            .iter()
+            .filter(|x| near(x, fastest))
+            .cloned()
+            .collect();
+        let v: Vec<Run> = r
+            .vnic
+            .iter()
+            .filter(|x| near(x, fastest))
+            .cloned()
+            .collect();
+        let (dw, vw) = (med(&d, Run::mpps), med(&v, Run::mpps));
+        let (dc, vc) = (med(&d, Run::mpps_per_cpu), med(&v, Run::mpps_per_cpu));
+        let _ = writeln!(
+            md,
+            "| {} | {} / {} | {} -> {} | {}x | {} -> {} | {}x |",
+            r.head(),
+            d.len(),
+            v.len(),
+            f3(dw),
+            f3(vw),
+            f2(vw / dw),
+            f3(dc),
+            f3(vc),
+            f2(vc / dc),
+        );
+        if let Some(m) = j.as_object_mut() {
+            m.insert("near_runs_dpdk_vnic".into(), json!([d.len(), v.len()]));
+            m.insert("near_mpps_dpdk_vnic_median".into(), json!([dw, vw]));
+            m.insert("near_mpps_per_cpu_dpdk_vnic_median".into(), json!([dc, vc]));
+        }
+    }
+    md
 }
 
 /// vnic against the `--baseline` binary, measured in the same rounds: the
