@@ -403,25 +403,27 @@ mod tests {
         use crate::flow::L4Proto;
         use crate::rng::SplitMix64;
         use std::net::{Ipv4Addr, Ipv6Addr};
-        let mut g = SplitMix64::new(26);
+        let mut rng = SplitMix64::new(26);
         for round in 0..400 {
             let mut key = [0u8; KEY_LEN];
-            key.iter_mut().for_each(|b| *b = g.next_u64() as u8);
-            let mut r = Rss::with_key(key, 1 + (g.next_u64() % 8) as u16);
-            let q = (g.next_u64() % 8) as u16;
+            for b in &mut key {
+                *b = rng.next_u64() as u8;
+            }
+            let mut rss = Rss::with_key(key, 1 + (rng.next_u64() % 8) as u16);
+            let queue = (rng.next_u64() % 8) as u16;
             match round % 4 {
-                0 => r.set_indirection([q; INDIRECTION_LEN]),
+                0 => rss.set_indirection([queue; INDIRECTION_LEN]),
                 1 => {
-                    let mut t = [q; INDIRECTION_LEN];
-                    t[(g.next_u64() % 128) as usize] = q + 1;
-                    r.set_indirection(t);
+                    let mut t = [queue; INDIRECTION_LEN];
+                    t[(rng.next_u64() % 128) as usize] = queue + 1;
+                    rss.set_indirection(t);
                 }
-                2 => r.set_enabled((g.next_u64() % 3) as u16),
+                2 => rss.set_enabled((rng.next_u64() % 3) as u16),
                 _ => {}
             }
-            let expect = |h: u32| r.indirection()[(h & 127) as usize];
+            let expect = |h: u32| rss.indirection()[(h & 127) as usize];
             for _ in 0..20 {
-                let (a, b) = (g.next_u64(), g.next_u64());
+                let (a, b) = (rng.next_u64(), rng.next_u64());
                 let k = if a & 1 == 0 {
                     let v4 = |x: u64| Ipv4Addr::from(x as u32);
                     FlowKey::v4(
@@ -441,8 +443,8 @@ mod tests {
                         (b >> 48) as u16,
                     )
                 };
-                let h = r.toeplitz().hash_flow(&k);
-                assert_eq!(r.queue_for_key(&k), expect(h), "round {round} {k}");
+                let h = rss.toeplitz().hash_flow(&k);
+                assert_eq!(rss.queue_for_key(&k), expect(h), "round {round} {k}");
                 let frame = |l3| ParsedFrame {
                     dst_mac: [0; 6],
                     src_mac: [0; 6],
@@ -451,11 +453,11 @@ mod tests {
                     l3_offset: 14,
                     l3,
                 };
-                assert_eq!(r.queue_for(&frame(L3::Flow(k))), expect(h));
+                assert_eq!(rss.queue_for(&frame(L3::Flow(k))), expect(h));
                 let pair = k.ip_pair();
-                let h2 = r.toeplitz().hash_pair(&pair);
-                assert_eq!(r.queue_for(&frame(L3::Ip(pair))), expect(h2));
-                assert_eq!(r.queue_for(&frame(L3::NonIp)), 0);
+                let h2 = rss.toeplitz().hash_pair(&pair);
+                assert_eq!(rss.queue_for(&frame(L3::Ip(pair))), expect(h2));
+                assert_eq!(rss.queue_for(&frame(L3::NonIp)), 0);
             }
         }
     }
