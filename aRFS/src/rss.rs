@@ -264,11 +264,17 @@ pub struct Rss {
     toeplitz: Toeplitz,
     indirection: [u16; INDIRECTION_LEN],
     enabled: u16,
-    /// `Some(q)` when every indirection entry is `q` (one enabled queue,
-    /// or a table pointing at one queue): every hash then selects `q`, so
-    /// the queue of an IP frame is known without hashing it.
-    single: Option<u16>,
+    /// `q` when every indirection entry is `q` (one enabled queue, or a
+    /// table pointing at one queue): every hash then selects `q`, so the
+    /// queue of an IP frame is known without hashing it; else [`MIXED`].
+    /// (A `u16`, not an `Option`: it fits in the struct's padding, so the
+    /// layout of every struct holding an `Rss` stays as it was.)
+    single: u16,
 }
+
+/// [`Rss`]'s `single` when the entries differ. A table whose entries are
+/// all `MIXED` is hashed like a mixed one, with the same answer.
+const MIXED: u16 = u16::MAX;
 
 impl Rss {
     /// Default key, indirection spread round-robin over `enabled_queues`
@@ -288,7 +294,7 @@ impl Rss {
             toeplitz,
             indirection: [0; INDIRECTION_LEN],
             enabled: 1,
-            single: Some(0),
+            single: 0,
         };
         r.set_enabled(enabled_queues);
         r
@@ -336,9 +342,10 @@ impl Rss {
     /// not computed when the table has one queue only (the same answer).
     #[inline]
     pub fn queue_for_key(&self, k: &FlowKey) -> u16 {
-        match self.single {
-            Some(q) => q,
-            None => self.queue_for_hash(self.toeplitz.hash_flow(k)),
+        if self.single == MIXED {
+            self.queue_for_hash(self.toeplitz.hash_flow(k))
+        } else {
+            self.single
         }
     }
 
@@ -349,7 +356,7 @@ impl Rss {
     pub fn queue_for(&self, f: &ParsedFrame) -> u16 {
         match (&f.l3, self.single) {
             (L3::NonIp, _) => 0,
-            (_, Some(q)) => q,
+            (_, q) if q != MIXED => q,
             _ => self
                 .toeplitz
                 .hash_frame(f)
@@ -358,10 +365,14 @@ impl Rss {
     }
 }
 
-/// `Some(q)` when every entry of `table` is `q`.
-fn single_queue(table: &[u16; INDIRECTION_LEN]) -> Option<u16> {
+/// `q` when every entry of `table` is `q`, else [`MIXED`].
+fn single_queue(table: &[u16; INDIRECTION_LEN]) -> u16 {
     let q = table[0];
-    table.iter().all(|&e| e == q).then_some(q)
+    if table.iter().all(|&e| e == q) {
+        q
+    } else {
+        MIXED
+    }
 }
 
 impl Default for Rss {
