@@ -110,7 +110,8 @@ pub fn line_round_trip(a: usize, b: usize) -> Option<f64> {
     use std::time::Instant;
     const N: u64 = 20_000;
     const TRIES: usize = 9;
-    if a == b || !pin_possible(a) || !pin_possible(b) {
+    let allowed = allowed_cpus();
+    if a == b || !allowed.contains(&a) || !allowed.contains(&b) {
         return None;
     }
     let mut tries = Vec::with_capacity(TRIES);
@@ -178,19 +179,21 @@ fn wait(
     true
 }
 
-/// Whether this process may run on `cpu`.
-fn pin_possible(cpu: usize) -> bool {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return false;
+/// The CPUs this process may run on (`[0]` when they cannot be read).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: all-zero is a valid (empty) cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sched_getaffinity writes at most the given size into `set`,
+    // which lives across the call.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw mut set) };
+    if rc != 0 {
+        return vec![0];
     }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity
-    // writes at most size_of::<cpu_set_t>() bytes into it, and CPU_ISSET
-    // reads inside it for cpu < CPU_SETSIZE (checked above).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw mut set) == 0
-            && libc::CPU_ISSET(cpu, &set)
-    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE, the set is initialised.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
 }
 
 /// Pins the calling thread to `cpu`; false when that failed.
@@ -246,9 +249,7 @@ mod tests {
     /// this process cannot run on, gives None at once instead of spinning.
     #[test]
     fn line_round_trip_measures_two_cpus_and_refuses_one() {
-        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| pin_possible(c))
-            .collect();
+        let cpus = allowed_cpus();
         assert!(!cpus.is_empty());
         assert_eq!(line_round_trip(cpus[0], cpus[0]), None);
         assert_eq!(line_round_trip(cpus[0], libc::CPU_SETSIZE as usize), None);

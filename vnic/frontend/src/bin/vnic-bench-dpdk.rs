@@ -430,23 +430,6 @@ fn fmt_cpus(v: &[usize]) -> String {
         .join(",")
 }
 
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: all-zero is a valid (empty) cpu_set_t.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sched_getaffinity writes at most the given size into `set`,
-    // which lives across the call.
-    let rc =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw mut set) };
-    if rc != 0 {
-        return vec![0];
-    }
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `c` is below CPU_SETSIZE, the set is initialised.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
-}
-
 fn parse_args() -> Opts {
     let Cli {
         duration,
@@ -484,7 +467,7 @@ fn parse_args() -> Opts {
             fail(&format!("--baseline {}: no such file", b.display()));
         }
     }
-    let cpus = allowed_cpus();
+    let cpus = measure::allowed_cpus();
     let half = cpus.len().div_ceil(2).min(cpus.len() - 1).max(1);
     let back_cpus = back.unwrap_or_else(|| cpus[..half.min(cpus.len())].to_vec());
     let front_cpus = front.unwrap_or_else(|| {
@@ -1015,15 +998,15 @@ impl Bench {
         c
     }
 
-    /// `--lcores`: the main lcore and `workers` forwarding lcores on `cpus`
-    /// (forwarding lcore i on cpus[i % n]; the main one, which sleeps, on
-    /// the first).
     /// [`measure::line_round_trip`] between the first backend and the
     /// first frontend CPU, ns (NaN when it could not be measured).
     fn line_round_trip(&self) -> f64 {
         measure::line_round_trip(self.o.back_cpus[0], self.o.front_cpus[0]).unwrap_or(f64::NAN)
     }
 
+    /// `--lcores`: the main lcore and `workers` forwarding lcores on `cpus`
+    /// (forwarding lcore i on cpus[i % n]; the main one, which sleeps, on
+    /// the first).
     fn lcores(cpus: &[usize], workers: u16) -> String {
         let mut s = format!("0@{}", cpus[0]);
         for i in 0..usize::from(workers) {
@@ -2052,7 +2035,7 @@ fn main() {
         "frame_bytes": 64,
         "backend_cpus": o.back_cpus,
         "frontend_cpus": o.front_cpus,
-        "cpus_online": allowed_cpus().len(),
+        "cpus_online": measure::allowed_cpus().len(),
         "cpu_model": read_first_line("/proc/cpuinfo", "model name"),
         "kernel": command_out(Command::new("uname").arg("-r")),
         "load_average_start": load_start,
