@@ -1785,19 +1785,10 @@ fn near_table(rows: &[Row], runs: &[Run], js: &mut [Value]) -> String {
         f2(reference),
         runs.len()
     );
+    let near_runs =
+        |v: &[Run]| -> Vec<Run> { v.iter().filter(|x| near(x, reference)).cloned().collect() };
     for (r, j) in rows.iter().zip(js.iter_mut()) {
-        let d: Vec<Run> = r
-            .dpdk
-            .iter()
-            .filter(|x| near(x, reference))
-            .cloned()
-            .collect();
-        let v: Vec<Run> = r
-            .vnic
-            .iter()
-            .filter(|x| near(x, reference))
-            .cloned()
-            .collect();
+        let (d, v) = (near_runs(&r.dpdk), near_runs(&r.vnic));
         let (dw, vw) = (med(&d, Run::mpps), med(&v, Run::mpps));
         let (dc, vc) = (med(&d, Run::mpps_per_cpu), med(&v, Run::mpps_per_cpu));
         let _ = writeln!(
