@@ -1742,6 +1742,15 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     (md, js)
 }
 
+/// `1.23x`, or `-` when `x` is not a number (no runs to divide).
+fn times(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.2}x")
+    } else {
+        "-".into()
+    }
+}
+
 /// A run is "near" when both its line round trips are at most this many
 /// times the bench's reference round trip ([`reference_round_trip`]).
 const NEAR_FACTOR: f64 = 2.0;
@@ -1793,16 +1802,16 @@ fn near_table(rows: &[Row], runs: &[Run], js: &mut [Value]) -> String {
         let (dc, vc) = (med(&d, Run::mpps_per_cpu), med(&v, Run::mpps_per_cpu));
         let _ = writeln!(
             md,
-            "| {} | {} / {} | {} -> {} | {}x | {} -> {} | {}x |",
+            "| {} | {} / {} | {} -> {} | {} | {} -> {} | {} |",
             r.head(),
             d.len(),
             v.len(),
             f3(dw),
             f3(vw),
-            f2(vw / dw),
+            times(vw / dw),
             f3(dc),
             f3(vc),
-            f2(vc / dc),
+            times(vc / dc),
         );
         if let Some(m) = j.as_object_mut() {
             m.insert("near_runs_dpdk_vnic".into(), json!([d.len(), v.len()]));
@@ -2208,18 +2217,17 @@ mod tests {
         }
     }
 
-    /// The reference is the first quartile, so a rare short reading does
-    /// not make every run far; a run is near only when both probes are.
-    #[test]
-    fn near_runs_are_judged_against_the_first_quartile() {
-        let run = |before: f64, after: f64| Run {
+    /// A run of `backend` whose probes read `before` / `after` ns and that
+    /// moved `mpps` million packets in 1 s on 1 backend CPU-s.
+    fn probed(backend: Backend, mpps: f64, before: f64, after: f64) -> Run {
+        Run {
             round: 1,
             dir: Dir::Rx,
             pairs: 1,
-            backend: Backend::Dpdk,
-            packets: 0,
+            backend,
+            packets: (mpps * 1e6) as u64,
             secs: 1.0,
-            backend_cpu: 0.0,
+            backend_cpu: 1.0,
             frontend_cpu: 0.0,
             backend_packets: 0,
             rx_filter: None,
@@ -2233,7 +2241,14 @@ mod tests {
             instructions: None,
             count_edge: None,
             rtt: (before, after),
-        };
+        }
+    }
+
+    /// The reference is the first quartile, so a rare short reading does
+    /// not make every run far; a run is near only when both probes are.
+    #[test]
+    fn near_runs_are_judged_against_the_first_quartile() {
+        let run = |before: f64, after: f64| probed(Backend::Dpdk, 0.0, before, after);
         let runs = [
             run(29.0, 66.0),
             run(65.0, 320.0),
@@ -2246,5 +2261,45 @@ mod tests {
         let near: Vec<bool> = runs.iter().map(|x| near(x, r)).collect();
         assert_eq!(near, [true, false, true, false, false]);
         assert!(reference_round_trip(&[run(f64::NAN, f64::NAN)]).is_nan());
+    }
+
+    /// The near table divides the near runs' medians, and prints `-` (not
+    /// a ratio) when one side has no near run.
+    #[test]
+    fn the_near_table_leaves_out_far_runs_and_says_when_none_is_left() {
+        let vnic = Backend::Vnic(Filters::None);
+        let row = |dpdk: Vec<Run>| Row {
+            dir: Dir::Rx,
+            pairs: 1,
+            filters: Filters::None,
+            dpdk,
+            vnic: vec![
+                probed(vnic, 12.0, 65.0, 66.0),
+                probed(vnic, 3.0, 320.0, 66.0),
+            ],
+            base: Vec::new(),
+        };
+        let with = [
+            probed(Backend::Dpdk, 8.0, 64.0, 67.0),
+            probed(Backend::Dpdk, 1.0, 66.0, 330.0),
+        ];
+        let without = [probed(Backend::Dpdk, 8.0, 310.0, 320.0)];
+        let runs: Vec<Run> = with
+            .iter()
+            .chain(&without)
+            .cloned()
+            .chain(row(Vec::new()).vnic)
+            .collect();
+        let rows = [row(with.to_vec()), row(without.to_vec())];
+        let mut js = vec![json!({}), json!({})];
+        let md = near_table(&rows, &runs, &mut js);
+        let lines: Vec<&str> = md.lines().filter(|l| l.starts_with("| RX")).collect();
+        assert_eq!(lines.len(), 2, "{md}");
+        assert!(
+            lines[0].contains("| 1 / 1 | 8.000 -> 12.000 | 1.50x |"),
+            "{md}"
+        );
+        assert!(lines[1].contains("| 0 / 1 | - -> 12.000 | - |"), "{md}");
+        assert!(md.contains("3 of 5 runs read over 2x"), "{md}");
     }
 }
