@@ -95,22 +95,6 @@ impl<'a> Area<'a> {
     }
 }
 
-/// Asks for the cache line at `p` in a writable state (PREFETCHW), so that
-/// the store that comes later finds it: the line's transfer from the
-/// driver's CPU overlaps the work before that store.
-#[inline]
-pub(crate) fn prefetch_write(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch only hints the cache: it reads and writes no
-    // memory, never faults (not even on an unmapped address) and changes
-    // no register or flag.
-    unsafe {
-        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
 /// Used entries published at most this many at a time while a batch runs
 /// (the driver can consume the first ones while the device writes more).
 pub(crate) const PUBLISH_EVERY: u16 = 64;

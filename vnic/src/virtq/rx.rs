@@ -17,7 +17,7 @@ use vm_memory::{
 };
 
 use super::chain::Chain as Walk;
-use super::ring::{needs_notification, prefetch_write, RingView};
+use super::ring::{needs_notification, RingView};
 use super::{Mem, RingStop, NET_HDR_LEN};
 
 /// Offset of `num_buffers` in the header.
@@ -216,10 +216,12 @@ const STAGE_SLOTS: usize = 32;
 /// last held; each store waits for its line. Made one frame at a time,
 /// between the parsing and steering of the next frames, those waits stall
 /// the worker one after another; made back to back for a burst of frames,
-/// they overlap. And as a piece is staged, its destination lines are
-/// asked for (PREFETCHW), so they are on their way while the next frames
-/// are steered. Pieces are copied in the order they were staged, and
-/// always before the used index that hands their chains to the driver is
+/// they overlap. The destination lines are not prefetched: a PREFETCHW
+/// of each piece as it was staged measured level or slower once the
+/// header was left in place, with testpmd's virtio PMD as the driver
+/// (which reads each frame's first line for its multicast count), so it
+/// was taken out (vnic/BENCH.md). Pieces are copied in the order they
+/// were staged, and always before the used index that hands their chains to the driver is
 /// published, and before any other write into guest memory made by this
 /// ring (a large piece, a `num_buffers` field), so that what the driver
 /// sees is what the one-by-one copies would have left.
@@ -245,8 +247,6 @@ impl<'a> Stage<'a> {
         if self.n == STAGE_SLOTS {
             self.flush();
         }
-        prefetch_write(dst.ptr_guard().as_ptr());
-        prefetch_write(dst.ptr_guard().as_ptr().wrapping_add(src.len() - 1));
         let i = self.n;
         self.data[i][..src.len()].copy_from_slice(src);
         self.dst[i] = Some((dst, src.len() as u8));
