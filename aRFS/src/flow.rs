@@ -137,8 +137,8 @@ impl PartialEq for FlowKey {
             | (u128::from_ne_bytes(self.dst) ^ u128::from_ne_bytes(o.dst));
         let rest = (self.src_port ^ o.src_port)
             | (self.dst_port ^ o.dst_port)
-            | (u16::from(self.family.wire()) ^ u16::from(o.family.wire()))
-            | (u16::from(self.proto.ip_proto()) ^ u16::from(o.proto.ip_proto()));
+            | u16::from(self.family as u8 ^ o.family as u8)
+            | u16::from(self.proto as u8 ^ o.proto as u8);
         addr == 0 && rest == 0
     }
 }
@@ -295,8 +295,8 @@ impl FlowKey {
         let dst = u128::from_le_bytes(self.dst);
         let head = (u64::from(self.src_port) << 48)
             | (u64::from(self.dst_port) << 32)
-            | (u64::from(self.family.wire()) << 8)
-            | u64::from(self.proto.ip_proto());
+            | (u64::from(self.family as u8) << 8)
+            | u64::from(self.proto as u8);
         let lo = (src as u64) ^ ((src >> 64) as u64).rotate_left(23) ^ K1;
         let hi = (dst as u64) ^ ((dst >> 64) as u64).rotate_left(41) ^ head ^ K2;
         let r = u128::from(lo).wrapping_mul(u128::from(hi));
@@ -879,6 +879,33 @@ mod tests {
             1234,
         );
         assert_eq!(k6.to_string(), "tcp [fe80::1]:80 -> [fe80::2]:1234");
+    }
+
+    #[test]
+    fn keys_differing_in_any_one_field_are_different_flows() {
+        // An IPv4 key and an IPv6 key with the same 16 address bytes
+        // (1.2.3.4 and 102:304::), and each field changed alone: never
+        // equal, and an index holding the base key finds none of them.
+        let mut a = [0u8; 16];
+        a[..4].copy_from_slice(&[1, 2, 3, 4]);
+        let mut b = [0u8; 16];
+        b[..4].copy_from_slice(&[5, 6, 7, 8]);
+        let base = FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 1, b, 2).unwrap();
+        let others = [
+            FlowKey::from_raw(IpFamily::Ipv6, L4Proto::Tcp, a, 1, b, 2).unwrap(),
+            FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Udp, a, 1, b, 2).unwrap(),
+            FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, b, 1, b, 2).unwrap(),
+            FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 3, b, 2).unwrap(),
+            FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 1, a, 2).unwrap(),
+            FlowKey::from_raw(IpFamily::Ipv4, L4Proto::Tcp, a, 1, b, 3).unwrap(),
+        ];
+        let mut index = crate::FlowIndex::new(16);
+        index.insert(base, 7, 1).unwrap();
+        assert_eq!(index.lookup(&base), Some((7, 1)));
+        for k in others {
+            assert_ne!(k, base, "{k:?}");
+            assert_eq!(index.lookup(&k), None, "{k:?}");
+        }
     }
 
     #[test]
