@@ -381,10 +381,14 @@ pub(crate) fn word_sum(x: u64) -> u64 {
 pub(crate) fn fold_sum(frame: &mut [u8], hdr_len: usize, sum: u64) {
     let at = hdr_len - 2;
     let old = u16::from_be_bytes([frame[at], frame[at + 1]]);
+    // `sum` is at most four word_sum totals (each < 2^33), so `s` < 2^36:
+    // three 16-bit folds leave at most 0xffff (< 2^16 + 2^20, then
+    // < 2^16 + 2^5, then <= 0xffff), with no loop per frame.
+    debug_assert!(sum < 1 << 35);
     let mut s = u64::from(!old) + sum;
-    while s >> 16 != 0 {
-        s = (s & 0xffff) + (s >> 16);
-    }
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
+    s = (s & 0xffff) + (s >> 16);
     let mut c = !(s as u16);
     if c == 0 {
         c = 0xffff;
@@ -578,6 +582,48 @@ mod tests {
         assert_eq!(checksum(&[&pseudo, &buf[54..100]], 0), 0);
     }
 
+    /// fold_sum's three folds against the folding loop they replace, on
+    /// sums whose carry runs through every fold and on random ones.
+    #[test]
+    fn fold_sum_folds_as_far_as_the_loop() {
+        fn by_loop(old: u16, sum: u64) -> u16 {
+            let mut s = u64::from(!old) + sum;
+            while s >> 16 != 0 {
+                s = (s & 0xffff) + (s >> 16);
+            }
+            match !(s as u16) {
+                0 => 0xffff,
+                c => c,
+            }
+        }
+        let mut cases = vec![
+            (0xffff, 0x1_0000_ffff),
+            (0x0000, 0x1_0000_0000),
+            (0xffff, (1 << 35) - 1),
+            (0x0000, (1 << 35) - 1),
+            (0x1234, 0),
+            (0xffff, 0),
+            (0x0000, 0xffff),
+        ];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            cases.push(((x >> 48) as u16, x & ((1 << 35) - 1)));
+        }
+        for (old, sum) in cases {
+            let mut f = [0u8; 8];
+            f[6..8].copy_from_slice(&old.to_be_bytes());
+            fold_sum(&mut f, 8, sum);
+            assert_eq!(
+                u16::from_be_bytes([f[6], f[7]]),
+                by_loop(old, sum),
+                "old {old:#x} sum {sum:#x}"
+            );
+        }
+    }
+
     /// The head folded in per frame keeps the checksum valid (IPv4 and
     /// IPv6, odd and even payload lengths), the fill is where the agent
     /// looks for it, and the corrupt fault flips one byte and keeps the
@@ -595,7 +641,15 @@ mod tests {
                 let mut f = vec![0u8; size];
                 let hl = build_udp(&mut f, [2; 6], [4; 6], &t, size, SEQ_LEN);
                 assert!(udp_checksum_ok(&f), "{src} {size}: template");
-                for seq in [0u64, 1, 0xffff_ffff_ffff, u64::MAX] {
+                let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+                let mut seqs = vec![0u64, 1, 0xffff_ffff_ffff, u64::MAX];
+                for _ in 0..200 {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    seqs.push(rng);
+                }
+                for seq in seqs {
                     let mut head = [0u8; SEQ_LEN];
                     head[..8].copy_from_slice(&seq.to_be_bytes());
                     head[8..].copy_from_slice(&seq_tag(10000, 20007, seq).to_be_bytes());
