@@ -293,21 +293,30 @@ fn write_piece(dst: VolatileSlice<'_, ()>, src: &[u8]) -> bool {
     {
         let p = dst.ptr_guard_mut().as_ptr();
         if whole > 0 && (p as usize).is_multiple_of(64) && dst.len() >= src.len() {
-            for (k, line) in src[..whole].chunks_exact(16).enumerate() {
+            for (n, line) in src[..whole].chunks_exact(64).enumerate() {
                 // Casts: `_mm_loadu_si128` takes any alignment; the
                 // stream target's alignment is argued below.
                 #[allow(clippy::cast_ptr_alignment)]
-                // SAFETY: SSE2 is part of x86_64. The target `p + 16 k`
-                // is 16-byte aligned (p is 64-byte aligned) and its 16
-                // bytes lie in `dst` (16 k + 16 <= whole <= src.len() <=
-                // dst.len()), guest memory that stays mapped while the
-                // slice's borrow lives; the guest may touch it at the same
-                // time, as it may during any copy into its buffers. The
-                // source is 16 bytes of `src` (an unaligned load).
+                // SAFETY: SSE2 is part of x86_64. The four 16-byte targets
+                // `p + 64 n + 16 k` (k < 4) are 16-byte aligned (p is
+                // 64-byte aligned) and lie in `dst` (64 n + 64 <= whole <=
+                // src.len() <= dst.len()), guest memory that stays mapped
+                // while the slice's borrow lives; the guest may touch it
+                // at the same time, as it may during any copy into its
+                // buffers. The sources are the line's four 16-byte
+                // quarters (unaligned loads).
                 unsafe {
                     use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-                    let v = _mm_loadu_si128(line.as_ptr().cast::<__m128i>());
-                    _mm_stream_si128(p.add(16 * k).cast::<__m128i>(), v);
+                    let from = line.as_ptr().cast::<__m128i>();
+                    let to = p.add(64 * n).cast::<__m128i>();
+                    let q0 = _mm_loadu_si128(from);
+                    let q1 = _mm_loadu_si128(from.add(1));
+                    let q2 = _mm_loadu_si128(from.add(2));
+                    let q3 = _mm_loadu_si128(from.add(3));
+                    _mm_stream_si128(to, q0);
+                    _mm_stream_si128(to.add(1), q1);
+                    _mm_stream_si128(to.add(2), q2);
+                    _mm_stream_si128(to.add(3), q3);
                 }
             }
             if whole < src.len() {
