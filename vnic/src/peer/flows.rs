@@ -605,11 +605,9 @@ mod tests {
             (0xffff, 0),
             (0x0000, 0xffff),
         ];
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = arfs::rng::SplitMix64::new(0x2545_f491_4f6c_dd1d);
         for _ in 0..10_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.next_u64();
             cases.push(((x >> 48) as u16, x & ((1 << 35) - 1)));
         }
         for (old, sum) in cases {
@@ -641,14 +639,9 @@ mod tests {
                 let mut f = vec![0u8; size];
                 let hl = build_udp(&mut f, [2; 6], [4; 6], &t, size, SEQ_LEN);
                 assert!(udp_checksum_ok(&f), "{src} {size}: template");
-                let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+                let mut rng = arfs::rng::SplitMix64::new(0x9e37_79b9_7f4a_7c15);
                 let mut seqs = vec![0u64, 1, 0xffff_ffff_ffff, u64::MAX];
-                for _ in 0..200 {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    seqs.push(rng);
-                }
+                seqs.extend((0..200).map(|_| rng.next_u64()));
                 for seq in seqs {
                     let mut head = [0u8; SEQ_LEN];
                     head[..8].copy_from_slice(&seq.to_be_bytes());
