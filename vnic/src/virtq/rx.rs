@@ -221,9 +221,9 @@ const STAGE_SLOTS: usize = 32;
 /// header was left in place, with testpmd's virtio PMD as the driver
 /// (which reads each frame's first line for its multicast count), so it
 /// was taken out (vnic/BENCH.md). Pieces are copied in the order they
-/// were staged, and always before the used index that hands their chains to the driver is
-/// published, and before any other write into guest memory made by this
-/// ring (a large piece, a `num_buffers` field), so that what the driver
+/// were staged, and always before the used index that hands their chains
+/// to the driver is published, and before any other write into guest
+/// memory made by this ring (a large piece, a `num_buffers` field), so that what the driver
 /// sees is what the one-by-one copies would have left.
 struct Stage<'a> {
     data: [[u8; STAGE_PIECE]; STAGE_SLOTS],
@@ -288,9 +288,9 @@ impl<'a> Stage<'a> {
 /// vnic/BENCH.md).
 #[inline]
 fn write_piece(dst: VolatileSlice<'_, ()>, src: &[u8]) -> bool {
-    let whole = src.len() & !63;
     #[cfg(target_arch = "x86_64")]
     {
+        let whole = src.len() & !63;
         let p = dst.ptr_guard_mut().as_ptr();
         if whole > 0 && (p as usize).is_multiple_of(64) && dst.len() >= src.len() {
             for (n, line) in src[..whole].chunks_exact(64).enumerate() {
@@ -327,7 +327,6 @@ fn write_piece(dst: VolatileSlice<'_, ()>, src: &[u8]) -> bool {
             return true;
         }
     }
-    let _ = whole;
     dst.copy_from(src);
     false
 }
