@@ -144,12 +144,19 @@ pub struct ServeArgs {
     #[arg(long, value_name = "M", default_value = "0", value_parser = config::parse_filter_count)]
     pub preload_match: u32,
     /// Busy-poll each tx ring for up to N microseconds after its last chain before asking the
-    /// driver for kicks again and sleeping (0: off, the default). Under a steady stream from the
-    /// guest this saves the sleep, the wake-up and the driver's kick per burst; its cost is CPU:
-    /// a worker whose guest sends in bursts spins up to N us after each one, a whole core when
-    /// the gaps are shorter than N, and its rx work waits meanwhile (at most N us). 0..=1000.
-    #[arg(long, value_name = "N", default_value = "0", value_parser = config::parse_poll_us)]
+    /// driver for kicks again and sleeping (0: never). The spin is adaptive, as QEMU's iothreads
+    /// poll: it starts at 0 and grows (4 us, then doubling up to N) only after the worker slept
+    /// and the next chain came sooner than N; a gap longer than N halves it. So a guest that
+    /// sends a steady stream stops paying a kick and a wake-up per burst (a polling driver such
+    /// as DPDK's virtio PMD otherwise kicks each time the worker catches up), while one that
+    /// sends now and then is never spun for: the cost is at most N us of one CPU after each
+    /// burst that followed a short gap, during which this worker's rx work waits. 0..=1000.
+    #[arg(long, value_name = "N", default_value = "32", value_parser = config::parse_poll_us)]
     pub poll_us: u64,
+    /// Spin the whole --poll-us every time a tx ring runs dry instead of adapting (the
+    /// behaviour before the adaptive spin; a whole CPU whenever the gaps are shorter than N).
+    #[arg(long)]
+    pub poll_fixed: bool,
     /// How the device picks a frame's rx queue. `filters` (the default): parse the frame, look
     /// its flow up in the filter table, RSS on a miss, as an aRFS NIC does. `none`, for
     /// benchmarks of the data path alone (the same work as a vhost backend that does not
@@ -196,7 +203,10 @@ impl ServeArgs {
                 filters: self.preload_filters,
                 matching: self.preload_match,
             },
-            poll: Duration::from_micros(self.poll_us),
+            poll: config::PollCfg {
+                max: Duration::from_micros(self.poll_us),
+                fixed: self.poll_fixed,
+            },
             steer_none: self.steer == "none",
         }
     }

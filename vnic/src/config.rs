@@ -53,12 +53,22 @@ pub(crate) struct Config {
     pub group: Option<u32>,
     /// `--preload-filters` / `--preload-match` (benchmarks).
     pub preload: Preload,
-    /// `--poll-us`: how long a worker busy-polls its tx ring after the
-    /// last chain (zero: not at all).
-    pub poll: Duration,
+    /// `--poll-us` / `--poll-fixed`: how a worker busy-polls its tx ring
+    /// after the last chain.
+    pub poll: PollCfg,
     /// `--steer none`: no parse and no lookup; a frame goes to the rx
     /// queue of the worker that has it (benchmarks of the data path).
     pub steer_none: bool,
+}
+
+/// How a worker waits for more tx chains before it sleeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PollCfg {
+    /// `--poll-us`: the longest spin (zero: never spin).
+    pub(crate) max: Duration,
+    /// `--poll-fixed`: spin the whole of `max` every time the ring runs
+    /// dry, instead of a window adapted to the gaps the worker sees.
+    pub(crate) fixed: bool,
 }
 
 /// `--poll-us`: 0..=1000 microseconds.

@@ -718,6 +718,9 @@ mod tests {
             w.add(|q| &q.rx_rss, next());
             w.add(|q| &q.tx_packets, next());
             w.add(|q| &q.tx_bytes, next());
+            w.add(|q| &q.tx_spins, next());
+            w.add(|q| &q.tx_spins_found, next());
+            w.add(|q| &q.tx_spin_ns, next());
             w.add(|q| &q.rx_bad_chains, next());
             for (i, r) in BadTx::ALL.iter().enumerate() {
                 for _ in 0..=(i + q) {

@@ -440,6 +440,18 @@ impl Router {
     }
 
     /// Sends every waiting hand-off batch and wakes their workers.
+    /// Whether this batch has something for a guest not yet published:
+    /// frames on this worker's rx queue, frames for other workers' queues
+    /// not yet handed over or woken for.
+    pub(crate) fn holds_output(&self) -> bool {
+        self.flags.added
+            || self.kick != 0
+            || self
+                .out
+                .iter()
+                .any(|b| b.as_ref().is_some_and(|b| !b.is_empty()))
+    }
+
     pub(crate) fn flush_kicks(&mut self) {
         for q in 0..self.out.len() {
             if self.out[q].as_ref().is_some_and(|b| !b.is_empty()) {

@@ -96,6 +96,11 @@ pub(crate) struct QueueStats {
     pub rx_rss: OwnedCounter,
     pub tx_packets: OwnedCounter,
     pub tx_bytes: OwnedCounter,
+    /// `--poll-us`: spins for more tx chains, those that found one, and
+    /// the time they took (ns).
+    pub tx_spins: OwnedCounter,
+    pub tx_spins_found: OwnedCounter,
+    pub tx_spin_ns: OwnedCounter,
     /// Runts (the worker) and tap write errors (its tap peer).
     pub tx_drops: SharedCounter,
     pub rx_bad_chains: OwnedCounter,
@@ -139,6 +144,9 @@ impl QueueStats {
             rx_rss: self.rx_rss.get(),
             tx_packets: self.tx_packets.get(),
             tx_bytes: self.tx_bytes.get(),
+            tx_spins: self.tx_spins.get(),
+            tx_spins_found: self.tx_spins_found.get(),
+            tx_spin_ns: self.tx_spin_ns.get(),
             tx_drops: get(&self.tx_drops),
             rx_bad_chains: self.rx_bad_chains.get(),
             tx_bad_chains: self.tx_bad_chains(),

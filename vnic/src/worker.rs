@@ -14,7 +14,7 @@ use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
 use vm_memory::GuestAddressSpace;
 
-use crate::config::PeerKind;
+use crate::config::{PeerKind, PollCfg};
 use crate::conn::Conn;
 use crate::daemon::Shared;
 use crate::handoff::{Router, RouterLinks, ToGuest};
@@ -60,6 +60,8 @@ pub(crate) struct Worker {
     /// The rings the device stopped (a driver it cannot follow).
     rx_stop: StopLatch,
     tx_stop: StopLatch,
+    /// How long to spin for tx chains before sleeping (`--poll-us`).
+    tx_poll: TxPoll,
 }
 
 impl Worker {
@@ -101,6 +103,7 @@ impl Worker {
             rx_kicks: RxKicks::default(),
             rx_stop: StopLatch::default(),
             tx_stop: StopLatch::default(),
+            tx_poll: TxPoll::new(sh.cfg.poll),
         })
     }
 
@@ -202,7 +205,6 @@ impl Worker {
     fn process_tx(&mut self, vrings: &[Vring]) {
         let id = self.router.id;
         let mem = self.mem.memory();
-        let poll = self.sh.cfg.poll;
         let mut rx = vrings[0].get_mut();
         let mut tx = vrings[1].get_mut();
         if !(tx.is_enabled() && tx.get_queue().ready()) {
@@ -213,6 +215,7 @@ impl Worker {
         if self.tx_stop.holds(restarts, &q.tx_stopped, id, "tx") {
             return;
         }
+        self.tx_poll.woke(Instant::now());
         let rx_restarts = self.conn.ring_restarts(2 * id);
         let mut b = RxBatch::open(
             &mut rx,
@@ -297,13 +300,31 @@ impl Worker {
             // The queue's positions are current again before it decides
             // on notifications.
             ring.finish(tx.get_queue_mut());
-            // --poll-us: wait for more chains with kicks still off.
-            if !poll.is_zero() && poll_tx(tx.get_queue(), &*mem, poll) {
-                continue;
+            // --poll-us: wait for more chains with kicks still off; not
+            // while the batch holds frames or management replies for the
+            // guest (the spin would delay them).
+            let dry = Instant::now();
+            let window = if mgmt_seen || self.router.holds_output() {
+                Duration::ZERO
+            } else {
+                self.tx_poll.window()
+            };
+            if !window.is_zero() {
+                let found = poll_tx(tx.get_queue(), &*mem, window);
+                let w = self.router.stats();
+                w.add(|q| &q.tx_spins, 1);
+                w.add(|q| &q.tx_spin_ns, dry.elapsed().as_nanos() as u64);
+                if found {
+                    w.add(|q| &q.tx_spins_found, 1);
+                    continue;
+                }
             }
             match tx.get_queue_mut().enable_notification(&*mem) {
                 Ok(true) => {}
-                Ok(false) => break,
+                Ok(false) => {
+                    self.tx_poll.went_idle(dry);
+                    break;
+                }
                 Err(e) => {
                     log::debug!("pair {id}: tx enable_notification: {e}");
                     break;
@@ -330,6 +351,78 @@ impl Worker {
     }
 }
 
+/// The spin of `--poll-us`: how long a worker waits for more tx chains,
+/// kicks still off, before it re-enables them and sleeps. Adaptive (unless
+/// `--poll-fixed`), as QEMU's iothreads and KVM's halt polling are: the
+/// window starts at zero and is set by the gaps the worker sees between
+/// running dry and the next chain, so a guest that sends now and then is
+/// never spun for, and one that sends a steady stream is not made to kick
+/// after each burst.
+#[derive(Debug)]
+struct TxPoll {
+    cfg: PollCfg,
+    window: Duration,
+    /// When the ring last ran dry before the worker slept.
+    dry_since: Option<Instant>,
+}
+
+/// The first window after zero.
+const POLL_START: Duration = Duration::from_micros(4);
+
+impl TxPoll {
+    fn new(cfg: PollCfg) -> Self {
+        Self {
+            cfg,
+            window: if cfg.fixed { cfg.max } else { Duration::ZERO },
+            dry_since: None,
+        }
+    }
+
+    /// How long to spin now.
+    fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The ring ran dry at `at` (before any spin) and the worker sleeps.
+    fn went_idle(&mut self, at: Instant) {
+        self.dry_since = Some(at);
+    }
+
+    /// The worker is at the tx ring again at `now`.
+    fn woke(&mut self, now: Instant) {
+        if let Some(since) = self.dry_since.take() {
+            if !self.cfg.fixed {
+                self.adjust(now.saturating_duration_since(since));
+            }
+        }
+    }
+
+    /// After a sleep that a spin of `window` did not avoid: the next chain
+    /// came `gap` after the ring ran dry. Within reach of `max`: a longer
+    /// window would have saved the sleep and the driver's kick, so it
+    /// grows (4 us, then doubling). Beyond: spinning would only have burnt
+    /// the CPU, so it halves (to zero below 4 us).
+    fn adjust(&mut self, gap: Duration) {
+        let max = self.cfg.max;
+        if gap <= self.window {
+            return;
+        }
+        if gap > max {
+            self.window /= 2;
+            if self.window < POLL_START {
+                self.window = Duration::ZERO;
+            }
+        } else if self.window < max {
+            let grown = if self.window.is_zero() {
+                POLL_START
+            } else {
+                self.window * 2
+            };
+            self.window = grown.min(max);
+        }
+    }
+}
+
 /// Spins for up to `poll` until the driver makes a chain available on `q`
 /// (`--poll-us`); true when it did.
 fn poll_tx<M: vm_memory::GuestMemory>(q: &virtio_queue::Queue, mem: &M, poll: Duration) -> bool {
@@ -344,7 +437,7 @@ fn poll_tx<M: vm_memory::GuestMemory>(q: &virtio_queue::Queue, mem: &M, poll: Du
         if start.elapsed() >= poll {
             return false;
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
 }
 
@@ -355,6 +448,90 @@ mod tests {
     use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    /// Sleeps with the next chain `gap` after the ring ran dry; the window
+    /// after it.
+    fn sleep(p: &mut TxPoll, gap: Duration) -> Duration {
+        // In the past: the gap is counted from the instant given, not from
+        // when went_idle was called (the spin before the sleep counts).
+        let now = Instant::now();
+        let dry = now.checked_sub(Duration::from_millis(50)).unwrap_or(now);
+        p.went_idle(dry);
+        p.woke(dry + gap);
+        p.window()
+    }
+
+    #[test]
+    fn the_spin_grows_only_after_gaps_a_spin_could_have_covered() {
+        let mut p = TxPoll::new(PollCfg {
+            max: us(32),
+            fixed: false,
+        });
+        // Nothing seen yet: no spin.
+        assert_eq!(p.window(), Duration::ZERO);
+        // A worker woken for something else than the tx ring after it
+        // went dry is not a gap (no sleep recorded): no change.
+        p.woke(Instant::now());
+        assert_eq!(p.window(), Duration::ZERO);
+        // Gaps beyond the ceiling never start it.
+        for _ in 0..5 {
+            assert_eq!(sleep(&mut p, us(500)), Duration::ZERO);
+        }
+        // Short gaps: 4 us, then doubling, capped at the ceiling.
+        assert_eq!(sleep(&mut p, us(20)), us(4));
+        assert_eq!(sleep(&mut p, us(20)), us(8));
+        assert_eq!(sleep(&mut p, us(20)), us(16));
+        assert_eq!(sleep(&mut p, us(20)), us(32));
+        assert_eq!(sleep(&mut p, us(32)), us(32));
+        // A gap the window covered (the spin should have found it): no
+        // change either way.
+        assert_eq!(sleep(&mut p, us(10)), us(32));
+        // Long gaps halve it, and below 4 us it stops (a covered gap
+        // below the ceiling does not grow it either: 16 stays 16).
+        assert_eq!(sleep(&mut p, us(33)), us(16));
+        assert_eq!(sleep(&mut p, us(9)), us(16));
+        assert_eq!(sleep(&mut p, us(1000)), us(8));
+        assert_eq!(sleep(&mut p, us(1000)), us(4));
+        assert_eq!(sleep(&mut p, us(1000)), Duration::ZERO);
+        // Each sleep counts once: a second wake-up without a new dry
+        // spell changes nothing.
+        assert_eq!(sleep(&mut p, us(5)), us(4));
+        p.woke(Instant::now() + us(10_000));
+        assert_eq!(p.window(), us(4));
+    }
+
+    #[test]
+    fn a_ceiling_below_the_first_window_or_zero_bounds_the_spin() {
+        let mut p = TxPoll::new(PollCfg {
+            max: us(3),
+            fixed: false,
+        });
+        assert_eq!(sleep(&mut p, us(1)), us(3));
+        assert_eq!(sleep(&mut p, us(5)), Duration::ZERO);
+        // --poll-us 0: never spins, whatever the gaps.
+        let mut p = TxPoll::new(PollCfg {
+            max: Duration::ZERO,
+            fixed: false,
+        });
+        for g in [0, 1, 4, 100] {
+            assert_eq!(sleep(&mut p, us(g)), Duration::ZERO);
+        }
+    }
+
+    #[test]
+    fn a_fixed_spin_is_the_whole_ceiling_whatever_the_gaps() {
+        let mut p = TxPoll::new(PollCfg {
+            max: us(50),
+            fixed: true,
+        });
+        for g in [1, 49, 51, 10_000, 2] {
+            assert_eq!(sleep(&mut p, us(g)), us(50));
+        }
+    }
 
     #[test]
     fn poll_tx_waits_for_a_chain_and_no_longer_than_asked() {

@@ -294,15 +294,7 @@ fn generator_answers_arp_and_ping() {
     let mut g = guest(&d, 1, 1);
     let gen_ip: [u8; 4] = [10, 0, 2, 1];
     let me: [u8; 4] = [10, 0, 2, 15];
-    let mut arp = vec![0u8; 60];
-    arp[0..6].copy_from_slice(&[0xff; 6]);
-    arp[6..12].copy_from_slice(&GUEST_MAC);
-    arp[12..14].copy_from_slice(&[0x08, 0x06]);
-    arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-    arp[22..28].copy_from_slice(&GUEST_MAC);
-    arp[28..32].copy_from_slice(&me);
-    arp[38..42].copy_from_slice(&gen_ip);
-    g.send(0, &arp);
+    g.send(0, &arp_request());
     g.wait_until(T, "ARP reply", |g| g.stashed() >= 1).unwrap();
     let r = g.stash[0].pop_front().unwrap().data;
     assert_eq!(&r[0..6], &GUEST_MAC);

@@ -296,11 +296,11 @@ fn fuzz_sequences_leave_the_daemon_serving() {
 /// index said "more", the old one "nothing", and the worker looped for
 /// ever holding the vring's lock; `ctl stats` (the 50 ms poll waits for
 /// that lock on the same thread) and SIGTERM hung with it. With
-/// `--poll-us` the batch stays open for a while, which makes the window
+/// `--poll-us 1000 --poll-fixed` the batch stays open for 1 ms, which makes the window
 /// wide.
 #[test]
 fn memory_table_swapped_under_a_tx_batch_does_not_hang_the_worker() {
-    let d = daemon(&["--queues", "1", "--poll-us", "1000"]);
+    let d = daemon(&["--queues", "1", "--poll-us", "1000", "--poll-fixed"]);
     // The rounds run on a thread: when the worker hangs, so does the
     // frontend's next request (the handler waits on the vring's lock);
     // this thread reports it, and the daemon's drop ends the rest.

@@ -208,6 +208,12 @@ pub struct QueueStats {
     pub rx_rss: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
+    /// `--poll-us`: times the worker spun for more tx chains instead of
+    /// sleeping at once, those spins that found one (each a sleep and a
+    /// driver kick saved), and the nanoseconds all spins took.
+    pub tx_spins: u64,
+    pub tx_spins_found: u64,
+    pub tx_spin_ns: u64,
     pub tx_drops: u64,
     pub rx_bad_chains: u64,
     /// The sum of the `tx_bad_<reason>` counters.

@@ -21,6 +21,20 @@ pub const T: Duration = Duration::from_mins(1);
 pub const GEN_IP: &str = "10.0.2.1";
 pub const GUEST_IP: &str = "10.0.2.15";
 
+/// A broadcast ARP request from the guest (GUEST_MAC, GUEST_IP) for the
+/// generator's address, which the generator answers.
+pub fn arp_request() -> Vec<u8> {
+    let mut arp = vec![0u8; 60];
+    arp[0..6].copy_from_slice(&[0xff; 6]);
+    arp[6..12].copy_from_slice(&vnic_frontend::guest::GUEST_MAC);
+    arp[12..14].copy_from_slice(&[0x08, 0x06]);
+    arp[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    arp[22..28].copy_from_slice(&vnic_frontend::guest::GUEST_MAC);
+    arp[28..32].copy_from_slice(&[10, 0, 2, 15]);
+    arp[38..42].copy_from_slice(&[10, 0, 2, 1]);
+    arp
+}
+
 pub fn daemon(args: &[&str]) -> Daemon {
     Daemon::start(Path::new(env!("CARGO_BIN_EXE_vnic")), args)
         .unwrap_or_else(|e| panic!("starting vnic serve {args:?}: {e}"))
