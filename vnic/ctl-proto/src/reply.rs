@@ -210,9 +210,15 @@ pub struct QueueStats {
     pub tx_bytes: u64,
     /// `--poll-us`: times the worker spun for more tx chains instead of
     /// sleeping at once, those spins that found one (each a sleep and a
-    /// driver kick saved), and the nanoseconds all spins took.
+    /// driver kick saved), and the nanoseconds all spins took. Absent from
+    /// daemons older than the adaptive spin (read as zero, so that the
+    /// benches' `--baseline` can run an older binary; those daemons spun
+    /// only with `--poll-us`, and did not count it).
+    #[serde(default)]
     pub tx_spins: u64,
+    #[serde(default)]
     pub tx_spins_found: u64,
+    #[serde(default)]
     pub tx_spin_ns: u64,
     pub tx_drops: u64,
     pub rx_bad_chains: u64,
@@ -549,6 +555,34 @@ mod tests {
     /// A daemon from before the `vhost` section (the benches' `--baseline`
     /// binaries) is still read: the section reads as all zero; every
     /// other field is still required.
+    #[test]
+    fn stats_without_the_spin_counters_are_read() {
+        let pinned: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/ctl-wire/stats.json")).unwrap();
+        let mut old = pinned.clone();
+        for q in old["queues"].as_array_mut().unwrap() {
+            let q = q.as_object_mut().unwrap();
+            for k in ["tx_spins", "tx_spins_found", "tx_spin_ns"] {
+                q.remove(k).unwrap();
+            }
+        }
+        let s: Stats = serde_json::from_value(old).unwrap();
+        let full: Stats = serde_json::from_value(pinned.clone()).unwrap();
+        for (a, b) in s.queues.iter().zip(&full.queues) {
+            assert_eq!((a.tx_spins, a.tx_spins_found, a.tx_spin_ns), (0, 0, 0));
+            assert_ne!(b.tx_spins, 0);
+            assert_eq!(a.tx_packets, b.tx_packets);
+        }
+        // Other counters stay required.
+        let mut no_drops = pinned;
+        no_drops["queues"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("tx_drops")
+            .unwrap();
+        assert!(serde_json::from_value::<Stats>(no_drops).is_err());
+    }
+
     #[test]
     fn stats_without_the_vhost_section_are_read() {
         let pinned: serde_json::Value =
