@@ -97,7 +97,7 @@ pub(crate) struct QueueStats {
     pub tx_packets: OwnedCounter,
     pub tx_bytes: OwnedCounter,
     /// `--poll-us`: spins for more tx chains, those that found one, and
-    /// the time they took (ns).
+    /// the wall time they took (ns; yielded time included).
     pub tx_spins: OwnedCounter,
     pub tx_spins_found: OwnedCounter,
     pub tx_spin_ns: OwnedCounter,

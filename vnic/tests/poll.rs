@@ -49,7 +49,8 @@ fn bursts(g: &mut Guest, bursts: u64) -> u64 {
 /// avail_event told it to); without the spin (`--poll-us 0`) each burst
 /// but a few kicks. Timing: a burst whose gap exceeds 1 ms (the frontend
 /// thread descheduled that long) costs a kick; half of 500 of them would
-/// fail the test.
+/// fail the test (0 failures in 300 runs with two copies of the test
+/// binary side by side on 2 cores).
 #[test]
 fn a_driver_sending_burst_after_burst_is_not_made_to_kick_each() {
     let d = daemon(&["--queues", "1", "--poll-us", "1000"]);
@@ -69,6 +70,15 @@ fn a_driver_sending_burst_after_burst_is_not_made_to_kick_each() {
     assert!(q.tx_spins_found <= q.tx_spins, "{q:?}");
 }
 
+/// 100 frames 2 ms apart: the window never grows, so the worker spins for
+/// none of them. A spin needs a gap under 32 us as the worker sees it,
+/// which happens only when the host delays the worker until just before
+/// the next frame; a loaded host does that now and then (1-15 spins in the
+/// runs this test failed with a stricter bound, 300 runs with two copies
+/// of the test binary side by side on 2 cores). The bound is 25: a window
+/// that never shrinks, or a fixed spin, spins for all 100. The spins'
+/// time is not the check: it is wall time, and a spin that yields its CPU
+/// on a loaded host can take milliseconds without using them.
 #[test]
 fn sparse_tx_sends_are_not_spun_for() {
     let d = daemon(&["--queues", "1"]);
@@ -87,15 +97,17 @@ fn sparse_tx_sends_are_not_spun_for() {
         q.tx_spins_found,
         q.tx_spin_ns / 1000
     );
-    assert!(q.tx_spin_ns < 1_000_000, "{q:?}");
+    assert!(q.tx_spins <= 25, "{q:?}");
 }
 
 /// What a tx batch produced for the guest (the generator's ARP reply, a
-/// management reply) is published before the worker spins, not after: with a fixed 1 ms spin
-/// after every batch, a reply held by the spin would take at least 1 ms.
-/// The median of 21 exchanges must be under 0.9 ms (normally tens of
-/// microseconds; a false failure needs more than half of them delayed by
-/// the host for most of a millisecond).
+/// management reply) is published before the worker spins, not after: with
+/// a fixed 1 ms spin after every batch, a reply held by the spin takes at
+/// least 1 ms, every time. So the fastest of 21 exchanges must be under
+/// 0.9 ms (normally tens of microseconds). A false failure needs all 21
+/// delayed by the host for most of a millisecond; the median was not
+/// enough (a loaded host delays half of them: 6 false failures in 300
+/// runs with two copies of the test binary side by side on 2 cores).
 #[test]
 fn replies_to_a_tx_batch_are_not_held_by_the_spin() {
     let d = daemon(&["--queues", "1", "--poll-us", "1000", "--poll-fixed"]);
@@ -112,7 +124,7 @@ fn replies_to_a_tx_batch_are_not_held_by_the_spin() {
     }
     took.sort();
     eprintln!("ARP exchanges: {took:?}");
-    assert!(took[10] < Duration::from_micros(900), "{took:?}");
+    assert!(took[0] < Duration::from_micros(900), "{took:?}");
     // The same for a management reply (HELLO -> CAPS).
     let mut took = Vec::new();
     for _ in 0..21 {
@@ -122,5 +134,5 @@ fn replies_to_a_tx_batch_are_not_held_by_the_spin() {
     }
     took.sort();
     eprintln!("HELLO exchanges: {took:?}");
-    assert!(took[10] < Duration::from_micros(900), "{took:?}");
+    assert!(took[0] < Duration::from_micros(900), "{took:?}");
 }

@@ -210,7 +210,9 @@ pub struct QueueStats {
     pub tx_bytes: u64,
     /// `--poll-us`: times the worker spun for more tx chains instead of
     /// sleeping at once, those spins that found one (each a sleep and a
-    /// driver kick saved), and the nanoseconds all spins took. Absent from
+    /// driver kick saved), and the nanoseconds all spins took (wall time:
+    /// a spin yields its CPU at each turn, and on a loaded host the time
+    /// others ran counts here without being this worker's CPU). Absent from
     /// daemons older than the adaptive spin (read as zero, so that the
     /// benches' `--baseline` can run an older binary; those daemons spun
     /// only with `--poll-us`, and did not count it).
