@@ -439,7 +439,6 @@ impl Router {
         }
     }
 
-    /// Sends every waiting hand-off batch and wakes their workers.
     /// Whether this batch has something for a guest not yet published:
     /// frames on this worker's rx queue, frames for other workers' queues
     /// not yet handed over or woken for.
@@ -452,6 +451,7 @@ impl Router {
                 .any(|b| b.as_ref().is_some_and(|b| !b.is_empty()))
     }
 
+    /// Sends every waiting hand-off batch and wakes their workers.
     pub(crate) fn flush_kicks(&mut self) {
         for q in 0..self.out.len() {
             if self.out[q].as_ref().is_some_and(|b| !b.is_empty()) {
