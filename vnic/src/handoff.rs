@@ -443,18 +443,18 @@ impl Router {
     /// frames on this worker's rx queue, frames for other workers' queues
     /// not yet handed over or woken for.
     pub(crate) fn holds_output(&self) -> bool {
-        self.flags.added
-            || self.kick != 0
-            || self
-                .out
-                .iter()
-                .any(|b| b.as_ref().is_some_and(|b| !b.is_empty()))
+        self.flags.added || self.kick != 0 || (0..self.out.len()).any(|q| self.out_waiting(q))
+    }
+
+    /// Whether a hand-off batch for queue `q` waits to be sent.
+    fn out_waiting(&self, q: usize) -> bool {
+        self.out[q].as_ref().is_some_and(|b| !b.is_empty())
     }
 
     /// Sends every waiting hand-off batch and wakes their workers.
     pub(crate) fn flush_kicks(&mut self) {
         for q in 0..self.out.len() {
-            if self.out[q].as_ref().is_some_and(|b| !b.is_empty()) {
+            if self.out_waiting(q) {
                 self.send(q);
             }
         }

@@ -215,7 +215,7 @@ impl Worker {
         if self.tx_stop.holds(restarts, &q.tx_stopped, id, "tx") {
             return;
         }
-        self.tx_poll.woke(Instant::now());
+        self.tx_poll.woke_now();
         let rx_restarts = self.conn.ring_restarts(2 * id);
         let mut b = RxBatch::open(
             &mut rx,
@@ -303,17 +303,20 @@ impl Worker {
             // --poll-us: wait for more chains with kicks still off; not
             // while the batch holds frames or management replies for the
             // guest (the spin would delay them).
-            let dry = Instant::now();
             let window = if mgmt_seen || self.router.holds_output() {
                 Duration::ZERO
             } else {
                 self.tx_poll.window()
             };
+            // The clock is read only when it is needed: for a spin, or
+            // (below) when the worker goes to sleep without one.
+            let mut dry = None;
             if !window.is_zero() {
+                let start = *dry.insert(Instant::now());
                 let found = poll_tx(tx.get_queue(), &*mem, window);
                 let w = self.router.stats();
                 w.add(|q| &q.tx_spins, 1);
-                w.add(|q| &q.tx_spin_ns, dry.elapsed().as_nanos() as u64);
+                w.add(|q| &q.tx_spin_ns, start.elapsed().as_nanos() as u64);
                 if found {
                     w.add(|q| &q.tx_spins_found, 1);
                     continue;
@@ -322,7 +325,7 @@ impl Worker {
             match tx.get_queue_mut().enable_notification(&*mem) {
                 Ok(true) => {}
                 Ok(false) => {
-                    self.tx_poll.went_idle(dry);
+                    self.tx_poll.went_idle(dry.unwrap_or_else(Instant::now));
                     break;
                 }
                 Err(e) => {
@@ -386,6 +389,14 @@ impl TxPoll {
     /// The ring ran dry at `at` (before any spin) and the worker sleeps.
     fn went_idle(&mut self, at: Instant) {
         self.dry_since = Some(at);
+    }
+
+    /// The worker is at the tx ring again (the clock read only after a
+    /// sleep).
+    fn woke_now(&mut self) {
+        if self.dry_since.is_some() {
+            self.woke(Instant::now());
+        }
     }
 
     /// The worker is at the tx ring again at `now`.
