@@ -365,10 +365,21 @@ impl Stats {
     }
 }
 
+/// A worker's hit counters: one per `u16`.
+type HitRow = [OwnedCounter; 1 << 16];
+
+fn hit_row() -> Arc<HitRow> {
+    let row: Arc<[OwnedCounter]> = (0..1 << 16).map(|_| OwnedCounter::default()).collect();
+    row.try_into()
+        .unwrap_or_else(|_| unreachable!("a row of 1 << 16 counters"))
+}
+
 /// Per worker, per filter id: frames the worker's replica steered by that
 /// filter (each row written by its worker only, through its [`HitsOwner`]).
 pub(crate) struct Hits {
-    rows: Box<[Box<[OwnedCounter]>]>,
+    /// One counter for every `u16`, so that a `u16` id indexes a row with
+    /// no bounds check (the last, id 0xFFFF, is never a filter's and stays 0).
+    rows: Box<[Arc<HitRow>]>,
     /// Live [`HitsOwner`]s per row.
     owners: Box<[AtomicU32]>,
 }
@@ -376,9 +387,7 @@ pub(crate) struct Hits {
 impl Hits {
     pub(crate) fn new(workers: usize) -> Self {
         Self {
-            rows: (0..workers)
-                .map(|_| (0..ID_SPACE).map(|_| OwnedCounter::default()).collect())
-                .collect(),
+            rows: (0..workers).map(|_| hit_row()).collect(),
             owners: (0..workers).map(|_| AtomicU32::new(0)).collect(),
         }
     }
@@ -390,6 +399,7 @@ impl Hits {
         }
         HitsOwner {
             hits: self.clone(),
+            row: self.rows[worker].clone(),
             worker,
             _not_sync: PhantomData,
         }
@@ -397,16 +407,15 @@ impl Hits {
 
     /// Sum over the workers of the hits of filter `id`.
     pub(crate) fn sum(&self, id: u16) -> u64 {
-        self.rows
-            .iter()
-            .map(|r| r.get(usize::from(id)).map_or(0, OwnedCounter::get))
-            .sum()
+        self.rows.iter().map(|r| r[usize::from(id)].get()).sum()
     }
 }
 
 /// The one writer of a worker's row of [`Hits`].
 pub(crate) struct HitsOwner {
     hits: Arc<Hits>,
+    /// `hits.rows[worker]`, held here so that a hit is one indexed add.
+    row: Arc<HitRow>,
     worker: usize,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -415,9 +424,7 @@ impl HitsOwner {
     /// One more hit of filter `id` (a plain load and store).
     #[inline]
     pub(crate) fn count(&self, id: u16) {
-        if let Some(h) = self.hits.rows[self.worker].get(usize::from(id)) {
-            h.add(1);
-        }
+        self.row[usize::from(id)].add(1);
     }
 }
 

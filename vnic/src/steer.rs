@@ -48,6 +48,9 @@ pub(crate) struct Steer {
     /// The path faults' thresholds (probability * 2^32): misroute, drop,
     /// corrupt, bad checksum.
     fault: [u64; 4],
+    /// Whether any of `fault` is set: the hit path tests one flag, not
+    /// four words.
+    faults_on: bool,
     /// The fault draws' state (xorshift64*, seeded per worker).
     rng: u64,
     /// `--steer none`: no parse, no lookup (see [`Steer::new`]).
@@ -69,6 +72,7 @@ impl Steer {
             rss: Rss::new(1),
             mask: 0,
             fault: [0; 4],
+            faults_on: false,
             rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
             off,
             own: id,
@@ -97,6 +101,7 @@ impl Steer {
     /// (each a probability times 2^32).
     pub(crate) fn set_faults(&mut self, f: [u64; 4]) {
         self.fault = f;
+        self.faults_on = f != [0; 4];
     }
 
     /// Where `frame` (an Ethernet frame, no virtio-net header) goes: a
@@ -156,7 +161,7 @@ impl Steer {
         };
         let mut q = usize::from(q);
         let mut flags = 0;
-        if self.fault != [0; 4] {
+        if self.faults_on {
             if self.draw(self.fault[0]) {
                 let to = self.misroute(q);
                 if to != q {
