@@ -173,6 +173,7 @@ impl Worker {
             &mut self.rx_kicks,
             restarts,
         );
+        b.time_stores();
         match b.check_avail() {
             Err(why) => {
                 self.rx_stop

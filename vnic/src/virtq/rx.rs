@@ -8,6 +8,7 @@
 
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use vhost_user_backend::VringState;
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
@@ -229,6 +230,9 @@ struct Stage<'a> {
     data: [[u8; STAGE_PIECE]; STAGE_SLOTS],
     dst: [Option<(VolatileSlice<'a, ()>, u8)>; STAGE_SLOTS],
     n: usize,
+    /// Whether whole lines may be streamed ([`write_piece`]); the worker's
+    /// [`StoreChoice`] sets it per batch.
+    stream: bool,
 }
 
 impl<'a> Stage<'a> {
@@ -237,6 +241,7 @@ impl<'a> Stage<'a> {
             data: [[0; STAGE_PIECE]; STAGE_SLOTS],
             dst: [None; STAGE_SLOTS],
             n: 0,
+            stream: true,
         }
     }
 
@@ -262,7 +267,7 @@ impl<'a> Stage<'a> {
         let mut streamed = false;
         for i in 0..self.n {
             if let Some((dst, len)) = self.dst[i].take() {
-                streamed |= write_piece(dst, &self.data[i][..usize::from(len)]);
+                streamed |= write_piece(dst, &self.data[i][..usize::from(len)], self.stream);
             }
         }
         if streamed {
@@ -272,9 +277,10 @@ impl<'a> Stage<'a> {
     }
 }
 
-/// Writes `src` at the start of `dst` (which is at least as long). The
-/// whole cache lines of a piece that starts at a line boundary are written
-/// with non-temporal stores, the rest with a plain copy; returns whether
+/// Writes `src` at the start of `dst` (which is at least as long). With
+/// `stream`, the whole cache lines of a piece that starts at a line
+/// boundary are written with non-temporal stores, the rest with a plain
+/// copy (without, all of it is copied plainly); returns whether
 /// any line was streamed (a [`store_fence`] must then come before the
 /// stores that publish it).
 ///
@@ -287,12 +293,12 @@ impl<'a> Stage<'a> {
 /// trip), taking the lines back was half of the worker's time (perf,
 /// vnic/BENCH.md).
 #[inline]
-fn write_piece(dst: VolatileSlice<'_, ()>, src: &[u8]) -> bool {
+fn write_piece(dst: VolatileSlice<'_, ()>, src: &[u8], stream: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         let whole = src.len() & !63;
         let p = dst.ptr_guard_mut().as_ptr();
-        if whole > 0 && (p as usize).is_multiple_of(64) && dst.len() >= src.len() {
+        if stream && whole > 0 && (p as usize).is_multiple_of(64) && dst.len() >= src.len() {
             for (n, line) in src[..whole].chunks_exact(64).enumerate() {
                 // Casts: `_mm_loadu_si128` takes any alignment; the
                 // stream target's alignment is argued below.
@@ -339,6 +345,109 @@ fn store_fence() {
     // SAFETY: SSE is part of x86_64; a fence reads and writes no memory.
     unsafe {
         std::arch::x86_64::_mm_sfence();
+    }
+}
+
+/// Timed batches of one mode before a probe of the other ([`StoreChoice`]).
+const CHOICE_RUN: u32 = 240;
+/// One batch in this many is timed.
+const CHOICE_SAMPLE: u32 = 8;
+/// Timed batches of a probe.
+const CHOICE_PROBE: u32 = 16;
+/// How much less a frame plain copies must cost the worker, in %, before
+/// it leaves streaming: streamed lines also save the driver's CPU time,
+/// which the worker's clock does not see.
+const PLAIN_GAIN: u128 = 8;
+/// A batch that delivered fewer frames is not counted (its time is mostly
+/// the batch's fixed cost).
+const CHOICE_MIN_FRAMES: u16 = 16;
+
+/// Chooses, per worker, whether the rx stage streams whole lines
+/// ([`write_piece`]) or copies them plainly, from the worker's own time per
+/// frame. Neither is better everywhere: streaming saves the worker from
+/// taking each line back from a driver on another CPU, and costs it when
+/// the driver runs on the same CPU, where the line was in the worker's own
+/// cache (vnic/BENCH.md, "Why 64 B RX with 2 pairs lost wall rate").
+///
+/// The worker times one rx batch in [`CHOICE_SAMPLE`]. It runs
+/// [`CHOICE_RUN`] timed batches in one mode, then
+/// [`CHOICE_PROBE`] in the other, and keeps the other if its time per
+/// frame was lower: by at least [`PLAIN_GAIN`] % to leave streaming, by
+/// anything to go back to it; then again. What the guest sees is the
+/// same in both modes: the same bytes, before the same used index.
+pub(crate) struct StoreChoice {
+    stream: bool,
+    probing: bool,
+    /// Timed batches left in this run or probe.
+    left: u32,
+    /// Time (ns) and frames of this run or probe so far.
+    ns: u64,
+    frames: u64,
+    /// Time and frames of the last run (what a probe is compared with).
+    run: (u64, u64),
+    /// Batches opened: one in [`CHOICE_SAMPLE`] is timed (two clock
+    /// reads a batch would cost a few % of a small batch).
+    opened: u32,
+}
+
+impl Default for StoreChoice {
+    fn default() -> Self {
+        Self {
+            stream: true,
+            probing: false,
+            left: CHOICE_RUN,
+            ns: 0,
+            frames: 0,
+            run: (0, 0),
+            opened: 0,
+        }
+    }
+}
+
+impl StoreChoice {
+    /// Whether batches stream whole lines now.
+    pub(crate) fn stream(&self) -> bool {
+        self.stream
+    }
+
+    /// Whether the batch being opened is to be timed.
+    fn sample(&mut self) -> bool {
+        self.opened = self.opened.wrapping_add(1);
+        self.opened.is_multiple_of(CHOICE_SAMPLE)
+    }
+
+    /// One timed batch: `ns` from its open to its end, `frames` delivered.
+    pub(crate) fn record(&mut self, ns: u64, frames: u16) {
+        if frames < CHOICE_MIN_FRAMES {
+            return;
+        }
+        self.ns += ns;
+        self.frames += u64::from(frames);
+        self.left -= 1;
+        if self.left > 0 {
+            return;
+        }
+        if self.probing {
+            // Keep probed plain copies only if they cost at least
+            // PLAIN_GAIN % less a frame, probed streaming if it costs less
+            // at all: probe_ns / probe_frames < k run_ns / run_frames.
+            let (run_ns, run_frames) = self.run;
+            let k = if self.stream { 100 } else { 100 - PLAIN_GAIN };
+            let better = u128::from(self.ns) * u128::from(run_frames) * 100
+                < u128::from(run_ns) * u128::from(self.frames) * k;
+            if !better {
+                self.stream = !self.stream;
+            }
+            self.probing = false;
+            self.left = CHOICE_RUN;
+        } else {
+            self.run = (self.ns, self.frames);
+            self.stream = !self.stream;
+            self.probing = true;
+            self.left = CHOICE_PROBE;
+        }
+        self.ns = 0;
+        self.frames = 0;
     }
 }
 
@@ -564,6 +673,8 @@ impl RxRing<'_> {
 /// re-check of the avail index after turning them on
 /// ([`RxBatch::finish`]); the next batch turns them off again. A polling
 /// driver otherwise writes the kick eventfd after every refill.
+///
+/// It also carries the worker's [`StoreChoice`] from batch to batch.
 #[derive(Default)]
 pub(crate) struct RxKicks {
     /// Kicks were turned off under this restart count of the ring (a
@@ -571,6 +682,8 @@ pub(crate) struct RxKicks {
     off: Option<u32>,
     /// Avail index at the last retry after kicks were turned on again.
     retry_avail: Option<Wrapping<u16>>,
+    /// Streamed or plain stores for the next batches.
+    store: StoreChoice,
 }
 
 /// A worker's rx queue during one batch of deliveries (taken with the
@@ -585,6 +698,11 @@ pub(crate) struct RxBatch<'m> {
     ring: Option<RxRing<'m>>,
     /// Used index when the batch started: the notification window.
     start_used: u16,
+    /// When the batch opened, if its time counts for the [`StoreChoice`]
+    /// ([`RxBatch::time_stores`]).
+    timed: Option<Instant>,
+    /// Whether this batch is one the [`StoreChoice`] samples.
+    sample: bool,
 }
 
 impl<'m> RxBatch<'m> {
@@ -601,7 +719,12 @@ impl<'m> RxBatch<'m> {
         let on = !stopped && vring.is_enabled();
         let q = vring.get_queue();
         let start_used = q.next_used();
-        let ring = if on { RxRing::open(q, mem) } else { None };
+        let mut ring = if on { RxRing::open(q, mem) } else { None };
+        let mut sample = false;
+        if let Some(r) = &mut ring {
+            r.stage.stream = kicks.store.stream();
+            sample = kicks.store.sample();
+        }
         if ring.is_some() && kicks.off != Some(restarts) {
             match vring.disable_notification() {
                 Ok(()) => kicks.off = Some(restarts),
@@ -613,6 +736,17 @@ impl<'m> RxBatch<'m> {
             mem,
             ring,
             start_used,
+            timed: None,
+            sample,
+        }
+    }
+
+    /// Counts this batch's time per frame towards the worker's
+    /// [`StoreChoice`] (a batch of the rx path; a tx batch's time is the
+    /// tx ring's).
+    pub(crate) fn time_stores(&mut self) {
+        if self.sample {
+            self.timed = Some(Instant::now());
         }
     }
 
@@ -666,7 +800,11 @@ impl<'m> RxBatch<'m> {
     ) -> bool {
         let ready = self.ring.is_some();
         if let Some(r) = self.ring.take() {
-            r.finish(self.vring.get_queue_mut());
+            let used = r.finish(self.vring.get_queue_mut());
+            if let Some(t0) = self.timed {
+                let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                kicks.store.record(ns, used.wrapping_sub(self.start_used));
+            }
         }
         let rx = &mut *self.vring;
         if added {
@@ -920,21 +1058,83 @@ mod tests {
         }
     }
 
+    /// Runs `batches` timed batches of 64 frames through `c`, each costing
+    /// `stream_ns` or `plain_ns` a frame by the mode `c` is in; returns
+    /// how many of them streamed.
+    fn drive(c: &mut StoreChoice, batches: u32, stream_ns: u64, plain_ns: u64) -> u32 {
+        let mut streamed = 0;
+        for _ in 0..batches {
+            let per = if c.stream() { stream_ns } else { plain_ns };
+            streamed += u32::from(c.stream());
+            c.record(per * 64, 64);
+        }
+        streamed
+    }
+
+    #[test]
+    fn the_store_choice_settles_on_the_cheaper_mode_and_keeps_probing() {
+        let cycle = CHOICE_RUN + CHOICE_PROBE;
+        // Streaming cheaper: it streams but for the probes of plain copies.
+        let mut c = StoreChoice::default();
+        assert!(c.stream(), "streams until measured");
+        assert_eq!(drive(&mut c, 10 * cycle, 50, 60), 10 * CHOICE_RUN);
+        // Plain copies cheaper: after the first run it copies plainly but
+        // for the probes of streaming.
+        let mut c = StoreChoice::default();
+        assert_eq!(
+            drive(&mut c, 10 * cycle, 60, 50),
+            CHOICE_RUN + 9 * CHOICE_PROBE
+        );
+        assert!(!c.stream());
+        // The costs change sides: it follows within two cycles.
+        let mut c = StoreChoice::default();
+        drive(&mut c, 3 * cycle, 60, 50);
+        drive(&mut c, 2 * cycle, 50, 60);
+        assert_eq!(drive(&mut c, 4 * cycle, 50, 60), 4 * CHOICE_RUN);
+        // Biased to streaming: plain copies 5 % cheaper do not make it
+        // leave streaming (it takes PLAIN_GAIN = 8 %)...
+        let mut c = StoreChoice::default();
+        assert_eq!(drive(&mut c, 10 * cycle, 100, 95), 10 * CHOICE_RUN);
+        // ... and streaming 3 % cheaper takes it back from plain copies at
+        // the next probe.
+        let mut c = StoreChoice::default();
+        drive(&mut c, cycle, 60, 50);
+        assert!(!c.stream());
+        drive(&mut c, cycle, 97, 100);
+        assert_eq!(drive(&mut c, 4 * cycle, 97, 100), 4 * CHOICE_RUN);
+        // One batch in CHOICE_SAMPLE is timed.
+        let mut c = StoreChoice::default();
+        let timed = (0..10 * CHOICE_SAMPLE).filter(|_| c.sample()).count();
+        assert_eq!(timed, 10);
+        // Batches of too few frames are not counted.
+        let mut c = StoreChoice::default();
+        for _ in 0..10 * cycle {
+            c.record(1_000_000, CHOICE_MIN_FRAMES - 1);
+        }
+        assert!(c.stream());
+        assert_eq!((c.left, c.frames), (CHOICE_RUN, 0));
+    }
+
     #[test]
     fn a_piece_lands_whole_streamed_or_not() {
         // Every length a staged piece can have, at a line boundary (whole
         // lines streamed, the tail copied) and 8 bytes past one (copied):
         // exactly the piece's bytes change.
+        // Without `stream`, nothing is streamed.
         let m = mem();
-        for at in [BUF, BUF + 8] {
+        for (at, stream) in [(BUF, true), (BUF + 8, true), (BUF, false)] {
             for len in 1..=STAGE_PIECE {
                 m.write_slice(&[0xcc; 256], GuestAddress(at)).unwrap();
                 let src: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) | 1).collect();
                 let dst = m.find_region(GuestAddress(at)).unwrap();
                 let dst = dst.get_slice(MemoryRegionAddress(at), 200).unwrap();
-                let streamed = write_piece(dst, &src);
+                let streamed = write_piece(dst, &src, stream);
                 store_fence();
-                assert_eq!(streamed, at % 64 == 0 && len >= 64, "at {at:#x} len {len}");
+                assert_eq!(
+                    streamed,
+                    stream && at % 64 == 0 && len >= 64,
+                    "at {at:#x} len {len}"
+                );
                 let mut got = vec![0u8; 256];
                 m.read_slice(&mut got, GuestAddress(at)).unwrap();
                 assert_eq!(&got[..len], &src[..], "at {at:#x} len {len}");
