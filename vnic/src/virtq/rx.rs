@@ -421,7 +421,7 @@ impl StoreChoice {
         if frames < CHOICE_MIN_FRAMES {
             return;
         }
-        self.ns += ns;
+        self.ns = self.ns.saturating_add(ns);
         self.frames += u64::from(frames);
         self.left -= 1;
         if self.left > 0 {
