@@ -173,7 +173,7 @@ impl Worker {
             &mut self.rx_kicks,
             restarts,
         );
-        b.time_stores();
+        b.time_stores(&mut self.rx_kicks);
         match b.check_avail() {
             Err(why) => {
                 self.rx_stop

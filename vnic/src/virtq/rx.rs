@@ -701,8 +701,6 @@ pub(crate) struct RxBatch<'m> {
     /// When the batch opened, if its time counts for the [`StoreChoice`]
     /// ([`RxBatch::time_stores`]).
     timed: Option<Instant>,
-    /// Whether this batch is one the [`StoreChoice`] samples.
-    sample: bool,
 }
 
 impl<'m> RxBatch<'m> {
@@ -720,10 +718,8 @@ impl<'m> RxBatch<'m> {
         let q = vring.get_queue();
         let start_used = q.next_used();
         let mut ring = if on { RxRing::open(q, mem) } else { None };
-        let mut sample = false;
         if let Some(r) = &mut ring {
             r.stage.stream = kicks.store.stream();
-            sample = kicks.store.sample();
         }
         if ring.is_some() && kicks.off != Some(restarts) {
             match vring.disable_notification() {
@@ -737,15 +733,15 @@ impl<'m> RxBatch<'m> {
             ring,
             start_used,
             timed: None,
-            sample,
         }
     }
 
     /// Counts this batch's time per frame towards the worker's
-    /// [`StoreChoice`] (a batch of the rx path; a tx batch's time is the
-    /// tx ring's).
-    pub(crate) fn time_stores(&mut self) {
-        if self.sample {
+    /// [`StoreChoice`] if it is the one rx batch in [`CHOICE_SAMPLE`]
+    /// (called for batches of the rx path only: a tx batch's time is the
+    /// tx ring's, and it does not use up a sample).
+    pub(crate) fn time_stores(&mut self, kicks: &mut RxKicks) {
+        if self.ring.is_some() && kicks.store.sample() {
             self.timed = Some(Instant::now());
         }
     }
