@@ -168,6 +168,16 @@ pub struct ServeArgs {
     /// the peer are still refused.
     #[arg(long, value_name = "MODE", default_value = "filters", value_parser = ["filters", "none"])]
     pub steer: String,
+    /// How the rx stage writes frame bytes into the guest's buffers. `auto` (the default): each
+    /// worker times one rx batch in 8 and keeps whichever of the two is cheaper for it, probing
+    /// the other now and then: streamed stores (non-temporal, whole lines) spare the worker from
+    /// taking each buffer line back from a driver on another CPU; plain stores are cheaper when
+    /// the driver runs on the worker's CPU. `stream` or `plain` fixes one (for benchmarks that
+    /// must not adapt). The guest sees the same bytes, before the same used index, in every mode;
+    /// `ctl stats` counts per queue the frames written plainly (rx_plain) and the mode changes
+    /// (rx_store_switches).
+    #[arg(long, value_name = "MODE", default_value = "auto", value_parser = config::parse_rx_stores)]
+    pub rx_stores: config::RxStores,
 }
 
 impl ServeArgs {
@@ -211,6 +221,7 @@ impl ServeArgs {
                 fixed: self.poll_fixed,
             },
             steer_none: self.steer == "none",
+            rx_stores: self.rx_stores,
         }
     }
 }
@@ -428,6 +439,19 @@ mod tests {
         assert_eq!(c.ctl, PathBuf::from("vnic.sock.ctl"));
         assert_eq!(c.buckets, None);
         assert_eq!(c.program_latency, Duration::ZERO);
+        assert_eq!(c.rx_stores, crate::config::RxStores::Auto);
+        for (v, m) in [
+            ("stream", crate::config::RxStores::Stream),
+            ("plain", crate::config::RxStores::Plain),
+        ] {
+            let Command::Serve(a) = parse(&["serve", "--socket", "s", "--rx-stores", v])
+                .unwrap()
+                .command
+            else {
+                panic!()
+            };
+            assert_eq!(a.into_config().rx_stores, m);
+        }
     }
 
     #[test]
@@ -455,6 +479,10 @@ mod tests {
             (
                 &["serve", "--socket", "s", "--table-capacity", "0"][..],
                 "--table-capacity",
+            ),
+            (
+                &["serve", "--socket", "s", "--rx-stores", "nt"][..],
+                "--rx-stores",
             ),
         ] {
             let e = parse(args).unwrap_err();

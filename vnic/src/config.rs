@@ -59,6 +59,34 @@ pub(crate) struct Config {
     /// `--steer none`: no parse and no lookup; a frame goes to the rx
     /// queue of the worker that has it (benchmarks of the data path).
     pub steer_none: bool,
+    /// `--rx-stores`: how the rx stage writes frames into the guest's
+    /// buffers.
+    pub rx_stores: RxStores,
+}
+
+/// `--rx-stores`: streamed (non-temporal) or plain stores of frame bytes
+/// into the guest's rx buffers, or a per-worker choice between the two
+/// from the worker's own time per frame. The guest sees the same bytes
+/// before the same used index in every mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxStores {
+    /// Each worker times its rx batches and keeps the cheaper mode
+    /// (`virtq::rx::StoreChoice`).
+    Auto,
+    /// Always streamed.
+    Stream,
+    /// Always plain.
+    Plain,
+}
+
+/// `--rx-stores`: `auto`, `stream` or `plain`.
+pub(crate) fn parse_rx_stores(s: &str) -> Result<RxStores, String> {
+    match s {
+        "auto" => Ok(RxStores::Auto),
+        "stream" => Ok(RxStores::Stream),
+        "plain" => Ok(RxStores::Plain),
+        _ => Err(format!("{s:?}: one of auto, stream, plain")),
+    }
 }
 
 /// How a worker waits for more tx chains before it sleeps.

@@ -722,6 +722,10 @@ mod tests {
             w.add(|q| &q.tx_spins_found, next());
             w.add(|q| &q.tx_spin_ns, next());
             w.add(|q| &q.rx_bad_chains, next());
+            // Counters added to the wire later: values of their own, so
+            // the pinned values of the others stay as they were.
+            w.add(|q| &q.rx_plain, 1001 + 10 * q as u64);
+            w.add(|q| &q.rx_store_switches, 1002 + 10 * q as u64);
             for (i, r) in BadTx::ALL.iter().enumerate() {
                 for _ in 0..=(i + q) {
                     w.count_bad_tx(*r);

@@ -94,6 +94,10 @@ pub(crate) struct QueueStats {
     pub rx_drops_disabled: SharedCounter,
     pub rx_filter: OwnedCounter,
     pub rx_rss: OwnedCounter,
+    /// `--rx-stores`: frames the rx stage wrote with plain stores (the
+    /// rest of rx_packets streamed), and the store mode's changes.
+    pub rx_plain: OwnedCounter,
+    pub rx_store_switches: OwnedCounter,
     pub tx_packets: OwnedCounter,
     pub tx_bytes: OwnedCounter,
     /// `--poll-us`: spins for more tx chains, those that found one, and
@@ -142,6 +146,8 @@ impl QueueStats {
             rx_drops_disabled: get(&self.rx_drops_disabled),
             rx_filter: self.rx_filter.get(),
             rx_rss: self.rx_rss.get(),
+            rx_plain: self.rx_plain.get(),
+            rx_store_switches: self.rx_store_switches.get(),
             tx_packets: self.tx_packets.get(),
             tx_bytes: self.tx_bytes.get(),
             tx_spins: self.tx_spins.get(),

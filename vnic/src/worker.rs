@@ -100,7 +100,7 @@ impl Worker {
             txbuf: vec![0; 4096],
             own: Vec::new(),
             tx_pending: false,
-            rx_kicks: RxKicks::default(),
+            rx_kicks: RxKicks::new(sh.cfg.rx_stores),
             rx_stop: StopLatch::default(),
             tx_stop: StopLatch::default(),
             tx_poll: TxPoll::new(sh.cfg.poll),
@@ -166,6 +166,7 @@ impl Worker {
             // runs again.
             self.rx_stop.holds(restarts, &qs.rx_stopped, id, "rx");
         }
+        let rx_before = qs.rx_packets.get();
         let mut b = RxBatch::open(
             &mut rx,
             &mem,
@@ -190,16 +191,31 @@ impl Worker {
             rx: &mut b,
         };
         self.peer.frames_for_guest(&mut to_guest, peer_event);
-        self.finish(b);
+        self.finish(b, rx_before);
     }
 
     /// Ends a batch: hands over the frames for other workers and wakes
     /// them, publishes the rx ring and notifies the driver if it asked.
-    fn finish(&mut self, b: RxBatch<'_>) {
+    /// `rx_before`: the queue's rx_packets when the batch opened (what it
+    /// delivered counts in rx_plain when it copied plainly).
+    fn finish(&mut self, b: RxBatch<'_>, rx_before: u64) {
         self.router.flush_kicks();
+        // The batch's mode: set at open, changed only by b.finish.
+        let plain = !self.rx_kicks.streams();
         let r = &self.router;
         if b.finish(r.id, r.flags.added, r.flags.nobufs, &mut self.rx_kicks) {
             r.inbox().wake();
+        }
+        let w = r.stats();
+        if plain {
+            let n = w.queue().rx_packets.get().wrapping_sub(rx_before);
+            if n > 0 {
+                w.add(|q| &q.rx_plain, n);
+            }
+        }
+        let switches = self.rx_kicks.take_switches();
+        if switches > 0 {
+            w.add(|q| &q.rx_store_switches, switches);
         }
     }
 
@@ -218,6 +234,7 @@ impl Worker {
         }
         self.tx_poll.woke_now();
         let rx_restarts = self.conn.ring_restarts(2 * id);
+        let rx_before = q.rx_packets.get();
         let mut b = RxBatch::open(
             &mut rx,
             &mem,
@@ -351,7 +368,7 @@ impl Worker {
             self.router.sync(self.conn.mrg_rxbuf());
             self.router.drain_inbox(&mut b, &mut self.own);
         }
-        self.finish(b);
+        self.finish(b, rx_before);
     }
 }
 

@@ -206,6 +206,16 @@ pub struct QueueStats {
     pub rx_drops_disabled: u64,
     pub rx_filter: u64,
     pub rx_rss: u64,
+    /// Frames the rx stage wrote into the guest's buffers with plain
+    /// stores; the rest of `rx_packets` were streamed (`vnic serve
+    /// --rx-stores`). Management replies count too. Absent from daemons
+    /// older than `--rx-stores` (read as zero).
+    #[serde(default)]
+    pub rx_plain: u64,
+    /// Times the worker changed its store mode (`--rx-stores auto`: each
+    /// probe of the other mode, and each change it kept).
+    #[serde(default)]
+    pub rx_store_switches: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
     /// `--poll-us`: times the worker spun for more tx chains instead of
@@ -554,17 +564,23 @@ pub struct Knobs {
 mod tests {
     use super::*;
 
-    /// A daemon from before the `vhost` section (the benches' `--baseline`
-    /// binaries) is still read: the section reads as all zero; every
-    /// other field is still required.
+    /// A daemon from before the tx spin or `--rx-stores` counters (the
+    /// benches' `--baseline` binaries) is still read: they read as zero;
+    /// every other field is still required.
     #[test]
-    fn stats_without_the_spin_counters_are_read() {
+    fn stats_without_the_spin_or_store_counters_are_read() {
         let pinned: serde_json::Value =
             serde_json::from_str(include_str!("../../tests/ctl-wire/stats.json")).unwrap();
         let mut old = pinned.clone();
         for q in old["queues"].as_array_mut().unwrap() {
             let q = q.as_object_mut().unwrap();
-            for k in ["tx_spins", "tx_spins_found", "tx_spin_ns"] {
+            for k in [
+                "tx_spins",
+                "tx_spins_found",
+                "tx_spin_ns",
+                "rx_plain",
+                "rx_store_switches",
+            ] {
                 q.remove(k).unwrap();
             }
         }
@@ -572,7 +588,9 @@ mod tests {
         let full: Stats = serde_json::from_value(pinned.clone()).unwrap();
         for (a, b) in s.queues.iter().zip(&full.queues) {
             assert_eq!((a.tx_spins, a.tx_spins_found, a.tx_spin_ns), (0, 0, 0));
+            assert_eq!((a.rx_plain, a.rx_store_switches), (0, 0));
             assert_ne!(b.tx_spins, 0);
+            assert_ne!(b.rx_plain, 0);
             assert_eq!(a.tx_packets, b.tx_packets);
         }
         // Other counters stay required.
@@ -585,6 +603,8 @@ mod tests {
         assert!(serde_json::from_value::<Stats>(no_drops).is_err());
     }
 
+    /// A daemon from before the `vhost` section is still read: the
+    /// section reads as all zero.
     #[test]
     fn stats_without_the_vhost_section_are_read() {
         let pinned: serde_json::Value =

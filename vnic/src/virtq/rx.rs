@@ -20,6 +20,7 @@ use vm_memory::{
 use super::chain::Chain as Walk;
 use super::ring::{needs_notification, RingView};
 use super::{Mem, RingStop, NET_HDR_LEN};
+use crate::config::RxStores;
 
 /// Offset of `num_buffers` in the header.
 const NUM_BUFFERS_OFF: usize = 10;
@@ -375,8 +376,11 @@ const CHOICE_MIN_FRAMES: u16 = 16;
 /// frame was lower: by at least [`PLAIN_GAIN`] % to leave streaming, by
 /// anything to go back to it; then again. What the guest sees is the
 /// same in both modes: the same bytes, before the same used index.
+/// `--rx-stores stream|plain` fixes the mode: no batch is timed.
 pub(crate) struct StoreChoice {
     stream: bool,
+    /// `--rx-stores stream|plain`: the mode never changes.
+    fixed: bool,
     probing: bool,
     /// Timed batches left in this run or probe.
     left: u32,
@@ -388,32 +392,48 @@ pub(crate) struct StoreChoice {
     /// Batches opened: one in [`CHOICE_SAMPLE`] is timed (two clock
     /// reads a batch would cost a few % of a small batch).
     opened: u32,
+    /// Mode changes not yet taken by [`StoreChoice::take_switches`].
+    switches: u64,
 }
 
 impl Default for StoreChoice {
     fn default() -> Self {
+        Self::new(RxStores::Auto)
+    }
+}
+
+impl StoreChoice {
+    /// The choice `--rx-stores` asks for; `Auto` starts streaming.
+    pub(crate) fn new(mode: RxStores) -> Self {
         Self {
-            stream: true,
+            stream: mode != RxStores::Plain,
+            fixed: mode != RxStores::Auto,
             probing: false,
             left: CHOICE_RUN,
             ns: 0,
             frames: 0,
             run: (0, 0),
             opened: 0,
+            switches: 0,
         }
     }
-}
 
-impl StoreChoice {
     /// Whether batches stream whole lines now.
     pub(crate) fn stream(&self) -> bool {
         self.stream
     }
 
-    /// Whether the batch being opened is to be timed.
+    /// Whether the batch being opened is to be timed (never, when the
+    /// mode is fixed).
     fn sample(&mut self) -> bool {
         self.opened = self.opened.wrapping_add(1);
-        self.opened.is_multiple_of(CHOICE_SAMPLE)
+        !self.fixed && self.opened.is_multiple_of(CHOICE_SAMPLE)
+    }
+
+    /// The mode changes since the last call (probes and their ends
+    /// included), for `ctl stats`' `rx_store_switches`.
+    pub(crate) fn take_switches(&mut self) -> u64 {
+        std::mem::take(&mut self.switches)
     }
 
     /// One timed batch: `ns` from its open to its end, `frames` delivered.
@@ -437,12 +457,14 @@ impl StoreChoice {
                 < u128::from(run_ns) * u128::from(self.frames) * k;
             if !better {
                 self.stream = !self.stream;
+                self.switches += 1;
             }
             self.probing = false;
             self.left = CHOICE_RUN;
         } else {
             self.run = (self.ns, self.frames);
             self.stream = !self.stream;
+            self.switches += 1;
             self.probing = true;
             self.left = CHOICE_PROBE;
         }
@@ -684,6 +706,26 @@ pub(crate) struct RxKicks {
     retry_avail: Option<Wrapping<u16>>,
     /// Streamed or plain stores for the next batches.
     store: StoreChoice,
+}
+
+impl RxKicks {
+    /// A worker's state, its stores as `--rx-stores` asks.
+    pub(crate) fn new(stores: RxStores) -> Self {
+        Self {
+            store: StoreChoice::new(stores),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the worker's next rx batches stream whole lines.
+    pub(crate) fn streams(&self) -> bool {
+        self.store.stream()
+    }
+
+    /// The store mode changes since the last call ([`StoreChoice`]).
+    pub(crate) fn take_switches(&mut self) -> u64 {
+        self.store.take_switches()
+    }
 }
 
 /// A worker's rx queue during one batch of deliveries (taken with the
@@ -1109,6 +1151,35 @@ mod tests {
         }
         assert!(c.stream());
         assert_eq!((c.left, c.frames), (CHOICE_RUN, 0));
+    }
+
+    /// `ctl stats`' rx_store_switches: every mode change, a probe's start
+    /// and (when the probed mode lost) its end; `--rx-stores stream|plain`:
+    /// no batch timed, the mode never changes.
+    #[test]
+    fn store_switches_are_counted_and_a_fixed_mode_never_changes() {
+        let cycle = CHOICE_RUN + CHOICE_PROBE;
+        // Streaming cheaper: each cycle probes plain copies and comes back.
+        let mut c = StoreChoice::default();
+        drive(&mut c, 3 * cycle, 50, 60);
+        assert_eq!(c.take_switches(), 6);
+        assert_eq!(c.take_switches(), 0, "taken");
+        // Plain cheaper: one switch to it, then each probe of streaming
+        // starts (1) and ends (1) with no change kept.
+        let mut c = StoreChoice::default();
+        drive(&mut c, 3 * cycle, 60, 50);
+        assert_eq!(c.take_switches(), 1 + 2 * 2);
+        for (mode, stream) in [(RxStores::Stream, true), (RxStores::Plain, false)] {
+            let mut c = StoreChoice::new(mode);
+            assert_eq!(c.stream(), stream, "{mode:?}");
+            assert_eq!(
+                (0..10 * CHOICE_SAMPLE).filter(|_| c.sample()).count(),
+                0,
+                "{mode:?}: timed"
+            );
+            assert_eq!(c.stream(), stream, "{mode:?}");
+            assert_eq!(c.take_switches(), 0, "{mode:?}");
+        }
     }
 
     #[test]

@@ -224,6 +224,9 @@ struct Outcome {
     device_drops: u64,
     /// RX drops by reason: no_buffers, ring_full, too_big, disabled.
     drops_by_reason: [u64; 4],
+    /// RX frames the daemon wrote with plain stores (`rx_plain`; the
+    /// rest streamed; 0 from a daemon older than `--rx-stores`).
+    device_plain: u64,
     /// CPU seconds the daemon used during the measurement (all threads).
     device_cpu: f64,
     /// CPU seconds of the daemon's worker threads (`vring_worker`).
@@ -507,6 +510,7 @@ impl Side {
             Dir::Rx => {
                 o.device_frames += d(|q| q.rx_packets);
                 o.device_drops += d(|q| q.rx_drops);
+                o.device_plain += d(|q| q.rx_plain);
                 // In the order of `drops_by_reason` (see its report).
                 let reasons: [fn(&QueueStats) -> u64; 4] = [
                     |q| q.rx_drops_no_buffers,
@@ -675,7 +679,7 @@ fn main() {
                     .collect::<Vec<_>>()
                     .join(", ");
                 eprintln!(
-                    "  {}: {:.3} Mpps ({} frames in {:.2} s; workers {:.2} CPU-s = {:.2} Mpps per worker CPU-s; daemon {:.2} CPU-s; device counted {:.3} Mpps; drops {}: {detail}; driver sleeps {})",
+                    "  {}: {:.3} Mpps ({} frames in {:.2} s; workers {:.2} CPU-s = {:.2} Mpps per worker CPU-s; daemon {:.2} CPU-s; device counted {:.3} Mpps, {:.0} % written plainly; drops {}: {detail}; driver sleeps {})",
                     bins[b].0,
                     o.frames as f64 / o.secs / 1e6,
                     o.frames,
@@ -684,6 +688,7 @@ fn main() {
                     o.frames as f64 / o.worker_cpu.max(1e-3) / 1e6,
                     o.device_cpu,
                     o.device_frames as f64 / o.secs / 1e6,
+                    plain_pct(&o),
                     o.device_drops,
                     o.waits
                 );
@@ -702,8 +707,10 @@ fn main() {
     println!();
     println!("Mpps = million frames per second. \"per worker CPU-s\": frames divided by the CPU seconds the daemon's vring_worker threads used in its slices (the per-worker rate a worker with a whole core would reach); each round sums a case's slices; medians of the rounds.");
     println!();
-    let head = "| dir | frame | pairs | filters | steer | Mpps wall (median) | min..max | wall Mpps / worker | worker CPU (cores) | Mpps per worker CPU-s | Mpps per daemon CPU-s | device drops |";
-    let sep = "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+    println!("\"rx plain\": the share of the RX frames the daemon wrote into the guest's buffers with plain stores rather than streamed ones (`ctl stats` rx_plain; `vnic serve --rx-stores`), over all rounds; a daemon older than `--rx-stores` does not count it and reads 0 %.");
+    println!();
+    let head = "| dir | frame | pairs | filters | steer | Mpps wall (median) | min..max | wall Mpps / worker | worker CPU (cores) | Mpps per worker CPU-s | Mpps per daemon CPU-s | device drops | rx plain |";
+    let sep = "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
     for (b, (label, path)) in bins.iter().enumerate() {
         if bins.len() > 1 {
             println!("{label}: {}", path.display());
@@ -714,7 +721,7 @@ fn main() {
         for (case, runs) in cases.iter().zip(&results[b]) {
             let m = Summary::of(runs);
             println!(
-                "| {} | {} B | {} | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+                "| {} | {} B | {} | {} | {} | {:.2} | {:.2}..{:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} |",
                 if case.dir == Dir::Rx { "RX" } else { "TX" },
                 case.size,
                 case.pairs,
@@ -727,7 +734,17 @@ fn main() {
                 m.worker_cores,
                 m.per_worker_cpu,
                 m.per_daemon_cpu,
-                m.drops
+                m.drops,
+                if case.dir == Dir::Rx {
+                    let all = Outcome {
+                        device_frames: runs.iter().map(|o| o.device_frames).sum(),
+                        device_plain: runs.iter().map(|o| o.device_plain).sum(),
+                        ..Outcome::default()
+                    };
+                    format!("{:.0} %", plain_pct(&all))
+                } else {
+                    "-".to_string()
+                }
             );
         }
         println!();
@@ -770,6 +787,11 @@ fn main() {
             );
         }
     }
+}
+
+/// The share of an RX outcome's frames the daemon wrote plainly, in %.
+fn plain_pct(o: &Outcome) -> f64 {
+    100.0 * o.device_plain as f64 / o.device_frames.max(1) as f64
 }
 
 /// Medians over the rounds of one case.
