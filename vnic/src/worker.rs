@@ -24,7 +24,7 @@ use crate::peer::tap::TapPeer;
 use crate::peer::{AnyPeer, Peer};
 use crate::stats::add;
 use crate::virtq::ring::needs_notification;
-use crate::virtq::rx::{RxBatch, RxKicks};
+use crate::virtq::rx::{RxBatch, RxCarry};
 use crate::virtq::tx::{TxChain, TxRing};
 use crate::virtq::{Mem, StopLatch, Vring, NET_HDR_LEN};
 
@@ -56,7 +56,7 @@ pub(crate) struct Worker {
     own: Vec<Reply>,
     tx_pending: bool,
     /// The driver's kicks on the rx ring (off while the device works).
-    rx_kicks: RxKicks,
+    rx_carry: RxCarry,
     /// The rings the device stopped (a driver it cannot follow).
     rx_stop: StopLatch,
     tx_stop: StopLatch,
@@ -100,7 +100,7 @@ impl Worker {
             txbuf: vec![0; 4096],
             own: Vec::new(),
             tx_pending: false,
-            rx_kicks: RxKicks::new(sh.cfg.rx_stores),
+            rx_carry: RxCarry::new(sh.cfg.rx_stores),
             rx_stop: StopLatch::default(),
             tx_stop: StopLatch::default(),
             tx_poll: TxPoll::new(sh.cfg.poll),
@@ -171,10 +171,10 @@ impl Worker {
             &mut rx,
             &mem,
             self.rx_stop.is_set(),
-            &mut self.rx_kicks,
+            &mut self.rx_carry,
             restarts,
         );
-        b.time_stores(&mut self.rx_kicks);
+        b.time_stores(&mut self.rx_carry);
         match b.check_avail() {
             Err(why) => {
                 self.rx_stop
@@ -201,9 +201,9 @@ impl Worker {
     fn finish(&mut self, b: RxBatch<'_>, rx_before: u64) {
         self.router.flush_kicks();
         // The batch's mode: set at open, changed only by b.finish.
-        let plain = !self.rx_kicks.streams();
+        let plain = !self.rx_carry.streams();
         let r = &self.router;
-        if b.finish(r.id, r.flags.added, r.flags.nobufs, &mut self.rx_kicks) {
+        if b.finish(r.id, r.flags.added, r.flags.nobufs, &mut self.rx_carry) {
             r.inbox().wake();
         }
         let w = r.stats();
@@ -213,7 +213,7 @@ impl Worker {
                 w.add(|q| &q.rx_plain, n);
             }
         }
-        let switches = self.rx_kicks.take_switches();
+        let switches = self.rx_carry.take_switches();
         if switches > 0 {
             w.add(|q| &q.rx_store_switches, switches);
         }
@@ -239,7 +239,7 @@ impl Worker {
             &mut rx,
             &mem,
             self.rx_stop.is_set(),
-            &mut self.rx_kicks,
+            &mut self.rx_carry,
             rx_restarts,
         );
         self.router.begin();

@@ -687,18 +687,19 @@ impl RxRing<'_> {
     }
 }
 
-/// The driver's kicks on a worker's rx ring, across batches. The device
-/// needs no kick to use rx buffers while it is at work (it takes them as
-/// frames come), so kicks are off (`VRING_USED_F_NO_NOTIFY`; with
-/// EVENT_IDX, `avail_event` is left behind) from the first batch on, and
-/// turned on only when the ring runs out of buffers, with the usual
-/// re-check of the avail index after turning them on
-/// ([`RxBatch::finish`]); the next batch turns them off again. A polling
-/// driver otherwise writes the kick eventfd after every refill.
+/// What a worker's rx batches carry from one to the next: the state of
+/// the driver's kicks and the worker's [`StoreChoice`].
 ///
-/// It also carries the worker's [`StoreChoice`] from batch to batch.
+/// Kicks: the device needs no kick to use rx buffers while it is at work
+/// (it takes them as frames come), so kicks are off
+/// (`VRING_USED_F_NO_NOTIFY`; with EVENT_IDX, `avail_event` is left
+/// behind) from the first batch on, and turned on only when the ring runs
+/// out of buffers, with the usual re-check of the avail index after
+/// turning them on ([`RxBatch::finish`]); the next batch turns them off
+/// again. A polling driver otherwise writes the kick eventfd after every
+/// refill.
 #[derive(Default)]
-pub(crate) struct RxKicks {
+pub(crate) struct RxCarry {
     /// Kicks were turned off under this restart count of the ring (a
     /// restarted ring starts with them on).
     off: Option<u32>,
@@ -708,7 +709,7 @@ pub(crate) struct RxKicks {
     store: StoreChoice,
 }
 
-impl RxKicks {
+impl RxCarry {
     /// A worker's state, its stores as `--rx-stores` asks.
     pub(crate) fn new(stores: RxStores) -> Self {
         Self {
@@ -748,12 +749,12 @@ pub(crate) struct RxBatch<'m> {
 impl<'m> RxBatch<'m> {
     /// Opens a batch; `stopped`: the device stopped this ring (frames for
     /// it are dropped as for a disabled queue); `restarts`: the frontend's
-    /// restart count of the ring (see [`RxKicks`]).
+    /// restart count of the ring (see [`RxCarry`]).
     pub(crate) fn open(
         vring: &'m mut VringState<Mem>,
         mem: &'m GuestMemoryMmap,
         stopped: bool,
-        kicks: &mut RxKicks,
+        carry: &mut RxCarry,
         restarts: u32,
     ) -> Self {
         let on = !stopped && vring.is_enabled();
@@ -761,11 +762,11 @@ impl<'m> RxBatch<'m> {
         let start_used = q.next_used();
         let mut ring = if on { RxRing::open(q, mem) } else { None };
         if let Some(r) = &mut ring {
-            r.stage.stream = kicks.store.stream();
+            r.stage.stream = carry.store.stream();
         }
-        if ring.is_some() && kicks.off != Some(restarts) {
+        if ring.is_some() && carry.off != Some(restarts) {
             match vring.disable_notification() {
-                Ok(()) => kicks.off = Some(restarts),
+                Ok(()) => carry.off = Some(restarts),
                 Err(e) => log::debug!("rx disable_notification: {e}"),
             }
         }
@@ -782,8 +783,8 @@ impl<'m> RxBatch<'m> {
     /// [`StoreChoice`] if it is the one rx batch in [`CHOICE_SAMPLE`]
     /// (called for batches of the rx path only: a tx batch's time is the
     /// tx ring's, and it does not use up a sample).
-    pub(crate) fn time_stores(&mut self, kicks: &mut RxKicks) {
-        if self.ring.is_some() && kicks.store.sample() {
+    pub(crate) fn time_stores(&mut self, carry: &mut RxCarry) {
+        if self.ring.is_some() && carry.store.sample() {
             self.timed = Some(Instant::now());
         }
     }
@@ -826,7 +827,7 @@ impl<'m> RxBatch<'m> {
     /// ran out of buffers (`nobufs`) asks the driver for a kick. Returns
     /// true when the worker must come back at once: with EVENT_IDX, buffers
     /// the driver added before it saw the new `avail_event` raise no kick.
-    /// [`RxKicks`] keeps that to once per avail index (a ring holding too
+    /// [`RxCarry`] keeps that to once per avail index (a ring holding too
     /// few buffers for the frame also reads as "more arrived", and must not
     /// spin).
     pub(crate) fn finish(
@@ -834,14 +835,14 @@ impl<'m> RxBatch<'m> {
         pair: usize,
         added: bool,
         nobufs: bool,
-        kicks: &mut RxKicks,
+        carry: &mut RxCarry,
     ) -> bool {
         let ready = self.ring.is_some();
         if let Some(r) = self.ring.take() {
             let used = r.finish(self.vring.get_queue_mut());
             if let Some(t0) = self.timed {
                 let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                kicks.store.record(ns, used.wrapping_sub(self.start_used));
+                carry.store.record(ns, used.wrapping_sub(self.start_used));
             }
         }
         let rx = &mut *self.vring;
@@ -863,14 +864,14 @@ impl<'m> RxBatch<'m> {
         }
         let on = rx.enable_notification();
         if on.is_ok() {
-            kicks.off = None;
+            carry.off = None;
         }
         match on {
             Ok(false) => false,
             Ok(true) => {
                 let avail = rx.get_queue().avail_idx(self.mem, Ordering::Acquire).ok();
-                if avail.is_some() && avail != kicks.retry_avail {
-                    kicks.retry_avail = avail;
+                if avail.is_some() && avail != carry.retry_avail {
+                    carry.retry_avail = avail;
                     return true;
                 }
                 false
@@ -1917,25 +1918,25 @@ mod tests {
         vring.set_queue_ready(true);
         vring.set_enabled(true);
         let flags = |m: &GuestMemoryMmap| m.read_obj::<u16>(mq.used_addr()).unwrap();
-        let mut kicks = RxKicks::default();
+        let mut carry = RxCarry::default();
         let mut st = vring.get_mut();
-        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
+        let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
         assert_eq!(flags(&m), 1, "off at the first batch");
-        assert!(!b.finish(0, false, false, &mut kicks));
+        assert!(!b.finish(0, false, false, &mut carry));
         assert_eq!(flags(&m), 1, "still off after a batch with buffers");
-        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
-        b.finish(0, false, true, &mut kicks);
+        let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
+        b.finish(0, false, true, &mut carry);
         assert_eq!(flags(&m), 0, "on when the ring ran out of buffers");
-        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
+        let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
         assert_eq!(flags(&m), 1, "off again at the next batch");
-        b.finish(0, false, false, &mut kicks);
+        b.finish(0, false, false, &mut carry);
         // The frontend set the ring up again (flags back to 0).
         m.write_obj(0u16, mq.used_addr()).unwrap();
-        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 0);
+        let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
         assert_eq!(flags(&m), 0, "same restart count: the latch holds");
-        b.finish(0, false, false, &mut kicks);
-        let b = RxBatch::open(&mut st, &m, false, &mut kicks, 1);
+        b.finish(0, false, false, &mut carry);
+        let b = RxBatch::open(&mut st, &m, false, &mut carry, 1);
         assert_eq!(flags(&m), 1, "a restarted ring: off anew");
-        b.finish(0, false, false, &mut kicks);
+        b.finish(0, false, false, &mut carry);
     }
 }
