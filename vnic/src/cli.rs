@@ -169,11 +169,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MODE", default_value = "filters", value_parser = ["filters", "none"])]
     pub steer: String,
     /// How the rx stage writes frame bytes into the guest's buffers. `auto` (the default): each
-    /// worker times one rx batch in 8 and keeps whichever of the two is cheaper for it, probing
-    /// the other now and then: streamed stores (non-temporal, whole lines) spare the worker from
-    /// taking each buffer line back from a driver on another CPU; plain stores are cheaper when
-    /// the driver runs on the worker's CPU. `stream` or `plain` fixes one (for benchmarks that
-    /// must not adapt). The guest sees the same bytes, before the same used index, in every mode;
+    /// worker keeps whichever of the two delivers more frames a second, probing the other now and
+    /// then (a clock read every 8 rx batches): streamed stores (non-temporal, whole lines) leave
+    /// the lines in memory, so a driver on another CPU does not take each one from the worker's
+    /// cache; plain stores are cheaper when the driver runs on the worker's CPU. `stream` or
+    /// `plain` fixes one (for benchmarks that must not adapt). The guest sees the same bytes, before the same used index, in every mode;
     /// `ctl stats` counts per queue the frames written plainly (rx_plain) and the mode changes
     /// (rx_store_switches).
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = config::parse_rx_stores)]

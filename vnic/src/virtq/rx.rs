@@ -349,48 +349,59 @@ fn store_fence() {
     }
 }
 
-/// Timed batches of one mode before a probe of the other ([`StoreChoice`]).
+/// Clock reads in one mode before a probe of the other ([`StoreChoice`]).
 const CHOICE_RUN: u32 = 240;
-/// One batch in this many is timed.
+/// The clock is read at the end of one rx batch in this many.
 const CHOICE_SAMPLE: u32 = 8;
-/// Timed batches of a probe.
+/// Clock reads of a probe.
 const CHOICE_PROBE: u32 = 16;
-/// How much less a frame plain copies must cost the worker, in %, before
-/// it leaves streaming: streamed lines also save the driver's CPU time,
-/// which the worker's clock does not see.
+/// How much more a second plain copies must deliver, in %, before the
+/// worker leaves streaming (a margin over noise, towards the mode that
+/// leaves the driver's CPU the lines in memory rather than in the
+/// worker's cache).
 const PLAIN_GAIN: u128 = 8;
-/// A batch that delivered fewer frames is not counted (its time is mostly
-/// the batch's fixed cost).
-const CHOICE_MIN_FRAMES: u16 = 16;
+/// A run or probe that delivered fewer frames than this a batch on
+/// average says nothing (the traffic, not the stores, set its rate): the
+/// worker goes back to the run's mode without comparing.
+const CHOICE_MIN_FRAMES: u64 = 16;
 
 /// Chooses, per worker, whether the rx stage streams whole lines
-/// ([`write_piece`]) or copies them plainly, from the worker's own time per
-/// frame. Neither is better everywhere: streaming saves the worker from
-/// taking each line back from a driver on another CPU, and costs it when
-/// the driver runs on the same CPU, where the line was in the worker's own
-/// cache (vnic/BENCH.md, "Why 64 B RX with 2 pairs lost wall rate").
+/// ([`write_piece`]) or copies them plainly, from the frames the worker
+/// delivers per second of wall time. Neither is better everywhere:
+/// streaming spares the driver's CPU from taking each line from the
+/// worker's cache (on a far CPU that doubled a polling driver's cost per
+/// frame and halved the rate), plain copies are cheaper when the driver
+/// runs on the worker's CPU, where the line is in the worker's own cache
+/// (vnic/BENCH.md, "Why 64 B RX with 2 pairs lost wall rate" and "The
+/// store choice judged by delivered frames"). The worker's own time per
+/// frame does not tell them apart: it falls with plain copies in both
+/// cases. Delivered frames per second do, whichever side is the limit.
 ///
-/// The worker times one rx batch in [`CHOICE_SAMPLE`]. It runs
-/// [`CHOICE_RUN`] timed batches in one mode, then
-/// [`CHOICE_PROBE`] in the other, and keeps the other if its time per
-/// frame was lower: by at least [`PLAIN_GAIN`] % to leave streaming, by
-/// anything to go back to it; then again. What the guest sees is the
-/// same in both modes: the same bytes, before the same used index.
-/// `--rx-stores stream|plain` fixes the mode: no batch is timed.
+/// The worker reads the clock at the end of one rx batch in
+/// [`CHOICE_SAMPLE`]. A run lasts [`CHOICE_RUN`] reads in one mode, then a
+/// probe [`CHOICE_PROBE`] reads in the other; the worker keeps the
+/// probed mode if it delivered more frames a second: by at least
+/// [`PLAIN_GAIN`] % to leave streaming, by anything to go back to it; then
+/// again. What the guest sees is the same in both modes: the same bytes,
+/// before the same used index. `--rx-stores stream|plain` fixes the mode:
+/// the clock is never read.
 pub(crate) struct StoreChoice {
     stream: bool,
     /// `--rx-stores stream|plain`: the mode never changes.
     fixed: bool,
     probing: bool,
-    /// Timed batches left in this run or probe.
+    /// Clock reads left in this run or probe.
     left: u32,
-    /// Time (ns) and frames of this run or probe so far.
-    ns: u64,
-    frames: u64,
-    /// Time and frames of the last run (what a probe is compared with).
+    /// Frames delivered in rx batches so far (every batch, read or not).
+    delivered: u64,
+    /// When this run or probe started, and `delivered` then (`None`
+    /// before the first read).
+    mark: Option<(Instant, u64)>,
+    /// Time (ns) and frames of the last run (what a probe is compared
+    /// with).
     run: (u64, u64),
-    /// Batches opened: one in [`CHOICE_SAMPLE`] is timed (two clock
-    /// reads a batch would cost a few % of a small batch).
+    /// Rx batches opened: the clock is read at the end of one in
+    /// [`CHOICE_SAMPLE`].
     opened: u32,
     /// Mode changes not yet taken by [`StoreChoice::take_switches`].
     switches: u64,
@@ -410,8 +421,8 @@ impl StoreChoice {
             fixed: mode != RxStores::Auto,
             probing: false,
             left: CHOICE_RUN,
-            ns: 0,
-            frames: 0,
+            delivered: 0,
+            mark: None,
             run: (0, 0),
             opened: 0,
             switches: 0,
@@ -423,8 +434,8 @@ impl StoreChoice {
         self.stream
     }
 
-    /// Whether the batch being opened is to be timed (never, when the
-    /// mode is fixed).
+    /// Whether the clock is to be read at the end of the batch being
+    /// opened (never, when the mode is fixed).
     fn sample(&mut self) -> bool {
         self.opened = self.opened.wrapping_add(1);
         !self.fixed && self.opened.is_multiple_of(CHOICE_SAMPLE)
@@ -436,25 +447,38 @@ impl StoreChoice {
         std::mem::take(&mut self.switches)
     }
 
-    /// One timed batch: `ns` from its open to its end, `frames` delivered.
-    pub(crate) fn record(&mut self, ns: u64, frames: u16) {
-        if frames < CHOICE_MIN_FRAMES {
+    /// An rx batch ended having delivered `frames` (every batch).
+    #[inline]
+    pub(crate) fn delivered(&mut self, frames: u16) {
+        self.delivered += u64::from(frames);
+    }
+
+    /// A clock read at the end of a sampled batch (after its
+    /// [`StoreChoice::delivered`]).
+    pub(crate) fn tick(&mut self, now: Instant) {
+        let Some((t0, f0)) = self.mark else {
+            self.mark = Some((now, self.delivered));
             return;
-        }
-        self.ns = self.ns.saturating_add(ns);
-        self.frames += u64::from(frames);
+        };
         self.left -= 1;
         if self.left > 0 {
             return;
         }
+        let ns = u64::try_from(now.saturating_duration_since(t0).as_nanos()).unwrap_or(u64::MAX);
+        let frames = self.delivered - f0;
         if self.probing {
-            // Keep probed plain copies only if they cost at least
-            // PLAIN_GAIN % less a frame, probed streaming if it costs less
-            // at all: probe_ns / probe_frames < k run_ns / run_frames.
             let (run_ns, run_frames) = self.run;
-            let k = if self.stream { 100 } else { 100 - PLAIN_GAIN };
-            let better = u128::from(self.ns) * u128::from(run_frames) * 100
-                < u128::from(run_ns) * u128::from(self.frames) * k;
+            let per_read = CHOICE_MIN_FRAMES * u64::from(CHOICE_SAMPLE);
+            let measured = run_frames >= per_read * u64::from(CHOICE_RUN)
+                && frames >= per_read * u64::from(CHOICE_PROBE)
+                && ns > 0;
+            // Keep probed plain copies only if they delivered at least
+            // PLAIN_GAIN % more a second, probed streaming if it delivered
+            // more at all: frames / ns > k run_frames / run_ns.
+            let k = if self.stream { 100 } else { 100 + PLAIN_GAIN };
+            let better = measured
+                && u128::from(frames) * u128::from(run_ns) * 100
+                    > u128::from(run_frames) * u128::from(ns) * k;
             if !better {
                 self.stream = !self.stream;
                 self.switches += 1;
@@ -462,14 +486,13 @@ impl StoreChoice {
             self.probing = false;
             self.left = CHOICE_RUN;
         } else {
-            self.run = (self.ns, self.frames);
+            self.run = (ns, frames);
             self.stream = !self.stream;
             self.switches += 1;
             self.probing = true;
             self.left = CHOICE_PROBE;
         }
-        self.ns = 0;
-        self.frames = 0;
+        self.mark = Some((now, self.delivered));
     }
 }
 
@@ -741,9 +764,9 @@ pub(crate) struct RxBatch<'m> {
     ring: Option<RxRing<'m>>,
     /// Used index when the batch started: the notification window.
     start_used: u16,
-    /// When the batch opened, if its time counts for the [`StoreChoice`]
+    /// The clock is read at the batch's end for the [`StoreChoice`]
     /// ([`RxBatch::time_stores`]).
-    timed: Option<Instant>,
+    timed: bool,
 }
 
 impl<'m> RxBatch<'m> {
@@ -775,18 +798,17 @@ impl<'m> RxBatch<'m> {
             mem,
             ring,
             start_used,
-            timed: None,
+            timed: false,
         }
     }
 
-    /// Counts this batch's time per frame towards the worker's
+    /// Has the clock read at this batch's end for the worker's
     /// [`StoreChoice`] if it is the one rx batch in [`CHOICE_SAMPLE`]
-    /// (called for batches of the rx path only: a tx batch's time is the
-    /// tx ring's, and it does not use up a sample).
+    /// (called for batches of the rx path only, so that the reads come at
+    /// a steady pace of rx batches; a tx batch's frames are counted all
+    /// the same).
     pub(crate) fn time_stores(&mut self, carry: &mut RxCarry) {
-        if self.ring.is_some() && carry.store.sample() {
-            self.timed = Some(Instant::now());
-        }
+        self.timed = self.ring.is_some() && carry.store.sample();
     }
 
     /// Whether the queue is enabled and started.
@@ -840,9 +862,9 @@ impl<'m> RxBatch<'m> {
         let ready = self.ring.is_some();
         if let Some(r) = self.ring.take() {
             let used = r.finish(self.vring.get_queue_mut());
-            if let Some(t0) = self.timed {
-                let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                carry.store.record(ns, used.wrapping_sub(self.start_used));
+            carry.store.delivered(used.wrapping_sub(self.start_used));
+            if self.timed {
+                carry.store.tick(Instant::now());
             }
         }
         let rx = &mut *self.vring;
@@ -1097,86 +1119,131 @@ mod tests {
         }
     }
 
-    /// Runs `batches` timed batches of 64 frames through `c`, each costing
-    /// `stream_ns` or `plain_ns` a frame by the mode `c` is in; returns
-    /// how many of them streamed.
-    fn drive(c: &mut StoreChoice, batches: u32, stream_ns: u64, plain_ns: u64) -> u32 {
-        let mut streamed = 0;
-        for _ in 0..batches {
-            let per = if c.stream() { stream_ns } else { plain_ns };
-            streamed += u32::from(c.stream());
-            c.record(per * 64, 64);
+    /// A choice and its clock, as a worker drives them: each read comes
+    /// after [`CHOICE_SAMPLE`] batches.
+    struct Driven {
+        c: StoreChoice,
+        now: Instant,
+    }
+
+    impl Driven {
+        fn new(mode: RxStores) -> Self {
+            let mut d = Self {
+                c: StoreChoice::new(mode),
+                now: Instant::now(),
+            };
+            // The first read only starts the first run.
+            d.c.tick(d.now);
+            d
         }
-        streamed
+
+        /// `reads` clock reads, each after CHOICE_SAMPLE batches of
+        /// `frames` frames delivered at `stream_ns` or `plain_ns` of wall
+        /// time a frame (by the mode the choice is in); returns how many
+        /// of them streamed.
+        fn run(&mut self, reads: u32, frames: u16, stream_ns: u64, plain_ns: u64) -> u32 {
+            let mut streamed = 0;
+            for _ in 0..reads {
+                let per = if self.c.stream() { stream_ns } else { plain_ns };
+                streamed += u32::from(self.c.stream());
+                for _ in 0..CHOICE_SAMPLE {
+                    self.c.delivered(frames);
+                }
+                let n = u64::from(frames) * u64::from(CHOICE_SAMPLE);
+                // An idle period still takes time.
+                self.now += std::time::Duration::from_nanos(per * n.max(1));
+                self.c.tick(self.now);
+            }
+            streamed
+        }
+
+        /// [`Driven::run`] with 64 frames a batch.
+        fn drive(&mut self, reads: u32, stream_ns: u64, plain_ns: u64) -> u32 {
+            self.run(reads, 64, stream_ns, plain_ns)
+        }
     }
 
     #[test]
-    fn the_store_choice_settles_on_the_cheaper_mode_and_keeps_probing() {
+    fn the_store_choice_settles_on_the_faster_mode_and_keeps_probing() {
         let cycle = CHOICE_RUN + CHOICE_PROBE;
-        // Streaming cheaper: it streams but for the probes of plain copies.
-        let mut c = StoreChoice::default();
-        assert!(c.stream(), "streams until measured");
-        assert_eq!(drive(&mut c, 10 * cycle, 50, 60), 10 * CHOICE_RUN);
-        // Plain copies cheaper: after the first run it copies plainly but
-        // for the probes of streaming.
-        let mut c = StoreChoice::default();
-        assert_eq!(
-            drive(&mut c, 10 * cycle, 60, 50),
-            CHOICE_RUN + 9 * CHOICE_PROBE
-        );
-        assert!(!c.stream());
-        // The costs change sides: it follows within two cycles.
-        let mut c = StoreChoice::default();
-        drive(&mut c, 3 * cycle, 60, 50);
-        drive(&mut c, 2 * cycle, 50, 60);
-        assert_eq!(drive(&mut c, 4 * cycle, 50, 60), 4 * CHOICE_RUN);
-        // Biased to streaming: plain copies 5 % cheaper do not make it
+        let auto = || Driven::new(RxStores::Auto);
+        // Streaming delivers more a second: it streams but for the probes
+        // of plain copies.
+        let mut d = auto();
+        assert!(d.c.stream(), "streams until measured");
+        assert_eq!(d.drive(10 * cycle, 50, 60), 10 * CHOICE_RUN);
+        // Plain copies deliver more: after the first run it copies plainly
+        // but for the probes of streaming.
+        let mut d = auto();
+        assert_eq!(d.drive(10 * cycle, 60, 50), CHOICE_RUN + 9 * CHOICE_PROBE);
+        assert!(!d.c.stream());
+        // The rates change sides: it follows within two cycles.
+        let mut d = auto();
+        d.drive(3 * cycle, 60, 50);
+        d.drive(2 * cycle, 50, 60);
+        assert_eq!(d.drive(4 * cycle, 50, 60), 4 * CHOICE_RUN);
+        // Biased to streaming: plain copies 5 % faster do not make it
         // leave streaming (it takes PLAIN_GAIN = 8 %)...
-        let mut c = StoreChoice::default();
-        assert_eq!(drive(&mut c, 10 * cycle, 100, 95), 10 * CHOICE_RUN);
-        // ... and streaming 3 % cheaper takes it back from plain copies at
+        let mut d = auto();
+        assert_eq!(d.drive(10 * cycle, 100, 95), 10 * CHOICE_RUN);
+        // ... and streaming 3 % faster takes it back from plain copies at
         // the next probe.
+        let mut d = auto();
+        d.drive(cycle, 60, 50);
+        assert!(!d.c.stream());
+        d.drive(cycle, 97, 100);
+        assert_eq!(d.drive(4 * cycle, 97, 100), 4 * CHOICE_RUN);
+        // The clock is read at the end of one batch in CHOICE_SAMPLE.
         let mut c = StoreChoice::default();
-        drive(&mut c, cycle, 60, 50);
-        assert!(!c.stream());
-        drive(&mut c, cycle, 97, 100);
-        assert_eq!(drive(&mut c, 4 * cycle, 97, 100), 4 * CHOICE_RUN);
-        // One batch in CHOICE_SAMPLE is timed.
-        let mut c = StoreChoice::default();
-        let timed = (0..10 * CHOICE_SAMPLE).filter(|_| c.sample()).count();
-        assert_eq!(timed, 10);
-        // Batches of too few frames are not counted.
-        let mut c = StoreChoice::default();
-        for _ in 0..10 * cycle {
-            c.record(1_000_000, CHOICE_MIN_FRAMES - 1);
-        }
-        assert!(c.stream());
-        assert_eq!((c.left, c.frames), (CHOICE_RUN, 0));
+        let reads = (0..10 * CHOICE_SAMPLE).filter(|_| c.sample()).count();
+        assert_eq!(reads, 10);
+    }
+
+    /// Periods the traffic set the pace of say nothing: a probe during
+    /// which too few frames came, or one after such a run, goes back to
+    /// the run's mode however fast it looked.
+    #[test]
+    fn the_store_choice_ignores_periods_without_traffic() {
+        let cycle = CHOICE_RUN + CHOICE_PROBE;
+        // Traffic stops as plain copies are probed: still streaming after.
+        let mut d = Driven::new(RxStores::Auto);
+        d.drive(CHOICE_RUN, 60, 50);
+        assert!(!d.c.stream(), "probing");
+        d.run(CHOICE_PROBE, 0, 60, 1);
+        assert!(d.c.stream());
+        // An idle run, then traffic during the probe (plain copies "far
+        // faster" than nothing): back to streaming, and every later cycle
+        // with traffic decides as usual.
+        let mut d = Driven::new(RxStores::Auto);
+        d.run(CHOICE_RUN, (CHOICE_MIN_FRAMES - 1) as u16, 1_000, 1_000);
+        d.drive(CHOICE_PROBE, 60, 50);
+        assert!(d.c.stream());
+        assert_eq!(d.drive(4 * cycle, 50, 60), 4 * CHOICE_RUN);
     }
 
     /// `ctl stats`' rx_store_switches: every mode change, a probe's start
     /// and (when the probed mode lost) its end; `--rx-stores stream|plain`:
-    /// no batch timed, the mode never changes.
+    /// the clock is never read, the mode never changes.
     #[test]
     fn store_switches_are_counted_and_a_fixed_mode_never_changes() {
         let cycle = CHOICE_RUN + CHOICE_PROBE;
-        // Streaming cheaper: each cycle probes plain copies and comes back.
-        let mut c = StoreChoice::default();
-        drive(&mut c, 3 * cycle, 50, 60);
-        assert_eq!(c.take_switches(), 6);
-        assert_eq!(c.take_switches(), 0, "taken");
-        // Plain cheaper: one switch to it, then each probe of streaming
+        // Streaming faster: each cycle probes plain copies and comes back.
+        let mut d = Driven::new(RxStores::Auto);
+        d.drive(3 * cycle, 50, 60);
+        assert_eq!(d.c.take_switches(), 6);
+        assert_eq!(d.c.take_switches(), 0, "taken");
+        // Plain faster: one switch to it, then each probe of streaming
         // starts (1) and ends (1) with no change kept.
-        let mut c = StoreChoice::default();
-        drive(&mut c, 3 * cycle, 60, 50);
-        assert_eq!(c.take_switches(), 1 + 2 * 2);
+        let mut d = Driven::new(RxStores::Auto);
+        d.drive(3 * cycle, 60, 50);
+        assert_eq!(d.c.take_switches(), 1 + 2 * 2);
         for (mode, stream) in [(RxStores::Stream, true), (RxStores::Plain, false)] {
             let mut c = StoreChoice::new(mode);
             assert_eq!(c.stream(), stream, "{mode:?}");
             assert_eq!(
                 (0..10 * CHOICE_SAMPLE).filter(|_| c.sample()).count(),
                 0,
-                "{mode:?}: timed"
+                "{mode:?}: clock read"
             );
             assert_eq!(c.stream(), stream, "{mode:?}");
             assert_eq!(c.take_switches(), 0, "{mode:?}");
