@@ -368,14 +368,16 @@ const CHOICE_MIN_FRAMES: u64 = 16;
 /// Chooses, per worker, whether the rx stage streams whole lines
 /// ([`write_piece`]) or copies them plainly, from the frames the worker
 /// delivers per second of wall time. Neither is better everywhere:
-/// streaming spares the driver's CPU from taking each line from the
-/// worker's cache (on a far CPU that doubled a polling driver's cost per
-/// frame and halved the rate), plain copies are cheaper when the driver
-/// runs on the worker's CPU, where the line is in the worker's own cache
+/// streaming spares a driver on another CPU from taking each line from
+/// the worker's cache, plain copies are cheaper when the driver runs on
+/// the worker's CPU, where the line is in the worker's own cache
 /// (vnic/BENCH.md, "Why 64 B RX with 2 pairs lost wall rate" and "The
 /// store choice judged by delivered frames"). The worker's own time per
-/// frame does not tell them apart: it falls with plain copies in both
-/// cases. Delivered frames per second do, whichever side is the limit.
+/// frame misled an earlier version: against DPDK's frontend it chose
+/// plain copies in runs that went slower than streaming ones, since what
+/// the driver pays for a line left in the worker's cache is not on the
+/// worker's clock. Delivered frames per second are, whichever side is the
+/// limit.
 ///
 /// The worker reads the clock at the end of one rx batch in
 /// [`CHOICE_SAMPLE`]. A run lasts [`CHOICE_RUN`] reads in one mode, then a
