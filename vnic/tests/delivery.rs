@@ -193,9 +193,9 @@ fn generator_frames_carry_seq_and_pattern() {
 /// checker, frames of 64 to 1000 bytes at line offsets the stage streams
 /// and the tails it copies), and `ctl stats` says which mode wrote them:
 /// `plain` counts every frame in rx_plain, `stream` none; `auto` starts
-/// streaming and cannot leave it before 240 timed batches of 16 frames or
-/// more (3840 frames at the least; these are 400), so it counts none
-/// either. No mode changes.
+/// streaming and probes plain copies only after a run of 1920 rx batches
+/// that delivered 16 frames a batch on average (30720 frames at the
+/// least; these are 400), so it counts none either. No mode changes.
 #[test]
 fn each_rx_store_mode_writes_the_same_frames_and_says_which_it_used() {
     for mode in ["plain", "stream", "auto"] {

@@ -361,8 +361,10 @@ const CHOICE_PROBE: u32 = 16;
 /// worker's cache).
 const PLAIN_GAIN: u128 = 8;
 /// A run or probe that delivered fewer frames than this a batch on
-/// average says nothing (the traffic, not the stores, set its rate): the
-/// worker goes back to the run's mode without comparing.
+/// average says nothing (the traffic, not the stores, set its rate): after
+/// such a run the worker runs again instead of probing, after such a probe
+/// it goes back to the run's mode without comparing. So an idle or lightly
+/// loaded worker never changes mode.
 const CHOICE_MIN_FRAMES: u64 = 16;
 
 /// Chooses, per worker, whether the rx stage streams whole lines
@@ -468,9 +470,9 @@ impl StoreChoice {
         }
         let ns = u64::try_from(now.saturating_duration_since(t0).as_nanos()).unwrap_or(u64::MAX);
         let frames = self.delivered - f0;
+        let per_read = CHOICE_MIN_FRAMES * u64::from(CHOICE_SAMPLE);
         if self.probing {
             let (run_ns, run_frames) = self.run;
-            let per_read = CHOICE_MIN_FRAMES * u64::from(CHOICE_SAMPLE);
             let measured = run_frames >= per_read * u64::from(CHOICE_RUN)
                 && frames >= per_read * u64::from(CHOICE_PROBE)
                 && ns > 0;
@@ -486,6 +488,9 @@ impl StoreChoice {
                 self.switches += 1;
             }
             self.probing = false;
+            self.left = CHOICE_RUN;
+        } else if frames < per_read * u64::from(CHOICE_RUN) {
+            // Too little traffic to compare a probe with: another run.
             self.left = CHOICE_RUN;
         } else {
             self.run = (ns, frames);
@@ -1201,26 +1206,27 @@ mod tests {
         assert_eq!(reads, 10);
     }
 
-    /// Periods the traffic set the pace of say nothing: a probe during
-    /// which too few frames came, or one after such a run, goes back to
-    /// the run's mode however fast it looked.
+    /// Periods the traffic set the pace of say nothing: a run with too few
+    /// frames is followed by another run, not a probe; a probe with too
+    /// few goes back to the run's mode however fast it looked.
     #[test]
     fn the_store_choice_ignores_periods_without_traffic() {
         let cycle = CHOICE_RUN + CHOICE_PROBE;
-        // Traffic stops as plain copies are probed: still streaming after.
+        // Traffic falls off as plain copies are probed (too few frames,
+        // however fast): still streaming after.
         let mut d = Driven::new(RxStores::Auto);
         d.drive(CHOICE_RUN, 60, 50);
         assert!(!d.c.stream(), "probing");
-        d.run(CHOICE_PROBE, 0, 60, 1);
+        d.run(CHOICE_PROBE, (CHOICE_MIN_FRAMES - 1) as u16, 60, 1);
         assert!(d.c.stream());
-        // An idle run, then traffic during the probe (plain copies "far
-        // faster" than nothing): back to streaming, and every later cycle
-        // with traffic decides as usual.
+        // Runs with too little traffic probe nothing: no mode change in
+        // ten of them; then traffic, and every cycle decides as usual.
         let mut d = Driven::new(RxStores::Auto);
-        d.run(CHOICE_RUN, (CHOICE_MIN_FRAMES - 1) as u16, 1_000, 1_000);
-        d.drive(CHOICE_PROBE, 60, 50);
-        assert!(d.c.stream());
+        let light = (CHOICE_MIN_FRAMES - 1) as u16;
+        assert_eq!(d.run(10 * CHOICE_RUN, light, 1_000, 1), 10 * CHOICE_RUN);
+        assert_eq!(d.c.take_switches(), 0);
         assert_eq!(d.drive(4 * cycle, 50, 60), 4 * CHOICE_RUN);
+        assert_eq!(d.c.take_switches(), 8);
     }
 
     /// `ctl stats`' rx_store_switches: every mode change, a probe's start
