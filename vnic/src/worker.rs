@@ -55,7 +55,8 @@ pub(crate) struct Worker {
     /// Management replies of the frames this worker handled itself.
     own: Vec<Reply>,
     tx_pending: bool,
-    /// The driver's kicks on the rx ring (off while the device works).
+    /// What the rx batches carry from one to the next: the driver's kicks
+    /// on the rx ring (off while the device works) and the store choice.
     rx_carry: RxCarry,
     /// The rings the device stopped (a driver it cannot follow).
     rx_stop: StopLatch,

@@ -688,7 +688,7 @@ fn main() {
                     o.frames as f64 / o.worker_cpu.max(1e-3) / 1e6,
                     o.device_cpu,
                     o.device_frames as f64 / o.secs / 1e6,
-                    plain_pct(&o),
+                    plain_pct(o.device_plain, o.device_frames),
                     o.device_drops,
                     o.waits
                 );
@@ -736,12 +736,9 @@ fn main() {
                 m.per_daemon_cpu,
                 m.drops,
                 if case.dir == Dir::Rx {
-                    let all = Outcome {
-                        device_frames: runs.iter().map(|o| o.device_frames).sum(),
-                        device_plain: runs.iter().map(|o| o.device_plain).sum(),
-                        ..Outcome::default()
-                    };
-                    format!("{:.0} %", plain_pct(&all))
+                    let plain = runs.iter().map(|o| o.device_plain).sum();
+                    let frames = runs.iter().map(|o| o.device_frames).sum();
+                    format!("{:.0} %", plain_pct(plain, frames))
                 } else {
                     "-".to_string()
                 }
@@ -789,9 +786,9 @@ fn main() {
     }
 }
 
-/// The share of an RX outcome's frames the daemon wrote plainly, in %.
-fn plain_pct(o: &Outcome) -> f64 {
-    100.0 * o.device_plain as f64 / o.device_frames.max(1) as f64
+/// The share of `frames` RX frames the daemon wrote plainly, in %.
+fn plain_pct(plain: u64, frames: u64) -> f64 {
+    100.0 * plain as f64 / frames.max(1) as f64
 }
 
 /// Medians over the rounds of one case.
