@@ -9,7 +9,9 @@
 //! sets; after a warm-up, the packets the frontend's port counted (its
 //! ethdev statistics, read through DPDK telemetry) and the CPU time the
 //! backend process used (/proc/PID/stat) are sampled at both ends of the
-//! measured window. The backends alternate inside each round.
+//! measured window, and the frontend's counter every 250 ms inside it (so
+//! a run whose rate jumped, as when the host moves the two CPUs, shows).
+//! The backends alternate inside each round.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -866,6 +868,11 @@ struct Run {
     /// frontend CPU, just before the backend started and just after both
     /// stopped, ns ([`measure::line_round_trip`]; NaN when not measured).
     rtt: (f64, f64),
+    /// The frontend's rate in each [`SLICE`] of the window, Mpps (the
+    /// last slice may be shorter): whether the rate held through the
+    /// window or jumped, as when the host moves the two CPUs apart or
+    /// together.
+    slices: Vec<f64>,
 }
 
 impl Run {
@@ -917,6 +924,26 @@ impl Run {
             _ => f64::NAN,
         }
     }
+    /// The slowest and the fastest [`Run::slices`] (NaN when none).
+    fn slice_range(&self) -> (f64, f64) {
+        let lo = self.slices.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = self
+            .slices
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        if self.slices.is_empty() {
+            (f64::NAN, f64::NAN)
+        } else {
+            (lo, hi)
+        }
+    }
+    /// Whether the rate held through the window: its slowest slice ran
+    /// at least [`STEADY`] of its fastest.
+    fn steady(&self) -> bool {
+        let (lo, hi) = self.slice_range();
+        lo >= STEADY * hi
+    }
     /// [`Run::count_edge`] in % (NaN when not counted).
     fn edge_pct(&self) -> f64 {
         self.count_edge.map_or(f64::NAN, |e| 100.0 * e)
@@ -950,6 +977,9 @@ impl Run {
             "backend_instructions_per_packet": self.instructions.map(|_| self.ipp()),
             "instruction_count_edge_fraction": self.count_edge,
             "line_round_trip_ns_before_after": [self.rtt.0, self.rtt.1],
+            "slice_secs": SLICE.as_secs_f64(),
+            "slice_mpps": self.slices,
+            "steady": self.steady(),
         })
     }
 }
@@ -1352,8 +1382,19 @@ impl Bench {
             None
         };
         let a = sample(&mut tele, &mut back_tele, &mut ctl, false)?;
-        nap(Duration::from_secs_f64(self.o.duration))?;
+        // The frontend's counter every SLICE, a telemetry query each (the
+        // same for every backend; a few hundred microseconds of the
+        // frontend's CPU a second at most).
+        let end = a.t + Duration::from_secs_f64(self.o.duration);
+        let mut marks = vec![(a.t, a.packets)];
+        while Instant::now() + SLICE < end {
+            nap((marks[marks.len() - 1].0 + SLICE).saturating_duration_since(Instant::now()))?;
+            marks.push((Instant::now(), pick(dir, tele.port_packets()?)));
+        }
+        nap(end.saturating_duration_since(Instant::now()))?;
         let b = sample(&mut tele, &mut back_tele, &mut ctl, true)?;
+        marks.push((b.t, b.packets));
+        let slices = slice_rates(&marks);
         let (instructions, count_edge) = match (on, b.dumped) {
             (Some(on), Some(dumped)) => {
                 let counted = callgrind_total(&rdir.join(format!("{CALLGRIND_OUT}.1")))?;
@@ -1429,6 +1470,7 @@ impl Bench {
             instructions,
             count_edge,
             rtt: (rtt_before, rtt_after),
+            slices,
         };
         // The filter cases measure what they claim to.
         if let (Some(f), Some(hit), Some(rss)) = (backend.vnic_filters(), rx_filter, rx_rss) {
@@ -1444,9 +1486,15 @@ impl Bench {
                 });
             }
         }
+        let (lo, hi) = run.slice_range();
         log(&format!(
-            "  {:.3} Mpps wall, backend {:.2} cores, {:.3} Mpps per backend CPU-s, frontend {:.2} cores ({} packets in {:.2} s; backend counted {}{})",
+            "  {:.3} Mpps wall ({} slices of {} ms: {}..{}{}), backend {:.2} cores, {:.3} Mpps per backend CPU-s, frontend {:.2} cores ({} packets in {:.2} s; backend counted {}{})",
             run.mpps(),
+            run.slices.len(),
+            SLICE.as_millis(),
+            f3(lo),
+            f3(hi),
+            if run.steady() { "" } else { ", not steady" },
             run.cores(),
             run.mpps_per_cpu(),
             run.front_cores(),
@@ -1728,16 +1776,16 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
     }
     let _ = writeln!(
         md,
-        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count | vnic no-buffer drops, % of generated | vnic frames written plainly, % | backend instructions per frame | line round trip before / after, ns |"
+        "\nEach run:\n\n| round | dir | pairs | backend | vnic filters | packets | s | Mpps wall | backend CPU-s | Mpps per backend CPU-s | backend cores | frontend cores | frontend busy cycles/pkt | DPDK backend busy cycles/pkt | backend's own count | vnic no-buffer drops, % of generated | vnic frames written plainly, % | backend instructions per frame | line round trip before / after, ns | slices Mpps min / median / max |"
     );
     let _ = writeln!(
         md,
-        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in runs {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} / {}{} |",
             r.round,
             r.dir.name(),
             r.pairs,
@@ -1758,6 +1806,10 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             f2(r.ipp()),
             f2(r.rtt.0),
             f2(r.rtt.1),
+            f3(r.slice_range().0),
+            f3(median(&r.slices)),
+            f3(r.slice_range().1),
+            if r.steady() { "" } else { " (not steady)" },
         );
     }
     (md, js)
@@ -1770,6 +1822,25 @@ fn times(x: f64) -> String {
     } else {
         "-".into()
     }
+}
+
+/// The window is read in slices of this length ([`Run::slices`]).
+const SLICE: Duration = Duration::from_millis(250);
+
+/// A run is steady when its slowest slice ran at least this share of its
+/// fastest. The host moving the two CPUs apart halves a rate here (~20 ->
+/// ~10 Mpps); 250 ms slices of a run that stayed put spread by a few %.
+const STEADY: f64 = 0.8;
+
+/// The rate between consecutive `(time, packets)` marks, Mpps.
+fn slice_rates(marks: &[(Instant, u64)]) -> Vec<f64> {
+    marks
+        .windows(2)
+        .filter_map(|w| {
+            let secs = (w[1].0 - w[0].0).as_secs_f64();
+            (secs > 0.0).then(|| w[1].1.saturating_sub(w[0].1) as f64 / secs / 1e6)
+        })
+        .collect()
 }
 
 /// A run is "near" when both its line round trips are at most this many
@@ -1799,24 +1870,34 @@ fn near(r: &Run, reference: f64) -> bool {
     r.rtt.0 <= reference * NEAR_FACTOR && r.rtt.1 <= reference * NEAR_FACTOR
 }
 
-/// The rows again over the runs whose CPUs stayed near ([`near`]), as
-/// medians of each backend's runs (rounds cannot be paired once some of
-/// their runs are left out); adds the figures to each row's JSON.
+/// The rows again over the runs whose CPUs stayed near ([`near`]) and
+/// whose rate held through the window ([`Run::steady`]), as medians of
+/// each backend's runs (rounds cannot be paired once some of their runs
+/// are left out); adds the figures to each row's JSON.
 fn near_table(rows: &[Row], runs: &[Run], js: &mut [Value]) -> String {
     let reference = reference_round_trip(runs);
     if reference.is_nan() {
         return String::new();
     }
     let far = runs.iter().filter(|r| !near(r, reference)).count();
+    let unsteady = runs
+        .iter()
+        .filter(|r| near(r, reference) && !r.steady())
+        .count();
     let mut md = format!(
-        "\nThe line round trip between the backend's and the frontend's first CPU was measured before and after each run: its first quartile over the bench was {} ns, and {far} of {} runs read over {NEAR_FACTOR}x that before or after (the host had the two CPUs far apart at that moment, which can slow every backend by up to 2x; see \"Each run\"). Over the other runs, medians of each backend's runs (the probes bracket a run, they do not watch it: a near run may still have been moved apart in between):\n\n\
+        "\nThe line round trip between the backend's and the frontend's first CPU was measured before and after each run: its first quartile over the bench was {} ns, and {far} of {} runs read over {NEAR_FACTOR}x that before or after (the host had the two CPUs far apart at that moment, which can slow every backend by up to 2x; see \"Each run\"). The probes bracket a run, they do not watch it; the frontend's counter, read every {} ms, does: of the runs near at both ends, {unsteady} were not steady (the slowest slice under {STEADY}x the fastest: the rate jumped inside the window, as when the host moves the CPUs apart in between). Over the near and steady runs, medians of each backend's runs:\n\n\
          | dir | pairs | vnic filters | runs DPDK / vnic | Mpps wall DPDK -> vnic | vnic/DPDK | Mpps per backend CPU-s DPDK -> vnic | vnic/DPDK |\n\
          | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
         f2(reference),
-        runs.len()
+        runs.len(),
+        SLICE.as_millis()
     );
-    let near_runs =
-        |v: &[Run]| -> Vec<Run> { v.iter().filter(|x| near(x, reference)).cloned().collect() };
+    let near_runs = |v: &[Run]| -> Vec<Run> {
+        v.iter()
+            .filter(|x| near(x, reference) && x.steady())
+            .cloned()
+            .collect()
+    };
     for (r, j) in rows.iter().zip(js.iter_mut()) {
         let (d, v) = (near_runs(&r.dpdk), near_runs(&r.vnic));
         let (dw, vw) = (med(&d, Run::mpps), med(&v, Run::mpps));
@@ -2263,7 +2344,37 @@ mod tests {
             instructions: None,
             count_edge: None,
             rtt: (before, after),
+            slices: vec![mpps; 4],
         }
+    }
+
+    /// Slices are the rates between consecutive reads; a run is steady
+    /// when its slowest slice ran at least STEADY of its fastest.
+    #[test]
+    fn slices_are_rates_between_reads_and_a_jump_is_not_steady() {
+        let t = Instant::now();
+        let ms = |n: u64| t + Duration::from_millis(n);
+        let marks = [
+            (t, 0),
+            (ms(250), 5_000_000),
+            (ms(500), 7_500_000),
+            (ms(600), 8_500_000),
+        ];
+        let r = slice_rates(&marks);
+        assert_eq!(r.len(), 3);
+        for (got, want) in r.iter().zip([20.0, 10.0, 10.0]) {
+            assert!((got - want).abs() < 1e-9, "{r:?}");
+        }
+        let mut run = probed(Backend::Dpdk, 20.0, 65.0, 65.0);
+        assert!(run.steady());
+        run.slices = r;
+        assert!(!run.steady());
+        run.slices = vec![20.0, 16.1, 19.0];
+        assert!(run.steady());
+        run.slices = vec![20.0, 15.9, 19.0];
+        assert!(!run.steady());
+        run.slices.clear();
+        assert!(!run.steady(), "no slices: not known to be steady");
     }
 
     /// The reference is the first quartile, so a rare short reading does
@@ -2290,6 +2401,9 @@ mod tests {
     #[test]
     fn the_near_table_leaves_out_far_runs_and_says_when_none_is_left() {
         let vnic = Backend::Vnic(Filters::None);
+        // Near at both ends, but the rate halved in the window.
+        let mut jumped = probed(vnic, 5.0, 64.0, 65.0);
+        jumped.slices = vec![6.0, 6.0, 3.0, 5.9];
         let row = |dpdk: Vec<Run>| Row {
             dir: Dir::Rx,
             pairs: 1,
@@ -2298,6 +2412,7 @@ mod tests {
             vnic: vec![
                 probed(vnic, 12.0, 65.0, 66.0),
                 probed(vnic, 3.0, 320.0, 66.0),
+                jumped.clone(),
             ],
             base: Vec::new(),
         };
@@ -2322,6 +2437,7 @@ mod tests {
             "{md}"
         );
         assert!(lines[1].contains("| 0 / 1 | - -> 12.000 | - |"), "{md}");
-        assert!(md.contains("3 of 5 runs read over 2x"), "{md}");
+        assert!(md.contains("3 of 6 runs read over 2x"), "{md}");
+        assert!(md.contains("1 were not steady"), "{md}");
     }
 }
