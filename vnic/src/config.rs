@@ -71,7 +71,7 @@ pub(crate) struct Config {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RxStores {
     /// Each worker times its rx batches and keeps the cheaper mode
-    /// (`virtq::rx::StoreChoice`).
+    /// (`virtq::stores::StoreChoice`).
     Auto,
     /// Always streamed.
     Stream,

@@ -10,6 +10,8 @@
 //!   notification rule;
 //! - [`chain`]: the one descriptor-chain walker;
 //! - [`rx`]: filling rx chains;
+//! - [`stores`]: each worker's choice between streamed and plain stores
+//!   into rx buffers;
 //! - [`tx`]: gathering tx chains;
 //! - [`watchdog`]: making up for notifications lost around a call-fd switch.
 
@@ -26,6 +28,7 @@ use vm_memory::{Address, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 pub(crate) mod chain;
 pub(crate) mod ring;
 pub(crate) mod rx;
+pub(crate) mod stores;
 pub(crate) mod tx;
 pub(crate) mod watchdog;
 
