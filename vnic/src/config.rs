@@ -66,11 +66,11 @@ pub(crate) struct Config {
 
 /// `--rx-stores`: streamed (non-temporal) or plain stores of frame bytes
 /// into the guest's rx buffers, or a per-worker choice between the two
-/// from the worker's own time per frame. The guest sees the same bytes
-/// before the same used index in every mode.
+/// from the frames each delivers per second. The guest sees the same
+/// bytes before the same used index in every mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RxStores {
-    /// Each worker times its rx batches and keeps the cheaper mode
+    /// Each worker keeps the mode that delivers more frames a second
     /// (`virtq::stores::StoreChoice`).
     Auto,
     /// Always streamed.

@@ -926,17 +926,14 @@ impl Run {
     }
     /// The slowest and the fastest [`Run::slices`] (NaN when none).
     fn slice_range(&self) -> (f64, f64) {
-        let lo = self.slices.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = self
-            .slices
-            .iter()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max);
         if self.slices.is_empty() {
-            (f64::NAN, f64::NAN)
-        } else {
-            (lo, hi)
+            return (f64::NAN, f64::NAN);
         }
+        self.slices
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            })
     }
     /// Whether the rate held through the window: its slowest slice ran
     /// at least [`STEADY`] of its fastest.
@@ -1388,7 +1385,8 @@ impl Bench {
         let end = a.t + Duration::from_secs_f64(self.o.duration);
         let mut marks = vec![(a.t, a.packets)];
         while Instant::now() + SLICE < end {
-            nap((marks[marks.len() - 1].0 + SLICE).saturating_duration_since(Instant::now()))?;
+            let last = marks.last().map_or(a.t, |m| m.0);
+            nap((last + SLICE).saturating_duration_since(Instant::now()))?;
             marks.push((Instant::now(), pick(dir, tele.port_packets()?)));
         }
         nap(end.saturating_duration_since(Instant::now()))?;
@@ -1783,6 +1781,7 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
         "| ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     for r in runs {
+        let (slowest, fastest) = r.slice_range();
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} / {}{} |",
@@ -1806,9 +1805,9 @@ fn summary(runs: &[Run], o: &Opts) -> (String, Vec<Value>) {
             f2(r.ipp()),
             f2(r.rtt.0),
             f2(r.rtt.1),
-            f3(r.slice_range().0),
+            f3(slowest),
             f3(median(&r.slices)),
-            f3(r.slice_range().1),
+            f3(fastest),
             if r.steady() { "" } else { " (not steady)" },
         );
     }
