@@ -173,7 +173,10 @@ impl<I: FilterId> FlowIndex<I> {
     }
 
     /// Looks a flow up: `(filter id, rx queue)`. O(1), no allocation.
-    #[inline]
+    // Always inlined into the per-frame path, with the key its caller just
+    // built (see `ipv4_flow`).
+    #[allow(clippy::inline_always)]
+    #[inline(always)]
     pub fn lookup(&self, key: &FlowKey) -> Option<(I, u16)> {
         self.lookup_tagged(key, tag_of(key))
     }

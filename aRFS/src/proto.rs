@@ -453,8 +453,8 @@ impl AddOp {
             proto: flow.proto().ip_proto(),
             src_port: flow.src_port(),
             dst_port: flow.dst_port(),
-            src: *flow.src_bytes(),
-            dst: *flow.dst_bytes(),
+            src: flow.src_bytes(),
+            dst: flow.dst_bytes(),
         }
     }
 

@@ -215,7 +215,7 @@ impl Toeplitz {
                 )
             }
             IpFamily::Ipv6 => {
-                self.hash_v6_ports(k.src_bytes(), k.dst_bytes(), k.src_port(), k.dst_port())
+                self.hash_v6_ports(&k.src_bytes(), &k.dst_bytes(), k.src_port(), k.dst_port())
             }
         }
     }

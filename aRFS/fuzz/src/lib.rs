@@ -233,9 +233,9 @@ pub fn parse_frame(data: &[u8]) {
             let back = FlowKey::from_raw(
                 k.family(),
                 k.proto(),
-                *k.src_bytes(),
+                k.src_bytes(),
                 k.src_port(),
-                *k.dst_bytes(),
+                k.dst_bytes(),
                 k.dst_port(),
             );
             assert_eq!(back, Some(k));
