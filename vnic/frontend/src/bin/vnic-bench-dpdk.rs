@@ -1843,13 +1843,21 @@ fn slice_rates(marks: &[(Instant, u64)]) -> Vec<f64> {
 }
 
 /// A run is "near" when both its line round trips are at most this many
-/// times the bench's reference round trip ([`reference_round_trip`]).
+/// times the bench's reference round trip ([`reference_round_trip`])...
 const NEAR_FACTOR: f64 = 2.0;
+
+/// ...and at least this many times it. On this host a rare reading near
+/// 29 ns sits below the usual 59-70 ns (4 of ~1030 probes in a day's
+/// runs): another placement of the two vCPUs (sharing a core, perhaps),
+/// not the usual near one, and one DPDK RX run bracketed by it ran at
+/// 10.8 Mpps against its usual 16.5-17.9. Such a run is left out of the
+/// near table rather than counted as near.
+const NEAR_FLOOR: f64 = 0.6;
 
 /// The bench's reference line round trip: the first quartile of every
 /// probe of every run (NaN when none was measured). Not the shortest: on
 /// this host a rare ~30 ns reading sits below the usual ~65 ns one, and a
-/// bar at twice it would call every run far.
+/// bar at twice it would call every run far ([`NEAR_FLOOR`]).
 fn reference_round_trip(runs: &[Run]) -> f64 {
     let mut v: Vec<f64> = runs
         .iter()
@@ -1860,13 +1868,14 @@ fn reference_round_trip(runs: &[Run]) -> f64 {
     v.get(v.len() / 4).copied().unwrap_or(f64::NAN)
 }
 
-/// Whether both line round trips of `r` stayed within [`NEAR_FACTOR`] of
-/// `reference`: the host had the two CPUs near each other before the
-/// backend started and after both stopped (it may still have moved them
-/// apart and back in between: the probes bracket the run, they do not
-/// watch it).
+/// Whether both line round trips of `r` stayed between [`NEAR_FLOOR`] and
+/// [`NEAR_FACTOR`] times `reference`: the host had the two CPUs in their
+/// usual near placement before the backend started and after both stopped
+/// (it may still have moved them apart and back in between: the probes
+/// bracket the run, they do not watch it).
 fn near(r: &Run, reference: f64) -> bool {
-    r.rtt.0 <= reference * NEAR_FACTOR && r.rtt.1 <= reference * NEAR_FACTOR
+    let usual = |x: f64| (reference * NEAR_FLOOR..=reference * NEAR_FACTOR).contains(&x);
+    usual(r.rtt.0) && usual(r.rtt.1)
 }
 
 /// The rows again over the runs whose CPUs stayed near ([`near`]) and
@@ -1884,7 +1893,7 @@ fn near_table(rows: &[Row], runs: &[Run], js: &mut [Value]) -> String {
         .filter(|r| near(r, reference) && !r.steady())
         .count();
     let mut md = format!(
-        "\nThe line round trip between the backend's and the frontend's first CPU was measured before and after each run: its first quartile over the bench was {} ns, and {far} of {} runs read over {NEAR_FACTOR}x that before or after (the host had the two CPUs far apart at that moment, which can slow every backend by up to 2x; see \"Each run\"). The probes bracket a run, they do not watch it; the frontend's counter, read every {} ms, does: of the runs near at both ends, {unsteady} were not steady (the slowest slice under {STEADY}x the fastest: the rate jumped inside the window, as when the host moves the CPUs apart in between). Over the near and steady runs, medians of each backend's runs:\n\n\
+        "\nThe line round trip between the backend's and the frontend's first CPU was measured before and after each run: its first quartile over the bench was {} ns, and {far} of {} runs read over {NEAR_FACTOR}x that before or after (the host had the two CPUs far apart at that moment, which can slow every backend by up to 2x; see \"Each run\"), or under {NEAR_FLOOR}x that (a rarer placement, left out too). The probes bracket a run, they do not watch it; the frontend's counter, read every {} ms, does: of the runs near at both ends, {unsteady} were not steady (the slowest slice under {STEADY}x the fastest: the rate jumped inside the window, as when the host moves the CPUs apart in between). Over the near and steady runs, medians of each backend's runs:\n\n\
          | dir | pairs | vnic filters | runs DPDK / vnic | Mpps wall DPDK -> vnic | vnic/DPDK | Mpps per backend CPU-s DPDK -> vnic | vnic/DPDK |\n\
          | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
         f2(reference),
@@ -2377,7 +2386,8 @@ mod tests {
     }
 
     /// The reference is the first quartile, so a rare short reading does
-    /// not make every run far; a run is near only when both probes are.
+    /// not make every run far; a run is near only when both probes are,
+    /// and a probe far under the reference is not near either.
     #[test]
     fn near_runs_are_judged_against_the_first_quartile() {
         let run = |before: f64, after: f64| probed(Backend::Dpdk, 0.0, before, after);
@@ -2390,8 +2400,11 @@ mod tests {
         ];
         let r = reference_round_trip(&runs);
         assert!((64.0..=67.0).contains(&r), "{r}");
-        let near: Vec<bool> = runs.iter().map(|x| near(x, r)).collect();
-        assert_eq!(near, [true, false, true, false, false]);
+        let judged: Vec<bool> = runs.iter().map(|x| near(x, r)).collect();
+        assert_eq!(judged, [false, false, true, false, false]);
+        assert!(near(&run(0.6 * r, 2.0 * r), r));
+        assert!(!near(&run(0.59 * r, r), r));
+        assert!(!near(&run(r, 2.01 * r), r));
         assert!(reference_round_trip(&[run(f64::NAN, f64::NAN)]).is_nan());
     }
 
