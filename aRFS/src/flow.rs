@@ -116,12 +116,13 @@ impl fmt::Display for L4Proto {
 /// hashing never see stale bytes.
 ///
 /// The key is held as the five little-endian 64-bit words it is hashed
-/// and compared as, and every constructor writes whole words. A key built on the per-frame path and read back at once (to hash
-/// it, then to compare it) is then written and read with 8-byte accesses
-/// only: built from bytes and 2-byte fields instead, its first word was read
-/// back across several narrower stores, which the CPU cannot forward, and
-/// each lookup waited for the stores before it (the frames' copies into
-/// guest memory among them) to reach the cache.
+/// and compared as, and every constructor writes whole words. A key built
+/// on the per-frame path and read back at once (to hash it, then to
+/// compare it) is then written and read with 8-byte accesses only: built
+/// from bytes and 2-byte fields instead, its first word was read back
+/// across several narrower stores, which the CPU cannot forward, and each
+/// lookup waited for the stores before it (the frames' copies into guest
+/// memory among them) to reach the cache.
 ///
 /// Serialized (serde) as the structured object used by the trace:
 /// `{"family":"ipv4","proto":"udp","src":"10.0.0.2","dst":"10.0.0.1","sport":5000,"dport":6000}`.
@@ -1024,6 +1025,16 @@ mod tests {
             80,
             "fe80::2".parse().unwrap(),
             443,
+        );
+        assert_eq!(
+            v6.words(),
+            [
+                0x01bb_0050_0001,
+                0xb80d_0120,
+                0x0100_0000_0000_0000,
+                0x80fe,
+                0x0200_0000_0000_0000
+            ]
         );
         let mut keys = vec![v4, v6, v4.reversed(), v6.reversed()];
         for k in [v4, v6] {

@@ -1843,21 +1843,23 @@ fn slice_rates(marks: &[(Instant, u64)]) -> Vec<f64> {
 }
 
 /// A run is "near" when both its line round trips are at most this many
-/// times the bench's reference round trip ([`reference_round_trip`])...
+/// times the bench's reference round trip ([`reference_round_trip`]),
+/// and at least [`NEAR_FLOOR`] times it.
 const NEAR_FACTOR: f64 = 2.0;
 
-/// ...and at least this many times it. On this host a rare reading near
-/// 29 ns sits below the usual 59-70 ns (4 of ~1030 probes in a day's
-/// runs): another placement of the two vCPUs (sharing a core, perhaps),
-/// not the usual near one, and one DPDK RX run bracketed by it ran at
-/// 10.8 Mpps against its usual 16.5-17.9. Such a run is left out of the
-/// near table rather than counted as near.
+/// The lower edge of "near". On this host a rare reading near 29 ns sits
+/// below the usual 59-70 ns (4 of ~1030 probes in a day's runs): another
+/// placement of the two vCPUs (sharing a core, perhaps), not the usual
+/// near one, and one DPDK RX run that began with it ran at 10.8 Mpps
+/// against its usual 16.5-17.9. Such a run is left out of the near table
+/// rather than counted as near.
 const NEAR_FLOOR: f64 = 0.6;
 
 /// The bench's reference line round trip: the first quartile of every
 /// probe of every run (NaN when none was measured). Not the shortest: on
 /// this host a rare ~30 ns reading sits below the usual ~65 ns one, and a
-/// bar at twice it would call every run far ([`NEAR_FLOOR`]).
+/// bar at twice it would call every run far (and [`NEAR_FLOOR`] keeps
+/// runs with such a reading out of the near ones).
 fn reference_round_trip(runs: &[Run]) -> f64 {
     let mut v: Vec<f64> = runs
         .iter()
