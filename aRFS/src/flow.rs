@@ -197,10 +197,11 @@ impl core::hash::Hash for FlowKey {
     }
 }
 
-fn v4_bytes(a: Ipv4Addr) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[..4].copy_from_slice(&a.octets());
-    b
+/// An IPv4 address's words: its four bytes are the low half of the first
+/// (the wire encoding, zeros after).
+#[inline]
+fn v4_words(octets: [u8; 4]) -> [u64; 2] {
+    [u64::from(u32::from_le_bytes(octets)), 0]
 }
 
 impl FlowKey {
@@ -208,8 +209,8 @@ impl FlowKey {
     pub fn v4(proto: L4Proto, src: Ipv4Addr, src_port: u16, dst: Ipv4Addr, dst_port: u16) -> Self {
         Self {
             head: head(IpFamily::Ipv4, proto, src_port, dst_port),
-            src: addr_words(&v4_bytes(src)),
-            dst: addr_words(&v4_bytes(dst)),
+            src: v4_words(src.octets()),
+            dst: v4_words(dst.octets()),
         }
     }
 
@@ -744,14 +745,11 @@ pub fn ipv4_flow(frame: &[u8]) -> Option<FlowKey> {
         }
         _ => return None,
     };
-    // Whole words (see FlowKey): an IPv4 address is the low half of its
-    // first word. (p.len() >= 20: no bounds check.)
-    let src = u32::from_le_bytes([p[12], p[13], p[14], p[15]]);
-    let dst = u32::from_le_bytes([p[16], p[17], p[18], p[19]]);
+    // Whole words (see FlowKey). (p.len() >= 20: no bounds check.)
     Some(FlowKey {
         head: head(IpFamily::Ipv4, proto, be16(payload, 0), be16(payload, 2)),
-        src: [u64::from(src), 0],
-        dst: [u64::from(dst), 0],
+        src: v4_words([p[12], p[13], p[14], p[15]]),
+        dst: v4_words([p[16], p[17], p[18], p[19]]),
     })
 }
 

@@ -174,8 +174,8 @@ pub struct ServeArgs {
     /// the lines in memory, so a driver on another CPU does not take each one from the worker's
     /// cache; plain stores are cheaper when the driver runs on the worker's CPU. `stream` or
     /// `plain` fixes one (for benchmarks that must not adapt). The guest sees the same bytes,
-    /// before the same used index, in every mode; `ctl stats` counts per queue the frames written plainly (rx_plain) and the mode changes
-    /// (rx_store_switches).
+    /// before the same used index, in every mode; `ctl stats` counts per queue the frames
+    /// written plainly (rx_plain) and the mode changes (rx_store_switches).
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = config::parse_rx_stores)]
     pub rx_stores: config::RxStores,
 }
