@@ -143,20 +143,23 @@ pub struct ServeArgs {
     /// from 172.16.0.0/16 that nothing sends (generated frames miss them). 0..=N, at most 55536.
     #[arg(long, value_name = "M", default_value = "0", value_parser = config::parse_filter_count)]
     pub preload_match: u32,
-    /// Busy-poll each tx ring for up to N microseconds after its last chain before asking the
-    /// driver for kicks again and sleeping (0: never). The spin is adaptive, as QEMU's iothreads
-    /// poll: it starts at 0 and grows (4 us, then doubling up to N) only after the worker slept
-    /// and the next chain came sooner than N; a gap longer than N halves it. So a guest that
-    /// sends a steady stream stops paying a kick and a wake-up per burst (a polling driver such
-    /// as DPDK's virtio PMD otherwise kicks each time the worker catches up), while one that
-    /// sends now and then is never spun for: the cost is at most N us of one CPU after each
-    /// burst that followed a short gap, during which this worker's rx work waits. The spin
-    /// yields the CPU at each turn (a vCPU thread sharing it still runs), and is skipped while
-    /// the batch holds replies or frames for the guest. `ctl stats` counts it per queue
-    /// (tx_spins, tx_spins_found, tx_spin_ns). 0..=1000.
+    /// Busy-poll each tx ring for up to N microseconds after its last chain, and each rx ring
+    /// for up to N after a frame found it out of buffers, before asking the driver for kicks
+    /// again and sleeping (0: never). The spin is adaptive, as QEMU's iothreads poll, with a
+    /// window per ring: it starts at 0 and grows (4 us, then doubling up to N) only after the
+    /// worker slept and the ring's next entry came sooner than N; a gap longer than N halves
+    /// it. So a guest that sends, or takes, a steady stream stops paying a kick and a wake-up
+    /// per burst (a polling driver such as DPDK's virtio PMD otherwise kicks each time the
+    /// worker catches up), while one that sends or refills now and then is never spun for:
+    /// the cost is at most N us of one CPU after each burst that followed a short gap, during
+    /// which this worker's other work waits. The spin yields the CPU at each turn (a vCPU
+    /// thread sharing it still runs); the tx spin is skipped while the batch holds replies or
+    /// frames for the guest, and the rx spin starts after the batch's frames are published.
+    /// `ctl stats` counts it per queue (tx_spins, tx_spins_found, tx_spin_ns; rx_spins,
+    /// rx_spins_found, rx_spin_ns). 0..=1000.
     #[arg(long, value_name = "N", default_value = "32", value_parser = config::parse_poll_us)]
     pub poll_us: u64,
-    /// Spin the whole --poll-us every time a tx ring runs dry instead of adapting (the
+    /// Spin the whole --poll-us every time a ring runs dry instead of adapting (the
     /// behaviour before the adaptive spin; a whole CPU whenever the gaps are shorter than N).
     #[arg(long)]
     pub poll_fixed: bool,

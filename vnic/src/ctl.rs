@@ -726,6 +726,9 @@ mod tests {
             // the pinned values of the others stay as they were.
             w.add(|q| &q.rx_plain, 1001 + 10 * q as u64);
             w.add(|q| &q.rx_store_switches, 1002 + 10 * q as u64);
+            w.add(|q| &q.rx_spins, 1003 + 10 * q as u64);
+            w.add(|q| &q.rx_spins_found, 1004 + 10 * q as u64);
+            w.add(|q| &q.rx_spin_ns, 1005 + 10 * q as u64);
             for (i, r) in BadTx::ALL.iter().enumerate() {
                 for _ in 0..=(i + q) {
                     w.count_bad_tx(*r);

@@ -98,6 +98,11 @@ pub(crate) struct QueueStats {
     /// rest of rx_packets streamed), and the store mode's changes.
     pub rx_plain: OwnedCounter,
     pub rx_store_switches: OwnedCounter,
+    /// `--poll-us`: spins for rx buffers after a frame found none, those
+    /// that found some, and the wall time they took (ns).
+    pub rx_spins: OwnedCounter,
+    pub rx_spins_found: OwnedCounter,
+    pub rx_spin_ns: OwnedCounter,
     pub tx_packets: OwnedCounter,
     pub tx_bytes: OwnedCounter,
     /// `--poll-us`: spins for more tx chains, those that found one, and
@@ -148,6 +153,9 @@ impl QueueStats {
             rx_rss: self.rx_rss.get(),
             rx_plain: self.rx_plain.get(),
             rx_store_switches: self.rx_store_switches.get(),
+            rx_spins: self.rx_spins.get(),
+            rx_spins_found: self.rx_spins_found.get(),
+            rx_spin_ns: self.rx_spin_ns.get(),
             tx_packets: self.tx_packets.get(),
             tx_bytes: self.tx_bytes.get(),
             tx_spins: self.tx_spins.get(),

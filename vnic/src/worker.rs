@@ -23,7 +23,7 @@ use crate::peer::gen::GenPeer;
 use crate::peer::tap::TapPeer;
 use crate::peer::{AnyPeer, Peer};
 use crate::stats::add;
-use crate::virtq::ring::needs_notification;
+use crate::virtq::ring::{needs_notification, poll_avail};
 use crate::virtq::rx::{RxBatch, RxCarry};
 use crate::virtq::tx::{TxChain, TxRing};
 use crate::virtq::{Mem, StopLatch, Vring, NET_HDR_LEN};
@@ -61,8 +61,10 @@ pub(crate) struct Worker {
     /// The rings the device stopped (a driver it cannot follow).
     rx_stop: StopLatch,
     tx_stop: StopLatch,
-    /// How long to spin for tx chains before sleeping (`--poll-us`).
-    tx_poll: TxPoll,
+    /// How long to spin for tx chains, and for rx buffers, before sleeping
+    /// (`--poll-us`).
+    tx_poll: RingPoll,
+    rx_poll: RingPoll,
 }
 
 impl Worker {
@@ -104,7 +106,8 @@ impl Worker {
             rx_carry: RxCarry::new(sh.cfg.rx_stores),
             rx_stop: StopLatch::default(),
             tx_stop: StopLatch::default(),
-            tx_poll: TxPoll::new(sh.cfg.poll),
+            tx_poll: RingPoll::new(sh.cfg.poll),
+            rx_poll: RingPoll::new(sh.cfg.poll),
         })
     }
 
@@ -182,8 +185,14 @@ impl Worker {
                     .stop(restarts, why, &qs.rx_stops, &qs.rx_stopped, id, "rx");
                 vrings[0].signal_err();
             }
-            // Out of buffers at the last look: has the driver added some?
-            Ok(more) => self.router.recheck_starved(|| more),
+            Ok(more) => {
+                if more {
+                    // Back at a ring that ran out of buffers: the gap.
+                    self.rx_poll.woke_now();
+                }
+                // Out of buffers at the last look: has the driver added some?
+                self.router.recheck_starved(|| more);
+            }
         }
         self.router.begin();
         self.router.drain_inbox(&mut b, &mut self.own);
@@ -204,10 +213,27 @@ impl Worker {
         // The batch's mode: set at open, changed only by b.finish.
         let plain = !self.rx_carry.streams();
         let r = &self.router;
-        if b.finish(r.id, r.flags.added, r.flags.nobufs, &mut self.rx_carry) {
+        let end = b.finish(
+            r.id,
+            r.flags.added,
+            r.flags.nobufs,
+            &mut self.rx_carry,
+            self.rx_poll.window(),
+        );
+        if end.again {
             r.inbox().wake();
         }
+        if let Some(at) = end.slept_from {
+            self.rx_poll.went_idle(at);
+        }
         let w = r.stats();
+        if let Some((took, found)) = end.spun {
+            w.add(|q| &q.rx_spins, 1);
+            w.add(|q| &q.rx_spin_ns, took.as_nanos() as u64);
+            if found {
+                w.add(|q| &q.rx_spins_found, 1);
+            }
+        }
         if plain {
             let n = w.queue().rx_packets.get().wrapping_sub(rx_before);
             if n > 0 {
@@ -332,7 +358,8 @@ impl Worker {
             let mut dry = None;
             if !window.is_zero() {
                 let start = *dry.insert(Instant::now());
-                let found = poll_tx(tx.get_queue(), &*mem, window);
+                let q = tx.get_queue();
+                let found = poll_avail(q, &*mem, q.next_avail(), window);
                 let w = self.router.stats();
                 w.add(|q| &q.tx_spins, 1);
                 w.add(|q| &q.tx_spin_ns, start.elapsed().as_nanos() as u64);
@@ -373,15 +400,18 @@ impl Worker {
     }
 }
 
-/// The spin of `--poll-us`: how long a worker waits for more tx chains,
-/// kicks still off, before it re-enables them and sleeps. Adaptive (unless
-/// `--poll-fixed`), as QEMU's iothreads and KVM's halt polling are: the
-/// window starts at zero and is set by the gaps the worker sees between
-/// running dry and the next chain, so a guest that sends now and then is
-/// never spun for, and one that sends a steady stream is not made to kick
-/// after each burst.
+/// The spin of `--poll-us` on one ring: how long a worker waits, kicks
+/// still off, for more tx chains after the last, or for rx buffers after a
+/// frame found none, before it re-enables kicks and sleeps. One per ring
+/// and worker. Adaptive (unless `--poll-fixed`), as QEMU's iothreads and
+/// KVM's halt polling are: the window starts at zero and is set by the
+/// gaps the worker sees between the ring running dry and its next entry,
+/// so a guest that sends (or refills) now and then is never spun for, and
+/// one that sends a steady stream, or takes one, is not made to kick after
+/// each burst (a polling driver's kick is a `write()` on an eventfd, and
+/// the worker's wake-up after it).
 #[derive(Debug)]
-struct TxPoll {
+struct RingPoll {
     cfg: PollCfg,
     window: Duration,
     /// When the ring last ran dry before the worker slept.
@@ -391,7 +421,7 @@ struct TxPoll {
 /// The first window after zero.
 const POLL_START: Duration = Duration::from_micros(4);
 
-impl TxPoll {
+impl RingPoll {
     fn new(cfg: PollCfg) -> Self {
         Self {
             cfg,
@@ -410,7 +440,7 @@ impl TxPoll {
         self.dry_since = Some(at);
     }
 
-    /// The worker is at the tx ring again (the clock read only after a
+    /// The worker finds the ring's next entry (the clock read only after a
     /// sleep).
     fn woke_now(&mut self) {
         if self.dry_since.is_some() {
@@ -418,7 +448,7 @@ impl TxPoll {
         }
     }
 
-    /// The worker is at the tx ring again at `now`.
+    /// The worker finds the ring's next entry at `now`.
     fn woke(&mut self, now: Instant) {
         if let Some(since) = self.dry_since.take() {
             if !self.cfg.fixed {
@@ -427,7 +457,7 @@ impl TxPoll {
         }
     }
 
-    /// After a sleep that a spin of `window` did not avoid: the next chain
+    /// After a sleep that a spin of `window` did not avoid: the next entry
     /// came `gap` after the ring ran dry. Within reach of `max`: a longer
     /// window would have saved the sleep and the driver's kick, so it
     /// grows (4 us, then doubling). Beyond: spinning would only have burnt
@@ -453,36 +483,9 @@ impl TxPoll {
     }
 }
 
-/// Spins for up to `poll` until the driver makes a chain available on `q`
-/// (`--poll-us`); true when it did.
-fn poll_tx<M: vm_memory::GuestMemory>(q: &virtio_queue::Queue, mem: &M, poll: Duration) -> bool {
-    let start = Instant::now();
-    let next = std::num::Wrapping(q.next_avail());
-    loop {
-        match q.avail_idx(mem, std::sync::atomic::Ordering::Acquire) {
-            Ok(i) if i != next => return true,
-            Ok(_) => {}
-            Err(_) => return false,
-        }
-        if start.elapsed() >= poll {
-            return false;
-        }
-        // Give the CPU up at each turn: where the driver's thread (a TCG
-        // vCPU, a test frontend) shares this CPU, keeping it would starve
-        // the thread that adds the chain this spin waits for (found by
-        // tests/poll.rs's burst test: 0 of 15 spins found in some runs).
-        // Alone on its CPU the call returns at once.
-        std::thread::yield_now();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
-    use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
-    use virtio_queue::mock::MockSplitQueue;
-    use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     fn us(n: u64) -> Duration {
         Duration::from_micros(n)
@@ -490,7 +493,7 @@ mod tests {
 
     /// Sleeps with the next chain `gap` after the ring ran dry; the window
     /// after it.
-    fn sleep(p: &mut TxPoll, gap: Duration) -> Duration {
+    fn sleep(p: &mut RingPoll, gap: Duration) -> Duration {
         // In the past: the gap is counted from the instant given, not from
         // when went_idle was called (the spin before the sleep counts).
         let now = Instant::now();
@@ -502,7 +505,7 @@ mod tests {
 
     #[test]
     fn the_spin_grows_only_after_gaps_a_spin_could_have_covered() {
-        let mut p = TxPoll::new(PollCfg {
+        let mut p = RingPoll::new(PollCfg {
             max: us(32),
             fixed: false,
         });
@@ -541,14 +544,14 @@ mod tests {
 
     #[test]
     fn a_ceiling_below_the_first_window_or_zero_bounds_the_spin() {
-        let mut p = TxPoll::new(PollCfg {
+        let mut p = RingPoll::new(PollCfg {
             max: us(3),
             fixed: false,
         });
         assert_eq!(sleep(&mut p, us(1)), us(3));
         assert_eq!(sleep(&mut p, us(5)), Duration::ZERO);
         // --poll-us 0: never spins, whatever the gaps.
-        let mut p = TxPoll::new(PollCfg {
+        let mut p = RingPoll::new(PollCfg {
             max: Duration::ZERO,
             fixed: false,
         });
@@ -559,34 +562,12 @@ mod tests {
 
     #[test]
     fn a_fixed_spin_is_the_whole_ceiling_whatever_the_gaps() {
-        let mut p = TxPoll::new(PollCfg {
+        let mut p = RingPoll::new(PollCfg {
             max: us(50),
             fixed: true,
         });
         for g in [1, 49, 51, 10_000, 2] {
             assert_eq!(sleep(&mut p, us(g)), us(50));
         }
-    }
-
-    #[test]
-    fn poll_tx_waits_for_a_chain_and_no_longer_than_asked() {
-        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap();
-        let mq = MockSplitQueue::new(&m, 16);
-        let q: virtio_queue::Queue = mq.create_queue().unwrap();
-        // Nothing available: it gives up after the time asked.
-        let t = Instant::now();
-        assert!(!poll_tx(&q, &m, Duration::from_micros(300)));
-        assert!(t.elapsed() >= Duration::from_micros(300));
-        // A chain available: found at once.
-        mq.build_desc_chain(&[RawDescriptor::from(SplitDescriptor::new(
-            0x8000,
-            64,
-            VRING_DESC_F_WRITE as u16,
-            0,
-        ))])
-        .unwrap();
-        let t = Instant::now();
-        assert!(poll_tx(&q, &m, Duration::from_secs(5)));
-        assert!(t.elapsed() < Duration::from_secs(1));
     }
 }

@@ -216,6 +216,17 @@ pub struct QueueStats {
     /// probe of the other mode, and each change it kept).
     #[serde(default)]
     pub rx_store_switches: u64,
+    /// `--poll-us`: times the worker spun for rx buffers after a frame
+    /// found none (instead of asking the driver for a kick at once), those
+    /// spins that found some, and their wall time in nanoseconds, as for
+    /// `tx_spins`. Absent from daemons older than the rx spin (read as
+    /// zero).
+    #[serde(default)]
+    pub rx_spins: u64,
+    #[serde(default)]
+    pub rx_spins_found: u64,
+    #[serde(default)]
+    pub rx_spin_ns: u64,
     pub tx_packets: u64,
     pub tx_bytes: u64,
     /// `--poll-us`: times the worker spun for more tx chains instead of
@@ -580,6 +591,9 @@ mod tests {
                 "tx_spin_ns",
                 "rx_plain",
                 "rx_store_switches",
+                "rx_spins",
+                "rx_spins_found",
+                "rx_spin_ns",
             ] {
                 q.remove(k).unwrap();
             }
@@ -589,6 +603,8 @@ mod tests {
         for (a, b) in s.queues.iter().zip(&full.queues) {
             assert_eq!((a.tx_spins, a.tx_spins_found, a.tx_spin_ns), (0, 0, 0));
             assert_eq!((a.rx_plain, a.rx_store_switches), (0, 0));
+            assert_eq!((a.rx_spins, a.rx_spins_found, a.rx_spin_ns), (0, 0, 0));
+            assert_ne!(b.rx_spins, 0);
             assert_ne!(b.tx_spins, 0);
             assert_ne!(b.rx_plain, 0);
             assert_eq!(a.tx_packets, b.tx_packets);

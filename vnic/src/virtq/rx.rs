@@ -8,7 +8,7 @@
 
 use std::num::Wrapping;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vhost_user_backend::VringState;
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
@@ -18,7 +18,7 @@ use vm_memory::{
 };
 
 use super::chain::Chain as Walk;
-use super::ring::{needs_notification, RingView};
+use super::ring::{needs_notification, poll_avail, RingView};
 use super::stores::StoreChoice;
 use super::{Mem, RingStop, NET_HDR_LEN};
 use crate::config::RxStores;
@@ -699,22 +699,28 @@ impl<'m> RxBatch<'m> {
     }
 
     /// Ends the batch: publishes what it added, interrupts the driver if
-    /// it asked for it (`added`: the batch used chains), and when the queue
-    /// ran out of buffers (`nobufs`) asks the driver for a kick. Returns
-    /// true when the worker must come back at once: with EVENT_IDX, buffers
-    /// the driver added before it saw the new `avail_event` raise no kick.
-    /// [`RxCarry`] keeps that to once per avail index (a ring holding too
-    /// few buffers for the frame also reads as "more arrived", and must not
-    /// spin).
+    /// it asked for it (`added`: the batch used chains), and when a frame
+    /// found the queue out of buffers (`nobufs`) waits for the driver to
+    /// add some: spins for up to `spin` with kicks still off (`--poll-us`;
+    /// the used index is already published, so the driver can take the
+    /// frames and refill while the worker spins), then asks the driver for
+    /// a kick. With EVENT_IDX, buffers the driver added before it saw the
+    /// new `avail_event` raise no kick: [`RxEnd::again`] then (kept by
+    /// [`RxCarry`] to once per avail index: a ring holding too few buffers
+    /// for the frame also reads as "more arrived", and must not spin).
     pub(crate) fn finish(
         mut self,
         pair: usize,
         added: bool,
         nobufs: bool,
         carry: &mut RxCarry,
-    ) -> bool {
+        spin: Duration,
+    ) -> RxEnd {
         let ready = self.ring.is_some();
+        // The avail index as the batch last read it.
+        let mut seen = 0;
         if let Some(r) = self.ring.take() {
+            seen = r.r.positions().0;
             let used = r.finish(self.vring.get_queue_mut());
             carry.store.delivered(used.wrapping_sub(self.start_used));
             if self.timed {
@@ -735,29 +741,58 @@ impl<'m> RxBatch<'m> {
                 }
             }
         }
+        let mut end = RxEnd::default();
         if !(nobufs && ready) {
-            return false;
+            return end;
         }
+        // The ring ran dry now: the start of the gap the spin adapts to.
+        let dry = if spin.is_zero() {
+            None
+        } else {
+            let start = Instant::now();
+            let found = poll_avail(rx.get_queue(), self.mem, seen, spin);
+            end.spun = Some((start.elapsed(), found));
+            if found {
+                end.again = true;
+                return end;
+            }
+            Some(start)
+        };
         let on = rx.enable_notification();
         if on.is_ok() {
             carry.off = None;
         }
         match on {
-            Ok(false) => false,
+            Ok(false) => {}
             Ok(true) => {
                 let avail = rx.get_queue().avail_idx(self.mem, Ordering::Acquire).ok();
                 if avail.is_some() && avail != carry.retry_avail {
                     carry.retry_avail = avail;
-                    return true;
+                    end.again = true;
+                    return end;
                 }
-                false
             }
             Err(e) => {
                 log::debug!("pair {pair}: rx enable_notification: {e}");
-                false
+                return end;
             }
         }
+        end.slept_from = Some(dry.unwrap_or_else(Instant::now));
+        end
     }
+}
+
+/// How an rx batch ended ([`RxBatch::finish`]).
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct RxEnd {
+    /// The worker must come back at once: buffers arrived during the spin,
+    /// or before the driver could see that kicks are on again.
+    pub(crate) again: bool,
+    /// The spin for buffers: how long it took, whether it found some.
+    pub(crate) spun: Option<(Duration, bool)>,
+    /// Kicks are on and the worker waits for one: the queue ran out of
+    /// buffers at this instant (before the spin).
+    pub(crate) slept_from: Option<Instant>,
 }
 
 #[cfg(test)]
@@ -1712,21 +1747,94 @@ mod tests {
         let mut st = vring.get_mut();
         let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
         assert_eq!(flags(&m), 1, "off at the first batch");
-        assert!(!b.finish(0, false, false, &mut carry));
+        assert_eq!(
+            b.finish(0, false, false, &mut carry, NO_SPIN),
+            RxEnd::default()
+        );
         assert_eq!(flags(&m), 1, "still off after a batch with buffers");
         let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
-        b.finish(0, false, true, &mut carry);
+        b.finish(0, false, true, &mut carry, NO_SPIN);
         assert_eq!(flags(&m), 0, "on when the ring ran out of buffers");
         let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
         assert_eq!(flags(&m), 1, "off again at the next batch");
-        b.finish(0, false, false, &mut carry);
+        b.finish(0, false, false, &mut carry, NO_SPIN);
         // The frontend set the ring up again (flags back to 0).
         m.write_obj(0u16, mq.used_addr()).unwrap();
         let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
         assert_eq!(flags(&m), 0, "same restart count: the latch holds");
-        b.finish(0, false, false, &mut carry);
+        b.finish(0, false, false, &mut carry, NO_SPIN);
         let b = RxBatch::open(&mut st, &m, false, &mut carry, 1);
         assert_eq!(flags(&m), 1, "a restarted ring: off anew");
-        b.finish(0, false, false, &mut carry);
+        b.finish(0, false, false, &mut carry, NO_SPIN);
+    }
+
+    const NO_SPIN: Duration = Duration::ZERO;
+
+    /// Out of buffers, the worker spins for new ones with kicks still off:
+    /// buffers the driver added since the batch last read the avail index
+    /// end the spin (the worker comes back at once, no kick asked), and
+    /// buffers it had already seen do not (too few for the frame: waiting
+    /// on them would spin for ever); a spin that finds none turns kicks on
+    /// and reports when the ring ran dry.
+    #[test]
+    fn out_of_buffers_the_worker_spins_for_new_ones_only() {
+        use vhost_user_backend::{VringRwLock, VringT};
+        let m = mem();
+        let mq = MockSplitQueue::new(&m, 16);
+        let vring = VringRwLock::new(Mem::new(m.clone()), 16).unwrap();
+        vring.set_queue_size(16);
+        vring
+            .set_queue_info(mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0)
+            .unwrap();
+        vring.set_queue_ready(true);
+        vring.set_enabled(true);
+        let flags = |m: &GuestMemoryMmap| m.read_obj::<u16>(mq.used_addr()).unwrap();
+        let mut carry = RxCarry::default();
+        let mut st = vring.get_mut();
+        let long = Duration::from_secs(5);
+        // Added after the batch's last look: found at once.
+        let mut b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
+        assert_eq!(b.check_avail(), Ok(false));
+        post(&mq, 1, 2048);
+        let t = Instant::now();
+        let end = b.finish(0, false, true, &mut carry, long);
+        assert!(t.elapsed() < Duration::from_secs(1), "{end:?}");
+        assert!(end.again, "{end:?}");
+        assert!(matches!(end.spun, Some((_, true))), "{end:?}");
+        assert_eq!(end.slept_from, None);
+        assert_eq!(flags(&m), 1, "kicks still off");
+        // The same buffer, now seen by the batch: the spin runs its whole
+        // window, then kicks go on (and the once-per-avail-index re-check
+        // brings the worker back once).
+        let window = Duration::from_millis(2);
+        let mut b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
+        assert_eq!(b.check_avail(), Ok(true));
+        let t = Instant::now();
+        let end = b.finish(0, false, true, &mut carry, window);
+        assert!(t.elapsed() >= window, "{end:?}");
+        assert!(
+            matches!(end.spun, Some((d, false)) if d >= window),
+            "{end:?}"
+        );
+        assert!(end.again, "{end:?}");
+        assert_eq!(flags(&m), 0, "kicks on");
+        // Again on the same buffer: the worker sleeps, dry since before
+        // the spin.
+        let mut b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
+        assert_eq!(b.check_avail(), Ok(true));
+        let t = Instant::now();
+        let end = b.finish(0, false, true, &mut carry, window);
+        assert!(matches!(end.spun, Some((_, false))), "{end:?}");
+        assert!(!end.again, "{end:?}");
+        assert!(
+            end.slept_from.is_some_and(|at| at >= t && at <= t + window),
+            "{end:?}"
+        );
+        assert_eq!(flags(&m), 0, "kicks on");
+        // Without a window: no spin.
+        let b = RxBatch::open(&mut st, &m, false, &mut carry, 0);
+        let end = b.finish(0, false, true, &mut carry, NO_SPIN);
+        assert_eq!(end.spun, None);
+        assert!(end.slept_from.is_some());
     }
 }

@@ -850,6 +850,10 @@ struct Run {
     /// vnic RX: frames written into the frontend's buffers with plain
     /// stores in the window (`ctl stats` rx_plain; the rest streamed).
     rx_plain: Option<u64>,
+    /// vnic RX: its spins for rx buffers in the window (`ctl stats`
+    /// rx_spins, rx_spins_found: each found one a kick the frontend did
+    /// not make and a sleep the worker did not take).
+    rx_spins: Option<(u64, u64)>,
     /// The frontend's totals as it stopped (rx, tx).
     frontend_exit: Option<(u64, u64)>,
     /// testpmd's busy cycles per packet: the frontend's, and the
@@ -967,6 +971,8 @@ impl Run {
             "vnic_gen_sent": self.gen_sent,
             "vnic_rx_drops_no_buffers": self.rx_no_buffers,
             "vnic_rx_plain": self.rx_plain,
+            "vnic_rx_spins": self.rx_spins.map(|s| s.0),
+            "vnic_rx_spins_found": self.rx_spins.map(|s| s.1),
             "frontend_exit_rx_tx": self.frontend_exit,
             "frontend_busy_cycles_per_packet": self.frontend_cycles,
             "backend_busy_cycles_per_packet": self.backend_cycles,
@@ -1427,6 +1433,14 @@ impl Bench {
             }
             _ => None,
         };
+        let rx_spins = match (&a.vnic_stats, &b.vnic_stats) {
+            (Some(sa), Some(sb)) if dir == Dir::Rx => {
+                let delta =
+                    |f: fn(&QueueStats) -> u64| sum_queues(sb, f).saturating_sub(sum_queues(sa, f));
+                Some((delta(|q| q.rx_spins), delta(|q| q.rx_spins_found)))
+            }
+            _ => None,
+        };
         drop(tele);
         drop(back_tele);
         drop(ctl);
@@ -1461,6 +1475,7 @@ impl Bench {
             gen_sent,
             rx_no_buffers,
             rx_plain,
+            rx_spins,
             frontend_exit,
             frontend_cycles,
             backend_cycles,
@@ -1501,9 +1516,11 @@ impl Bench {
             run.backend_packets,
             match (run.gen_sent, run.rx_no_buffers) {
                 (Some(made), Some(dropped)) => format!(
-                    "; generated {made}, {dropped} dropped for want of a buffer ({} %); {} % written with plain stores",
+                    "; generated {made}, {dropped} dropped for want of a buffer ({} %); {} % written with plain stores; {} spins for rx buffers, {} found some",
                     f2(run.no_buf_pct()),
-                    f2(run.plain_pct())
+                    f2(run.plain_pct()),
+                    run.rx_spins.map_or(0, |s| s.0),
+                    run.rx_spins.map_or(0, |s| s.1)
                 ),
                 _ => String::new(),
             }
@@ -2346,6 +2363,7 @@ mod tests {
             rx_rss: None,
             gen_sent: None,
             rx_no_buffers: None,
+            rx_spins: None,
             rx_plain: None,
             frontend_exit: None,
             frontend_cycles: None,
