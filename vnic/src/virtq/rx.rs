@@ -1726,22 +1726,32 @@ mod tests {
         assert!(needs_notification(&q, &m, 0));
     }
 
-    /// The driver's rx kicks are off from the first batch (NO_NOTIFY in the
-    /// used ring's flags), on again when the ring runs out of buffers, off
-    /// again at the next batch; a restarted ring gets them turned off anew.
-    #[test]
-    fn rx_kicks_are_off_while_working_and_on_when_starved() {
+    /// The vring of `mq` as the frontend leaves it: sized, placed, ready
+    /// and enabled.
+    fn running_vring(
+        m: &GuestMemoryMmap,
+        mq: &MockSplitQueue<'_, GuestMemoryMmap>,
+    ) -> vhost_user_backend::VringRwLock<Mem> {
         use vhost_user_backend::{VringRwLock, VringT};
-        let m = mem();
-        let mq = MockSplitQueue::new(&m, 16);
-        let mem = Mem::new(m.clone());
-        let vring = VringRwLock::new(mem, 16).unwrap();
+        let vring = VringRwLock::new(Mem::new(m.clone()), 16).unwrap();
         vring.set_queue_size(16);
         vring
             .set_queue_info(mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0)
             .unwrap();
         vring.set_queue_ready(true);
         vring.set_enabled(true);
+        vring
+    }
+
+    /// The driver's rx kicks are off from the first batch (NO_NOTIFY in the
+    /// used ring's flags), on again when the ring runs out of buffers, off
+    /// again at the next batch; a restarted ring gets them turned off anew.
+    #[test]
+    fn rx_kicks_are_off_while_working_and_on_when_starved() {
+        use vhost_user_backend::VringT;
+        let m = mem();
+        let mq = MockSplitQueue::new(&m, 16);
+        let vring = running_vring(&m, &mq);
         let flags = |m: &GuestMemoryMmap| m.read_obj::<u16>(mq.used_addr()).unwrap();
         let mut carry = RxCarry::default();
         let mut st = vring.get_mut();
@@ -1778,16 +1788,10 @@ mod tests {
     /// and reports when the ring ran dry.
     #[test]
     fn out_of_buffers_the_worker_spins_for_new_ones_only() {
-        use vhost_user_backend::{VringRwLock, VringT};
+        use vhost_user_backend::VringT;
         let m = mem();
         let mq = MockSplitQueue::new(&m, 16);
-        let vring = VringRwLock::new(Mem::new(m.clone()), 16).unwrap();
-        vring.set_queue_size(16);
-        vring
-            .set_queue_info(mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0)
-            .unwrap();
-        vring.set_queue_ready(true);
-        vring.set_enabled(true);
+        let vring = running_vring(&m, &mq);
         let flags = |m: &GuestMemoryMmap| m.read_obj::<u16>(mq.used_addr()).unwrap();
         let mut carry = RxCarry::default();
         let mut st = vring.get_mut();
