@@ -308,6 +308,19 @@ impl FlowKey {
         addr_bytes(self.dst)
     }
 
+    /// An IPv4 key's source address octets ([`v4_words`] undone: the
+    /// first four wire bytes, without building all sixteen).
+    #[inline]
+    pub(crate) fn src_v4(&self) -> [u8; 4] {
+        (self.src[0] as u32).to_le_bytes()
+    }
+
+    /// An IPv4 key's destination address octets (see [`FlowKey::src_v4`]).
+    #[inline]
+    pub(crate) fn dst_v4(&self) -> [u8; 4] {
+        (self.dst[0] as u32).to_le_bytes()
+    }
+
     /// The same flow seen from the other side (addresses and ports swapped).
     #[must_use]
     pub const fn reversed(&self) -> Self {

@@ -205,14 +205,7 @@ impl Toeplitz {
     pub fn hash_flow(&self, k: &FlowKey) -> u32 {
         match k.family() {
             IpFamily::Ipv4 => {
-                let s = k.src_bytes();
-                let d = k.dst_bytes();
-                self.hash_v4_ports(
-                    [s[0], s[1], s[2], s[3]],
-                    [d[0], d[1], d[2], d[3]],
-                    k.src_port(),
-                    k.dst_port(),
-                )
+                self.hash_v4_ports(k.src_v4(), k.dst_v4(), k.src_port(), k.dst_port())
             }
             IpFamily::Ipv6 => {
                 self.hash_v6_ports(&k.src_bytes(), &k.dst_bytes(), k.src_port(), k.dst_port())

@@ -1410,37 +1410,24 @@ impl Bench {
         };
         front.check()?;
         back.check()?;
-        let (rx_filter, rx_rss) = match (&a.vnic_stats, &b.vnic_stats) {
-            (Some(sa), Some(sb)) if dir == Dir::Rx => (
-                Some(sum_queues(sb, |q| q.rx_filter) - sum_queues(sa, |q| q.rx_filter)),
-                Some(sum_queues(sb, |q| q.rx_rss) - sum_queues(sa, |q| q.rx_rss)),
-            ),
-            _ => (None, None),
-        };
-        let (gen_sent, rx_no_buffers) = match (&a.vnic_stats, &b.vnic_stats) {
-            (Some(sa), Some(sb)) if dir == Dir::Rx => (
-                Some(sb.peer.gen_sent.saturating_sub(sa.peer.gen_sent)),
-                Some(
-                    sum_queues(sb, |q| q.rx_drops_no_buffers)
-                        .saturating_sub(sum_queues(sa, |q| q.rx_drops_no_buffers)),
-                ),
-            ),
-            _ => (None, None),
-        };
-        let rx_plain = match (&a.vnic_stats, &b.vnic_stats) {
-            (Some(sa), Some(sb)) if dir == Dir::Rx => {
-                Some(sum_queues(sb, |q| q.rx_plain).saturating_sub(sum_queues(sa, |q| q.rx_plain)))
-            }
-            _ => None,
-        };
-        let rx_spins = match (&a.vnic_stats, &b.vnic_stats) {
-            (Some(sa), Some(sb)) if dir == Dir::Rx => {
-                let delta =
-                    |f: fn(&QueueStats) -> u64| sum_queues(sb, f).saturating_sub(sum_queues(sa, f));
-                Some((delta(|q| q.rx_spins), delta(|q| q.rx_spins_found)))
-            }
-            _ => None,
-        };
+        // vnic RX: what its counters grew by over the window.
+        let (rx_filter, rx_rss, gen_sent, rx_no_buffers, rx_plain, rx_spins) =
+            match (&a.vnic_stats, &b.vnic_stats) {
+                (Some(sa), Some(sb)) if dir == Dir::Rx => {
+                    let delta = |f: fn(&QueueStats) -> u64| {
+                        sum_queues(sb, f).saturating_sub(sum_queues(sa, f))
+                    };
+                    (
+                        Some(delta(|q| q.rx_filter)),
+                        Some(delta(|q| q.rx_rss)),
+                        Some(sb.peer.gen_sent.saturating_sub(sa.peer.gen_sent)),
+                        Some(delta(|q| q.rx_drops_no_buffers)),
+                        Some(delta(|q| q.rx_plain)),
+                        Some((delta(|q| q.rx_spins), delta(|q| q.rx_spins_found))),
+                    )
+                }
+                _ => (None, None, None, None, None, None),
+            };
         drop(tele);
         drop(back_tele);
         drop(ctl);
