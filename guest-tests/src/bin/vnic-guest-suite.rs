@@ -12,6 +12,7 @@ use guest_tests::scenarios::poke::{self, RunArgs};
 use guest_tests::scenarios::{
     self, report_line, BootKind, Family, Outcome, Session, Settings, Tools, Topology,
 };
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -446,7 +447,9 @@ fn main() -> ExitCode {
     let start = Instant::now();
     eprintln!("[guest-tests] artifacts in {}", art_root.display());
     let mut outcomes: Vec<Outcome> = Vec::new();
-    let mut extra_failures = 0usize;
+    // Failures that are not a scenario's outcome (a teardown, a wedged
+    // guest): the lines printed for them, recalled at the end.
+    let mut extra_failures: Vec<String> = Vec::new();
     let mut retried_boots = 0usize;
     let tools = match Tools::build() {
         Ok(t) => Some(t),
@@ -554,14 +557,25 @@ fn main() -> ExitCode {
         }
     }
     let passed = outcomes.iter().filter(|o| o.passed()).count();
-    let mut failed = outcomes.len() - passed + extra_failures;
     // One retried boot (a TCG hang or a QEMU assertion) is tolerated and
     // shown; a second in one run is no longer chance and fails the run.
     if retried_boots > MAX_RETRIED_BOOTS {
-        failed += 1;
-        println!(
+        let line = format!(
             "retried boots: FAIL  {retried_boots} boots needed a second attempt, at most {MAX_RETRIED_BOOTS} tolerated per run"
         );
+        println!("{line}");
+        extra_failures.push(line);
+    }
+    let failed = outcomes.len() - passed + extra_failures.len();
+    if failed > 0 {
+        // Recalled last: a CI log that keeps only its tail still names them.
+        println!("[guest-tests] what failed:");
+        for o in outcomes.iter().filter(|o| !o.passed()) {
+            println!("{}", report_line(o));
+        }
+        for line in &extra_failures {
+            println!("{line}");
+        }
     }
     eprintln!(
         "[guest-tests] done in {:.0}s; artifacts in {}",
@@ -589,7 +603,7 @@ fn run_boot(
     settings: &Settings,
     art_root: &std::path::Path,
     outcomes: &mut Vec<Outcome>,
-    extra_failures: &mut usize,
+    extra_failures: &mut Vec<String>,
     retried_boots: &mut usize,
 ) {
     let fail_all = |group: &[String], why: &str, outcomes: &mut Vec<Outcome>| {
@@ -682,11 +696,12 @@ fn run_boot(
             // request: the one that hung it is reported above, the others
             // run on a fresh boot (its artifacts in <label>-rebootN/).
             reboots += 1;
-            *extra_failures += 1;
-            println!(
+            let line = format!(
                 "teardown {blabel:<13} FAIL  guest unresponsive after {s}: rebooting for {} more scenario(s)",
                 rest.len()
             );
+            println!("{line}");
+            extra_failures.push(line);
             drop(session);
             match boot(
                 &format!("{blabel}-reboot{reboots}"),
@@ -705,11 +720,12 @@ fn run_boot(
             "teardown {blabel:<13} PASS  module unloaded, kernel log clean, guest powered off"
         );
     } else {
-        *extra_failures += 1;
-        println!("teardown {blabel:<13} FAIL");
+        let mut line = format!("teardown {blabel:<13} FAIL");
         for p in problems {
-            println!("    - {p}");
+            let _ = write!(line, "\n    - {p}");
         }
+        println!("{line}");
+        extra_failures.push(line);
     }
 }
 
