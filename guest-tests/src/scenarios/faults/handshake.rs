@@ -9,16 +9,40 @@
 use super::super::{Checks, Session};
 use super::dev_delta;
 use crate::harness::Result;
+use std::time::{Duration, Instant};
+
+/// How long the module may take to count the rogue's last frames once it is
+/// off (they are in flight for milliseconds; a TCG guest under load can
+/// hold them in its rx path for tens).
+const SETTLE: Duration = Duration::from_secs(2);
 
 pub(in crate::scenarios) fn handshake(s: &mut Session, c: &mut Checks) -> Result<String> {
     let d0 = s.guest.ctl.stats()?;
     s.guest.ctl.set("rogue_responder", 1)?;
     let steered = steer_with_a_rogue(s, c);
     s.guest.ctl.set("rogue_responder", 0)?;
-    // A fresh module (the scenario's setup unloaded it): its counters
-    // started at zero with the rogue already answering.
-    let m = steered?;
-    let d1 = s.guest.ctl.stats()?;
+    steered?;
+    // The rogue is off: it sends nothing more, but what it sent just before
+    // (a CAPS for the module's keepalive HELLO, every ~2 s) may still be on
+    // its way. Each round reads the module, then the device: every frame
+    // the module counted was sent before the device's read, so the lower
+    // bound holds on any round and the module may take ACKs only the later
+    // read counts. Rounds go on until the module has accounted for every
+    // rogue frame (the upper bound), or for SETTLE: a frame still missing
+    // after that was not counted.
+    let t = Instant::now();
+    let (m, d1) = loop {
+        // A fresh module (the scenario's setup unloaded it): its counters
+        // started at zero with the rogue already answering.
+        let m = s.module_counters()?;
+        let d1 = s.guest.ctl.stats()?;
+        let rogue = dev_delta(&d1, &d0, |s| s.mgmt.rogue_sent);
+        let counted = m.get("rx_bad_nonce") + m.get("rx_foreign") + m.get("rx_stale");
+        if rogue <= counted || t.elapsed() >= SETTLE {
+            break (m, d1);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
 
     let bad_nonce = m.get("rx_bad_nonce");
     let foreign = m.get("rx_foreign");
