@@ -65,6 +65,28 @@ fn clash(h: u32, taken: &[(FlowKey, u32)], flow_log: u32, sock_log: u32) -> Opti
     None
 }
 
+/// Of `keys` (each with a hash in `hashes`), those that share a slot with
+/// another ([`clash`]), and one line per such pair.
+fn shared_slots(
+    keys: &[FlowKey],
+    hashes: &HashMap<FlowKey, u32>,
+    flow_log: u32,
+    sock_log: u32,
+) -> (BTreeSet<FlowKey>, Vec<String>) {
+    let mut out = BTreeSet::new();
+    let mut why = Vec::new();
+    for (i, a) in keys.iter().enumerate() {
+        for b in &keys[..i] {
+            if let Some(w) = clash(hashes[a], &[(*b, hashes[b])], flow_log, sock_log) {
+                out.insert(*a);
+                out.insert(*b);
+                why.push(format!("{a}: {w}"));
+            }
+        }
+    }
+    (out, why)
+}
+
 /// What [`choose`] did.
 #[derive(Debug, Default)]
 pub struct Choice {
@@ -215,6 +237,50 @@ impl Session {
         );
         Ok(c.flows)
     }
+
+    /// Of `keys` (flows whose ports the scenario could not choose, such as
+    /// a TCP client's ephemeral ones, already sending), those that share an
+    /// RFS slot or a socket flow entry with another under either kernel's
+    /// rule, with one line per shared pair. `vnic_flowhash` must have been
+    /// loaded (empty) before the flows began; this waits up to `wait` for
+    /// it to hold every key, then unloads it. A key it never saw is an
+    /// error: its slot could not be shown free.
+    pub(super) fn colliding_flows(
+        &mut self,
+        keys: &[FlowKey],
+        wait: Duration,
+    ) -> Result<(BTreeSet<FlowKey>, Vec<String>)> {
+        let t = std::time::Instant::now();
+        while t.elapsed() < wait {
+            let text = self
+                .guest
+                .agent
+                .read_file("/sys/kernel/debug/vnic_flowhash/flows")?;
+            let (seen, _) = slots::parse_flowhash(&text)?;
+            if keys.iter().all(|k| seen.contains_key(k)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (hashes, _) = self.read_flowhash()?;
+        let unseen: Vec<String> = keys
+            .iter()
+            .filter(|k| !hashes.contains_key(k))
+            .map(ToString::to_string)
+            .collect();
+        crate::ensure!(
+            unseen.is_empty(),
+            "vnic_flowhash recorded no hash for {} flow(s) in {wait:?}, so their slots cannot be shown free: {}",
+            unseen.len(),
+            unseen.join(", ")
+        );
+        Ok(shared_slots(
+            keys,
+            &hashes,
+            slots::table_log(self.settings.flow_cnt),
+            slots::table_log(self.settings.sock_flow_entries),
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -270,6 +336,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn both_flows_of_a_shared_slot_are_named_and_only_they() {
+        let keys = [
+            flow(1, 0).key,
+            flow(2, 1).key,
+            flow(3, 2).key,
+            flow(4, 3).key,
+        ];
+        // Ports 1 and 3 share a slot under `hash & mask` (log 8); 2 and 4
+        // are apart from everything under both rules.
+        let hashes: HashMap<FlowKey, u32> = [
+            (keys[0], 0x1234),
+            (keys[1], 0x0000_a5a5),
+            (keys[2], 0x9934),
+            (keys[3], 0x0000_5a17),
+        ]
+        .into_iter()
+        .collect();
+        let (shared, why) = shared_slots(&keys, &hashes, 8, 12);
+        assert_eq!(shared, [keys[0], keys[2]].into_iter().collect(), "{why:?}");
+        assert_eq!(why.len(), 1);
+        assert!(why[0].contains("Mask"), "{}", why[0]);
+        // Nothing shared, nothing named.
+        let (none, why) = shared_slots(&[keys[1], keys[3]], &hashes, 8, 12);
+        assert!(none.is_empty() && why.is_empty(), "{why:?}");
     }
 
     #[test]

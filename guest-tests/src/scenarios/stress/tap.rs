@@ -453,6 +453,8 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         })
         .collect();
     let snmp0 = s.read_snmp()?;
+    // The connections' hashes, to find any two that share an RFS slot.
+    s.load_flowhash(n)?;
     let client = TcpClient::start(ns, servers, s.settings.rate)?;
     let agent = &mut s.guest.agent;
     let stats: TcpStats = wait_for(
@@ -507,10 +509,27 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
             distinct.len()
         )
     });
+    // The client's ports are ephemeral, not chosen apart by hash as the
+    // UDP workloads' are (ports.rs): two of 64 connections share an RFS
+    // slot or a socket flow entry in about 1 boot of 300. The kernel
+    // steers neither of such a pair reliably on any NIC (7.x never asks
+    // for the second, 6.12 moves the filter between them), so the steering
+    // verdicts leave the pair out and the report names it; the stream and
+    // error-counter checks keep every connection.
+    let keys: Vec<FlowKey> = flows.iter().map(|(_, f)| f.key).collect();
+    let (shared, shared_why) = s.colliding_flows(&keys, Duration::from_secs(10))?;
+    if !shared_why.is_empty() {
+        eprintln!(
+            "[guest-tests] tcp-tap: {} connection(s) share an RFS slot, left out of the steering checks: {}",
+            shared.len(),
+            shared_why.join("; ")
+        );
+    }
+    let judged = |f: &Flow| !shared.contains(&f.key);
     // Warm-up: every flow whose RSS queue is not its receiver's has a filter there.
     let want: Vec<(FlowKey, usize)> = flows
         .iter()
-        .filter(|(_, f)| f.needs_filter())
+        .filter(|(_, f)| f.needs_filter() && judged(f))
         .map(|(_, f)| (f.key, f.rx_q))
         .collect();
     let t0 = Instant::now();
@@ -554,12 +573,22 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     let mut min_hw: f64 = 1.0;
     let mut min_guest_q: f64 = 1.0;
     let mut sum = 0.0;
+    let mut n_judged = 0usize;
     for (ci, f) in &flows {
         let (r0, o0, n0) = by_peer(&a0, client_addr(f));
         let (r1, o1, n1) = by_peer(&a1, client_addr(f));
         let (reads, on) = (r1 - r0, o1 - o0);
         w.packets.push(reads);
         w.on_cpu.push(on);
+        c.check(reads >= 5, || {
+            format!(
+                "TCP {}: {reads} reads in the window: not enough to judge",
+                client_addr(f)
+            )
+        });
+        if !judged(f) {
+            continue;
+        }
         let pct = if reads == 0 {
             0.0
         } else {
@@ -567,12 +596,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
         };
         min = min.min(pct);
         sum += pct;
-        c.check(reads >= 5, || {
-            format!(
-                "TCP {}: {reads} reads in the window: not enough to judge",
-                client_addr(f)
-            )
-        });
+        n_judged += 1;
         c.check(pct >= s.settings.min_on_cpu, || {
             format!(
                 "TCP {} (rss q{}, receiver cpu{}): {:.1}% of {reads} reads on the receiver's CPU",
@@ -636,7 +660,7 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     // the (unpinned) accepting thread's CPU: accept() records the flow for
     // RFS too. The filter then moves with a REPLACE once the pinned receiver
     // reads; so an ADD or a REPLACE to the receiver's queue counts.
-    for (_, f) in flows.iter().filter(|(_, f)| f.needs_filter()) {
+    for (_, f) in flows.iter().filter(|(_, f)| f.needs_filter() && judged(f)) {
         let programmed = trace.iter().any(|r| {
             matches!(r.event, EventKind::Add | EventKind::Replace)
                 && r.flow == Some(f.key)
@@ -668,7 +692,9 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     let dels = |t: &[arfs::TraceRecord]| {
         t.iter()
             .filter(|r| {
-                r.event == EventKind::Del && r.flow.is_some_and(|k| k.proto() == L4Proto::Tcp)
+                r.event == EventKind::Del
+                    && r.flow
+                        .is_some_and(|k| k.proto() == L4Proto::Tcp && !shared.contains(&k))
             })
             .count()
     };
@@ -742,13 +768,14 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     c.check(tap_rx > 0, || "the device read nothing from the tap".into());
     drop(client);
     Ok(format!(
-        "conns={} (v6 {}, ports shared by a v4 and a v6 conn {shared_ports}) steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tcp_dels rps={dels_rps} ice(15s)={dels_ice} kept={kept}/{} tap_rx={tap_rx} tap_tx={} {stream_fig} {bite}",
+        "conns={} (v6 {}, ports shared by a v4 and a v6 conn {shared_ports}) steered={} tcp_adds={tcp_adds} tcp_replaces={tcp_replaces} warmup={:.1}s slot_shared={} on_cpu_min={:.1}% mean={:.1}% hw_min={:.1}% (filter hits / client segs_out) guest_q_min={:.1}% tcp_dels rps={dels_rps} ice(15s)={dels_ice} kept={kept}/{} tap_rx={tap_rx} tap_tx={} {stream_fig} {bite}",
         flows.len(),
         flows.iter().filter(|(_, f)| f.key.src_ip().is_ipv6()).count(),
         want.len(),
         warm.as_secs_f64(),
+        shared.len(),
         100.0 * min,
-        100.0 * sum / flows.len().max(1) as f64,
+        100.0 * sum / n_judged.max(1) as f64,
         100.0 * min_hw,
         100.0 * min_guest_q,
         want.len(),
