@@ -304,6 +304,9 @@ fn device_deltas(a: &Stats, b: &Stats) -> BTreeMap<String, u64> {
     out
 }
 
+/// `vnic_flowhash`'s table of the flows it saw, with their hashes.
+pub(super) const FLOWHASH_FLOWS: &str = "/sys/kernel/debug/vnic_flowhash/flows";
+
 impl Session {
     fn release(&self) -> String {
         self.guest.info.kernel.clone()
@@ -334,10 +337,7 @@ impl Session {
 
     /// The flow hashes `vnic_flowhash` recorded, then unloads it.
     pub(super) fn read_flowhash(&mut self) -> Result<(HashMap<FlowKey, u32>, u64)> {
-        let text = self
-            .guest
-            .agent
-            .read_file("/sys/kernel/debug/vnic_flowhash/flows")?;
+        let text = self.guest.agent.read_file(FLOWHASH_FLOWS)?;
         self.guest.agent.call_value(
             &Request::ModuleUnload {
                 name: "vnic_flowhash".into(),
@@ -1064,10 +1064,7 @@ pub fn rps_phase(
     let st1 = s.guest.ctl.stats()?;
     let mut predicted = Vec::new();
     if let (Some(map), None) = (&rps_map, &prediction_error) {
-        let text = s
-            .guest
-            .agent
-            .read_file("/sys/kernel/debug/vnic_flowhash/flows");
+        let text = s.guest.agent.read_file(FLOWHASH_FLOWS);
         let _ = s.guest.agent.call_value(
             &Request::ModuleUnload {
                 name: "vnic_flowhash".into(),

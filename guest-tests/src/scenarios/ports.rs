@@ -255,7 +255,7 @@ impl Session {
             let text = self
                 .guest
                 .agent
-                .read_file("/sys/kernel/debug/vnic_flowhash/flows")?;
+                .read_file(super::experiments::FLOWHASH_FLOWS)?;
             let (seen, _) = slots::parse_flowhash(&text)?;
             if keys.iter().all(|k| seen.contains_key(k)) {
                 break;

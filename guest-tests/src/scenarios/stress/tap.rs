@@ -511,11 +511,13 @@ fn tcp_tap_inner(s: &mut Session, c: &mut Checks, ns: &str) -> Result<String> {
     });
     // The client's ports are ephemeral, not chosen apart by hash as the
     // UDP workloads' are (ports.rs): two of 64 connections share an RFS
-    // slot or a socket flow entry in about 1 boot of 300. The kernel
-    // steers neither of such a pair reliably on any NIC (7.x never asks
-    // for the second, 6.12 moves the filter between them), so the steering
-    // verdicts leave the pair out and the report names it; the stream and
-    // error-counter checks keep every connection.
+    // slot of their queue or a socket flow entry in about 1 boot of 250.
+    // The kernel steers neither of such a pair reliably on any NIC (7.x
+    // never asks for the second, 6.12 moves the filter between them), so
+    // the steering verdicts leave the pair out and the report names it;
+    // the stream and error-counter checks keep every connection. The test
+    // is ports.rs's, conservative (either kernel's rule, any two flows
+    // whatever their queues): it leaves a pair out in about 2% of boots.
     let keys: Vec<FlowKey> = flows.iter().map(|(_, f)| f.key).collect();
     let (shared, shared_why) = s.colliding_flows(&keys, Duration::from_secs(10))?;
     if !shared_why.is_empty() {
