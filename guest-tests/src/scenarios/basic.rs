@@ -5,7 +5,7 @@
 //! way `steer` does, without asserting on that set-up), so any subset can be
 //! selected.
 
-use super::workload::{fmt_queues, irq_cpu_queue_map, napi_queues, queue_delta};
+use super::workload::{fmt_queues, irq_cpu_queue_map, napi_queues, queue_delta, split_dels};
 use super::{Checks, Family, Flow, Session, GEN_IP, GEN_IP6, IFNAME};
 use crate::harness::{wait_for, Result};
 use crate::module;
@@ -263,21 +263,23 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
             rejects.first()
         )
     });
-    // Live flows keep their filters (rps_may_expire_flow says "active").
-    let dels = trace.iter().filter(|r| r.event == EventKind::Del).count();
+    // Live flows keep their filters (rps_may_expire_flow says "active"),
+    // but for the kernel's race on a just-granted filter (reported).
+    let (fresh, dels) = split_dels(&trace);
     c.check(dels == 0, || {
         format!("{dels} filters of live flows were deleted during steer")
     });
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
     let v6 = |f: &Flow| f.key.src_ip().is_ipv6();
     Ok(format!(
-        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} warmup={:.1}s {fig} pkts/flow~{} {delivery}",
+        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} fresh_expired=[{}] warmup={:.1}s {fig} pkts/flow~{} {delivery}",
         s.flows.len(),
         s.flows.iter().filter(|f| v6(f)).count(),
         steered.len(),
         steered.iter().filter(|f| v6(f)).count(),
         adds.len(),
         rejects.len(),
+        fresh.join(", "),
         warm.as_secs_f64(),
         w.packets.iter().sum::<u64>() / s.flows.len() as u64
     ))
@@ -357,14 +359,15 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         }
     }
     c.check(rejects == 0, || format!("{rejects} rejects in the trace"));
-    let dels = count(EventKind::Del);
+    let (fresh, dels) = split_dels(&trace);
     c.check(dels == 0, || {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} warmup={:.1}s {fig} {delivery}",
+        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} fresh_expired=[{}] warmup={:.1}s {fig} {delivery}",
         s.flows.len(),
         had.len() - kept,
+        fresh.join(", "),
         warm.as_secs_f64()
     ))
 }

@@ -80,6 +80,59 @@ impl std::fmt::Display for WindowFigures {
     }
 }
 
+/// How soon after its ADD an `expired` DEL with no hits is the kernel's
+/// race rather than an expiry of a live flow (see [`fresh_expired_age`]).
+pub(super) const FRESH: Duration = Duration::from_millis(100);
+
+/// If `r` is an `expired` DEL with no hits less than [`FRESH`] after its
+/// flow's last ADD or REPLACE at `added_ns`: how long after.
+///
+/// Such a DEL removes a filter the kernel had just been granted. The
+/// kernel stores a new filter id in the flow's rps_dev_flow slot only
+/// after `ndo_rx_flow_steer` returns; an expiry pass in between (a TCG
+/// vCPU descheduled there stretches the gap to milliseconds, and another
+/// flow sharing the slot can overwrite it) finds another id in the slot and
+/// `rps_may_expire_flow` says yes. A driver on real hardware that asks the
+/// kernel does the same. Seen once, on 6.12 after the first ice pass, when
+/// all 48 flows re-steered at once (ADD, expired DEL 0.9 ms later with 0
+/// hits, ADD again 33 ms later). A module expiring live flows deletes
+/// filters that frames hit, or old ones, and is still failed.
+pub(super) fn fresh_expired_age(r: &TraceRecord, added_ns: Option<u64>) -> Option<Duration> {
+    let age = Duration::from_nanos(r.ts_ns.checked_sub(added_ns?)?);
+    (r.event == EventKind::Del
+        && r.reason.as_deref() == Some("expired")
+        && r.hits == Some(0)
+        && age < FRESH)
+        .then_some(age)
+}
+
+/// The DELs of `trace`: one line per DEL of the kernel's race
+/// ([`fresh_expired_age`], against the flow's last ADD or REPLACE in
+/// `trace`), and how many others.
+pub(super) fn split_dels(trace: &[TraceRecord]) -> (Vec<String>, usize) {
+    let mut added: BTreeMap<FlowKey, u64> = BTreeMap::new();
+    let (mut fresh, mut other) = (Vec::new(), 0);
+    for r in trace {
+        match (r.event, r.flow) {
+            (EventKind::Add | EventKind::Replace, Some(k)) => {
+                added.insert(k, r.ts_ns);
+            }
+            (EventKind::Del, k) => {
+                match k.and_then(|k| fresh_expired_age(r, added.get(&k).copied())) {
+                    Some(age) => fresh.push(format!(
+                        ":{} after {:.1}ms",
+                        k.map_or(0, |k| k.dst_port()),
+                        age.as_secs_f64() * 1e3
+                    )),
+                    None => other += 1,
+                }
+            }
+            _ => {}
+        }
+    }
+    (fresh, other)
+}
+
 /// The rx queue of each NAPI id.
 pub(super) fn napi_queues(m: &RxQueueNapi) -> BTreeMap<u32, usize> {
     m.napi.iter().enumerate().map(|(q, &id)| (id, q)).collect()
@@ -717,6 +770,38 @@ pub fn table_summary(s: &mut Session) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rec(ts_ms: f64, event: &str, dport: u16, tail: &str) -> TraceRecord {
+        serde_json::from_str(&format!(
+            r#"{{"ts_ns":{},"event":"{event}","gen":1,"seq":1,"id":7,"rxq":1,"flow":{{"family":"ipv4","proto":"udp","src":"10.0.2.1","dst":"10.0.2.15","sport":10000,"dport":{dport}}}{tail}}}"#,
+            (ts_ms * 1e6) as u64
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_hitless_expired_del_right_after_its_add_is_the_kernels_race() {
+        let expired = |hits: u32| format!(r#","hits":{hits},"reason":"expired""#);
+        let trace = [
+            // 6.12's case from a CI run: 0.9 ms after the ADD, no hits.
+            rec(1000.0, "add", 1, ""),
+            rec(1000.9, "del", 1, &expired(0)),
+            // A filter frames hit: a live flow expired.
+            rec(1000.0, "add", 2, ""),
+            rec(1001.0, "del", 2, &expired(3)),
+            // Too old to be the race.
+            rec(1000.0, "add", 3, ""),
+            rec(1000.0 + 150.0, "del", 3, &expired(0)),
+            // Another reason.
+            rec(1000.0, "replace", 4, ""),
+            rec(1000.5, "del", 4, r#","hits":0,"reason":"idle""#),
+            // No ADD in the trace to measure from.
+            rec(1000.5, "del", 5, &expired(0)),
+        ];
+        let (fresh, other) = split_dels(&trace);
+        assert_eq!(fresh, [":1 after 0.9ms"]);
+        assert_eq!(other, 4);
+    }
 
     #[test]
     fn queue_delta_maps_napi_ids_and_keeps_the_unknown() {

@@ -15,6 +15,7 @@ use super::super::{Checks, Session};
 use super::delta;
 use crate::harness::Result;
 use crate::module;
+use crate::scenarios::workload::fresh_expired_age;
 use arfs::{EventKind, FlowKey, TraceRecord};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -22,10 +23,6 @@ use std::time::{Duration, Instant};
 /// ice's UDP filter lifetime (ICE_ARFS_TIME_DELTA_EXPIRATION), the
 /// module's `expiry=ice`.
 const ICE_UDP: Duration = Duration::from_secs(5);
-/// An `expired` DEL this soon after its ADD, before any frame hit the
-/// filter, is the kernel's doing, not the module expiring a live flow (see
-/// [`IcePhase::read`]).
-const FRESH: Duration = Duration::from_millis(100);
 /// Each phase runs 3x the longest timeout in play.
 const PHASE: Duration = Duration::from_secs(15);
 /// How long the module may take to count the DELs the device applied.
@@ -202,7 +199,7 @@ struct IcePhase {
     early: Vec<String>,
     /// ADD -> aged DEL, for the DELs whose ADD is in the phase.
     ages: Vec<Duration>,
-    /// `expired` DELs of filters less than [`FRESH`] old with no hits.
+    /// `expired` DELs of filters less than [`FRESH`](super::super::workload::FRESH) old with no hits.
     fresh_expired: Vec<String>,
 }
 
@@ -249,24 +246,9 @@ impl IcePhase {
                         p.ages.push(age);
                     }
                 }
-                // A filter the kernel had just been granted, expired before
-                // any frame hit it. The kernel stores a new filter id in the
-                // flow's rps_dev_flow slot only after ndo_rx_flow_steer
-                // returns, and another flow sharing the slot can overwrite
-                // it; an expiry pass in between finds another id there and
-                // rps_may_expire_flow says yes. Seen once on 6.12 after the
-                // first ice pass, when all 48 flows re-steer at once (ADD,
-                // expired DEL 0.9 ms later with 0 hits, ADD again 33 ms
-                // later). Reported, not failed: the module asked the
-                // kernel, as a driver does. A module expiring live flows
-                // deletes filters that frames hit, and still fails.
-                EventKind::Del
-                    if r.reason.as_deref() == Some("expired")
-                        && r.hits == Some(0)
-                        && added.get(&flow).is_some_and(|&t| {
-                            Duration::from_nanos(r.ts_ns.saturating_sub(t)) < FRESH
-                        }) =>
-                {
+                // The kernel's race on a just-granted filter: reported,
+                // not failed (workload::fresh_expired_age).
+                EventKind::Del if fresh_expired_age(r, added.get(&flow).copied()).is_some() => {
                     let t = added.remove(&flow).unwrap_or(r.ts_ns);
                     p.fresh_expired.push(format!(
                         ":{} after {:.1}ms",
