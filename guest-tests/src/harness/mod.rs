@@ -187,17 +187,30 @@ pub fn wait_for<T>(
     what: &str,
     mut f: impl FnMut() -> Result<Option<T>>,
 ) -> Result<T> {
+    settle(timeout, || {
+        let v = f()?;
+        let done = v.is_some();
+        Ok((v, done))
+    })?
+    .ok_or_else(|| {
+        Error(format!(
+            "timed out after {:.1}s waiting for {what}",
+            timeout.as_secs_f64()
+        ))
+    })
+}
+
+/// Calls `f` (50 ms apart at first, backing off to 500 ms) until it says
+/// done or `timeout` has passed, and returns its last value either way:
+/// for reads that must agree once what is in flight has landed, where the
+/// caller's own checks judge a value that never settled.
+pub fn settle<T>(timeout: Duration, mut f: impl FnMut() -> Result<(T, bool)>) -> Result<T> {
     let start = Instant::now();
     let mut delay = Duration::from_millis(50);
     loop {
-        if let Some(v) = f()? {
+        let (v, done) = f()?;
+        if done || start.elapsed() >= timeout {
             return Ok(v);
-        }
-        if start.elapsed() >= timeout {
-            bail!(
-                "timed out after {:.1}s waiting for {what}",
-                timeout.as_secs_f64()
-            );
         }
         std::thread::sleep(delay);
         delay = (delay * 2).min(Duration::from_millis(500));

@@ -338,13 +338,19 @@ impl Session {
     /// The flow hashes `vnic_flowhash` recorded, then unloads it.
     pub(super) fn read_flowhash(&mut self) -> Result<(HashMap<FlowKey, u32>, u64)> {
         let text = self.guest.agent.read_file(FLOWHASH_FLOWS)?;
+        self.unload_flowhash()?;
+        Ok(slots::parse_flowhash(&text)?)
+    }
+
+    /// Unloads `vnic_flowhash` (its table goes with it).
+    pub(super) fn unload_flowhash(&mut self) -> Result<()> {
         self.guest.agent.call_value(
             &Request::ModuleUnload {
                 name: "vnic_flowhash".into(),
             },
             Duration::from_secs(30),
         )?;
-        Ok(slots::parse_flowhash(&text)?)
+        Ok(())
     }
 
     /// Stop every generator set and the agent's UDP workload.

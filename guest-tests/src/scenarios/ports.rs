@@ -250,19 +250,17 @@ impl Session {
         keys: &[FlowKey],
         wait: Duration,
     ) -> Result<(BTreeSet<FlowKey>, Vec<String>)> {
-        let t = std::time::Instant::now();
-        while t.elapsed() < wait {
+        // The last read is the one judged; the helper goes after it.
+        let hashes = crate::harness::settle(wait, || {
             let text = self
                 .guest
                 .agent
                 .read_file(super::experiments::FLOWHASH_FLOWS)?;
             let (seen, _) = slots::parse_flowhash(&text)?;
-            if keys.iter().all(|k| seen.contains_key(k)) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let (hashes, _) = self.read_flowhash()?;
+            let all = keys.iter().all(|k| seen.contains_key(k));
+            Ok((seen, all))
+        })?;
+        self.unload_flowhash()?;
         let unseen: Vec<String> = keys
             .iter()
             .filter(|k| !hashes.contains_key(k))

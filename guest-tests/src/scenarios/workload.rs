@@ -106,6 +106,11 @@ pub(super) fn fresh_expired_age(r: &TraceRecord, added_ns: Option<u64>) -> Optio
         .then_some(age)
 }
 
+/// How a DEL of the kernel's race is reported: the flow's port, its age.
+pub(super) fn fresh_line(port: u16, age: Duration) -> String {
+    format!(":{port} after {:.1}ms", age.as_secs_f64() * 1e3)
+}
+
 /// The DELs of `trace`: one line per DEL of the kernel's race
 /// ([`fresh_expired_age`], against the flow's last ADD or REPLACE in
 /// `trace`), and how many others.
@@ -119,11 +124,7 @@ pub(super) fn split_dels(trace: &[TraceRecord]) -> (Vec<String>, usize) {
             }
             (EventKind::Del, k) => {
                 match k.and_then(|k| fresh_expired_age(r, added.get(&k).copied())) {
-                    Some(age) => fresh.push(format!(
-                        ":{} after {:.1}ms",
-                        k.map_or(0, |k| k.dst_port()),
-                        age.as_secs_f64() * 1e3
-                    )),
+                    Some(age) => fresh.push(fresh_line(k.map_or(0, |k| k.dst_port()), age)),
                     None => other += 1,
                 }
             }

@@ -13,12 +13,12 @@
 
 use super::super::{Checks, Session};
 use super::delta;
-use crate::harness::Result;
+use crate::harness::{settle, Result};
 use crate::module;
-use crate::scenarios::workload::fresh_expired_age;
+use crate::scenarios::workload::{fresh_expired_age, fresh_line};
 use arfs::{EventKind, FlowKey, TraceRecord};
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// ice's UDP filter lifetime (ICE_ARFS_TIME_DELTA_EXPIRATION), the
 /// module's `expiry=ice`.
@@ -112,17 +112,14 @@ pub(in crate::scenarios) fn live_flows(s: &mut Session, c: &mut Checks) -> Resul
     s.guest
         .agent
         .write_file(&module::expiry_param(), &module::idle_expiry(0))?;
-    let t = Instant::now();
     let mut trace = Vec::new();
-    let (m3, ice) = loop {
+    let (m3, ice) = settle(SETTLE, || {
         let m3 = s.module_counters()?;
         trace.extend(s.trace_since_mark()?);
         let ice = IcePhase::read(&history, &trace, &steered);
-        if delta(&m3, &m2, "deletes_aged") == ice.aged || t.elapsed() >= SETTLE {
-            break (m3, ice);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        let agree = delta(&m3, &m2, "deletes_aged") == ice.aged;
+        Ok(((m3, ice), agree))
+    })?;
     let aged = delta(&m3, &m2, "deletes_aged");
     let busy = delta(&m3, &m2, "busy");
     c.check(ice.aged_flows.len() == steered.len(), || {
@@ -248,15 +245,13 @@ impl IcePhase {
                 }
                 // The kernel's race on a just-granted filter: reported,
                 // not failed (workload::fresh_expired_age).
-                EventKind::Del if fresh_expired_age(r, added.get(&flow).copied()).is_some() => {
-                    let t = added.remove(&flow).unwrap_or(r.ts_ns);
-                    p.fresh_expired.push(format!(
-                        ":{} after {:.1}ms",
-                        flow.dst_port(),
-                        Duration::from_nanos(r.ts_ns.saturating_sub(t)).as_secs_f64() * 1e3
-                    ));
-                }
-                EventKind::Del => p.other_dels += 1,
+                EventKind::Del => match fresh_expired_age(r, added.get(&flow).copied()) {
+                    Some(age) => {
+                        added.remove(&flow);
+                        p.fresh_expired.push(fresh_line(flow.dst_port(), age));
+                    }
+                    None => p.other_dels += 1,
+                },
                 _ => {}
             }
         }

@@ -8,8 +8,8 @@
 
 use super::super::{Checks, Session};
 use super::dev_delta;
-use crate::harness::Result;
-use std::time::{Duration, Instant};
+use crate::harness::{settle, Result};
+use std::time::Duration;
 
 /// How long the module may take to count the rogue's last frames once it is
 /// off (they are in flight for milliseconds; a TCG guest under load can
@@ -30,19 +30,15 @@ pub(in crate::scenarios) fn handshake(s: &mut Session, c: &mut Checks) -> Result
     // read counts. Rounds go on until the module has accounted for every
     // rogue frame (the upper bound), or for SETTLE: a frame still missing
     // after that was not counted.
-    let t = Instant::now();
-    let (m, d1) = loop {
+    let (m, d1) = settle(SETTLE, || {
         // A fresh module (the scenario's setup unloaded it): its counters
         // started at zero with the rogue already answering.
         let m = s.module_counters()?;
         let d1 = s.guest.ctl.stats()?;
         let rogue = dev_delta(&d1, &d0, |s| s.mgmt.rogue_sent);
         let counted = m.get("rx_bad_nonce") + m.get("rx_foreign") + m.get("rx_stale");
-        if rogue <= counted || t.elapsed() >= SETTLE {
-            break (m, d1);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        Ok(((m, d1), rogue <= counted))
+    })?;
 
     let bad_nonce = m.get("rx_bad_nonce");
     let foreign = m.get("rx_foreign");

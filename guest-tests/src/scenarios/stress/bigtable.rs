@@ -130,8 +130,8 @@ pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<S
     let before = s.udp_stats()?;
     let t_window = Instant::now();
     let mut dump_ms = Vec::new();
-    let mut i = 0;
-    while i < DUMPS || (t_window.elapsed() < MIN_WINDOW && i < MAX_DUMPS) {
+    while dump_ms.len() < DUMPS || (t_window.elapsed() < MIN_WINDOW && dump_ms.len() < MAX_DUMPS) {
+        let i = dump_ms.len();
         let t = Instant::now();
         let text = s.guest.agent.call::<String>(
             &Request::ReadFile {
@@ -154,7 +154,6 @@ pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<S
                 ids.len()
             )
         });
-        i += 1;
     }
     let after = s.udp_stats()?;
     let took = t_window.elapsed();
