@@ -78,6 +78,44 @@ pub fn is_mgmt_frame(frame: &[u8]) -> bool {
     frame.len() >= ETH_HEADER_LEN && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT
 }
 
+/// TPIDs of VLAN tags a management frame may hide behind: 802.1Q, 802.1ad
+/// (S-tag) and the pre-standard QinQ tags 0x9100..0x9300.
+pub const VLAN_TPIDS: [u16; 5] = [0x8100, 0x88A8, 0x9100, 0x9200, 0x9300];
+
+/// Most VLAN tags [`is_mgmt_behind_tags`] walks; a deeper stack is judged
+/// as if its next EtherType were the management one (a frame no host sends
+/// for any other reason).
+pub const MAX_VLAN_TAGS: usize = 8;
+
+/// Whether an Ethernet frame carries the management EtherType, untagged or
+/// behind any stack of VLAN tags ([`VLAN_TPIDS`]): what a peer must never
+/// deliver to the guest, since a guest that strips the tags (802.1ad,
+/// QinQ, VID 0 priority tags) hands the inner frame to the module's packet
+/// handler as if the device had sent it. A stack deeper than
+/// [`MAX_VLAN_TAGS`], or cut short inside a tag, counts as one.
+pub fn is_mgmt_behind_tags(frame: &[u8]) -> bool {
+    let mut off = 12;
+    for _ in 0..=MAX_VLAN_TAGS {
+        let Some(t) = frame.get(off..off + 2) else {
+            return false;
+        };
+        let ty = u16::from_be_bytes([t[0], t[1]]);
+        if ty == ETHERTYPE_MGMT {
+            return true;
+        }
+        if !VLAN_TPIDS.contains(&ty) {
+            return false;
+        }
+        off += 4;
+        if frame.len() < off + 2 {
+            // a tag with no room for the next EtherType: not deliverable
+            // as a management frame, but not a flow either
+            return false;
+        }
+    }
+    true
+}
+
 /// Who sends a message type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -3,9 +3,10 @@
 
 use arfs::proto::{
     decode, decode_frame, decode_frame_driver, decode_frame_limited, encode, encode_ack,
-    encode_caps, encode_into, encode_nak, is_mgmt_frame, max_ops_per_frame, Ack, AddOp, Caps,
-    DelOp, DelReason, Direction, EncodeError, FrameError, FrameMeta, Hello, Message, MsgType,
-    OpStatus, BROADCAST_MAC, DEFAULT_MAX_OPS, DEVICE_MAC, MAX_ADD_OPS, MAX_DEL_OPS,
+    encode_caps, encode_into, encode_nak, is_mgmt_behind_tags, is_mgmt_frame, max_ops_per_frame,
+    Ack, AddOp, Caps, DelOp, DelReason, Direction, EncodeError, FrameError, FrameMeta, Hello,
+    Message, MsgType, OpStatus, BROADCAST_MAC, DEFAULT_MAX_OPS, DEVICE_MAC, MAX_ADD_OPS,
+    MAX_DEL_OPS,
 };
 use arfs::{FlowKey, L4Proto};
 use proptest::prelude::*;
@@ -561,4 +562,42 @@ proptest! {
         let _ = decode_frame(&f);
         let _ = decode_frame_driver(&f);
     }
+}
+
+#[test]
+fn management_frames_behind_any_tag_stack_are_recognised() {
+    let mut base = vec![0u8; 12];
+    base.extend_from_slice(&[0x88, 0xB5]);
+    base.extend_from_slice(&[0u8; 40]);
+    assert!(is_mgmt_behind_tags(&base));
+    let tagged = |tpids: &[u16], inner: u16| {
+        let mut f = vec![0u8; 12];
+        for t in tpids {
+            f.extend_from_slice(&t.to_be_bytes());
+            f.extend_from_slice(&[0, 0]); // VID 0: a priority tag
+        }
+        f.extend_from_slice(&inner.to_be_bytes());
+        f.extend_from_slice(&[0u8; 40]);
+        f
+    };
+    // 802.1Q, 802.1ad, QinQ (S-tag then C-tag), the old 0x9100 QinQ.
+    for stack in [
+        &[0x8100][..],
+        &[0x88A8],
+        &[0x88A8, 0x8100],
+        &[0x9100, 0x8100],
+        &[0x8100, 0x8100, 0x8100],
+    ] {
+        assert!(is_mgmt_behind_tags(&tagged(stack, 0x88B5)), "{stack:x?}");
+        assert!(!is_mgmt_behind_tags(&tagged(stack, 0x0800)), "{stack:x?}");
+    }
+    // Deeper than the walk: judged as management (no host sends it).
+    assert!(is_mgmt_behind_tags(&tagged(&[0x8100; 9], 0x0800)));
+    assert!(!is_mgmt_behind_tags(&tagged(&[0x8100; 8], 0x0800)));
+    // Short frames never panic.
+    for n in 0..20 {
+        let f = tagged(&[0x88A8, 0x8100], 0x88B5);
+        let _ = is_mgmt_behind_tags(&f[..n]);
+    }
+    assert!(!is_mgmt_behind_tags(&[0u8; 13]));
 }

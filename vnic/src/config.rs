@@ -449,6 +449,17 @@ pub(crate) fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
     }
 }
 
+/// Parses `drop_acks`: how many of the next replies to requests to lose
+/// (0..=65535).
+pub(crate) fn parse_drop_acks(s: &str) -> Result<u32, InvalidValue> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if n <= 65535 => Ok(n),
+        _ => Err(invalid(format!(
+            "invalid count {s:?}: expected a number of replies, 0..=65535"
+        ))),
+    }
+}
+
 /// Faults of the packet path, read by every worker once per event. Each
 /// is a probability per filter hit as a threshold out of 2^32 (0: off,
 /// [`RATE_ONE`]: every hit), drawn after the hit is counted, so that the
@@ -493,6 +504,8 @@ pub(crate) enum Knob {
     Buckets(Option<(u32, u16)>),
     Misroute(bool),
     RogueResponder(bool),
+    RogueNonce(bool),
+    DropAcks(u32),
     MisrouteRate(f64),
     DropRate(f64),
     CorruptRate(f64),
@@ -502,7 +515,7 @@ pub(crate) enum Knob {
 impl Knob {
     /// The knob names, as `set` takes them.
     pub(crate) const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate or rogue_responder";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate, rogue_responder, rogue_nonce or drop_acks";
 
     pub(crate) fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -517,6 +530,8 @@ impl Knob {
             "buckets" => Self::Buckets(parse_buckets(value).map_err(bad)?),
             "misroute" => Self::Misroute(parse_bool(value).map_err(bad)?),
             "rogue_responder" => Self::RogueResponder(parse_bool(value).map_err(bad)?),
+            "rogue_nonce" => Self::RogueNonce(parse_bool(value).map_err(bad)?),
+            "drop_acks" => Self::DropAcks(parse_drop_acks(value).map_err(bad)?),
             "misroute_rate" => Self::MisrouteRate(parse_rate(value).map_err(bad)?),
             "drop_rate" => Self::DropRate(parse_rate(value).map_err(bad)?),
             "corrupt_rate" => Self::CorruptRate(parse_rate(value).map_err(bad)?),
@@ -568,6 +583,14 @@ mod tests {
         assert!(parse_duration("-1ms").is_err());
         assert!(parse_duration("fast").is_err());
         assert_eq!(parse_rate("0.25"), Ok(0.25));
+        assert_eq!(parse_drop_acks("3"), Ok(3));
+        assert!(parse_drop_acks("65536").is_err());
+        assert!(parse_drop_acks("-1").is_err());
+        assert_eq!(Knob::parse("drop_acks", "2").unwrap(), Knob::DropAcks(2));
+        assert_eq!(
+            Knob::parse("rogue_nonce", "on").unwrap(),
+            Knob::RogueNonce(true)
+        );
         assert!(parse_rate("1.5").is_err());
         assert!(parse_queues("0").is_err());
         assert!(parse_queues("17").is_err());

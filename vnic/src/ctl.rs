@@ -371,6 +371,8 @@ fn knobs(sh: &Shared, s: &Snapshot) -> wire::Knobs {
         corrupt_rate: threshold_rate(sh.faults.corrupt.load(Ordering::Relaxed)),
         bad_csum_rate: threshold_rate(sh.faults.bad_csum.load(Ordering::Relaxed)),
         rogue_responder: s.rogue,
+        rogue_nonce: s.rogue_nonce,
+        drop_acks: s.drop_acks,
         add_fail_rate: c.add_fail_rate,
         mgmt_loss_rate: c.mgmt_loss_rate,
         program_latency_us: c.latency_ns as f64 / 1000.0,
@@ -887,6 +889,8 @@ mod tests {
             expected_seq: Some(6),
             max_ops: 64,
             rogue: true,
+            rogue_nonce: false,
+            drop_acks: 0,
             filters: vec![
                 (entry(7, 1, f4, 1_206_565_407, None), 120),
                 (entry(9, 0, f6, 1_206_600_000, Some(33)), 0),

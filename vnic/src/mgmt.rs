@@ -115,6 +115,14 @@ pub(crate) struct Mgmt {
     /// `rogue_responder`: every CAPS and ACK is preceded by a copy from
     /// [`ROGUE_MAC`], a CAPS with a wrong nonce.
     rogue: bool,
+    /// `rogue_nonce`: the rogue's CAPS echoes the HELLO's nonce (a station
+    /// that saw the HELLO, which is multicast until the driver is bound).
+    rogue_nonce: bool,
+    /// `drop_acks`: the next this many replies to requests (ACK or NAK of
+    /// ADD, DEL, FLUSH) are lost on their first transmission. The request
+    /// is applied and its reply cached, so a duplicate gets it again: the
+    /// one lost ACK a driver's retransmission recovers from.
+    drop_acks: u32,
 }
 
 /// Source of the `rogue_responder` knob's frames: a second station on the
@@ -153,6 +161,8 @@ impl Mgmt {
             preload: None,
             preload_due: false,
             rogue: false,
+            rogue_nonce: false,
+            drop_acks: 0,
         })
     }
 
@@ -482,6 +492,11 @@ impl Mgmt {
                 if let Some(pkt) = encode_reply(route.dst, *seq, gen, &ack) {
                     self.c.acks_sent += 1;
                     self.remember(*seq, &pkt);
+                    if self.drop_acks > 0 {
+                        self.drop_acks -= 1;
+                        self.lose(now, &pkt);
+                        continue;
+                    }
                     self.send(now, route, pkt);
                 }
             } else {
@@ -532,20 +547,11 @@ impl Mgmt {
     /// route; see `lanes::Lanes::reply` for when it leaves.
     fn send(&mut self, now: u64, route: Route, pkt: Vec<u8>) {
         if self.table.mgmt_loss() {
-            self.c.replies_dropped_by_loss += 1;
-            let h = proto::peek_header(&pkt[NET_HDR_LEN..]);
-            self.tracer.emit(TraceRecord::mgmt_drop(
-                now,
-                self.generation(),
-                Direction::ToDriver,
-                h.map(|h| h.seq),
-                h.map(|h| h.msg_type),
-                DropCause::Loss,
-            ));
+            self.lose(now, &pkt);
             return;
         }
         if self.rogue {
-            if let Some(fake) = rogue_copy(&pkt) {
+            if let Some(fake) = rogue_copy(&pkt, self.rogue_nonce) {
                 self.c.rogue_sent += 1;
                 if let Some(c) = &self.conn {
                     if let Some(r) = c.lanes.reply(route.worker, fake, self.caller) {
@@ -559,6 +565,21 @@ impl Mgmt {
                 self.own.push(r);
             }
         }
+    }
+
+    /// A reply the channel loses (`mgmt_loss_rate`, `drop_acks`): counted
+    /// and traced as a loss toward the driver.
+    fn lose(&mut self, now: u64, pkt: &[u8]) {
+        self.c.replies_dropped_by_loss += 1;
+        let h = proto::peek_header(&pkt[NET_HDR_LEN..]);
+        self.tracer.emit(TraceRecord::mgmt_drop(
+            now,
+            self.generation(),
+            Direction::ToDriver,
+            h.map(|h| h.seq),
+            h.map(|h| h.msg_type),
+            DropCause::Loss,
+        ));
     }
 
     fn caps(&self) -> Caps {
@@ -624,6 +645,8 @@ impl Mgmt {
             | Knob::CorruptRate(_)
             | Knob::BadCsumRate(_) => {}
             Knob::RogueResponder(on) => self.rogue = on,
+            Knob::RogueNonce(on) => self.rogue_nonce = on,
+            Knob::DropAcks(n) => self.drop_acks = n,
         }
         Ok(())
     }
@@ -641,6 +664,8 @@ impl Mgmt {
             expected_seq: self.expected,
             max_ops: self.max_ops,
             rogue: self.rogue,
+            rogue_nonce: self.rogue_nonce,
+            drop_acks: self.drop_acks,
             filters: if filters {
                 self.table
                     .entries()
@@ -679,6 +704,8 @@ pub(crate) struct Snapshot {
     pub expected_seq: Option<u32>,
     pub max_ops: u16,
     pub rogue: bool,
+    pub rogue_nonce: bool,
+    pub drop_acks: u32,
     /// Live filters and their hits (when asked for).
     pub filters: Vec<(arfs::table::Entry, u64)>,
 }
@@ -727,15 +754,16 @@ fn encode_reply(dst: [u8; 6], seq: u32, generation: u32, msg: &Message) -> Optio
 
 /// What a second responder on the link would send for the reply `pkt`
 /// (virtio-net header + frame): the same frame from [`ROGUE_MAC`], and for a
-/// CAPS one that did not see the HELLO (its nonce is wrong). `None` for a
-/// reply too short to be a management frame.
-fn rogue_copy(pkt: &[u8]) -> Option<Vec<u8>> {
+/// CAPS one that did not see the HELLO (its nonce is wrong) unless
+/// `saw_hello` (it echoes the nonce). `None` for a reply too short to be a
+/// management frame.
+fn rogue_copy(pkt: &[u8], saw_hello: bool) -> Option<Vec<u8>> {
     const NONCE: usize = NET_HDR_LEN + proto::BODY_OFFSET + 20;
     let h = proto::peek_header(pkt.get(NET_HDR_LEN..)?)?;
     let mut f = pkt.to_vec();
     f.get_mut(NET_HDR_LEN + 6..NET_HDR_LEN + 12)?
         .copy_from_slice(&ROGUE_MAC);
-    if h.kind() == Some(proto::MsgType::Caps) {
+    if h.kind() == Some(proto::MsgType::Caps) && !saw_hello {
         for b in f.get_mut(NONCE..NONCE + 4)? {
             *b ^= 0xa5;
         }
@@ -767,7 +795,7 @@ mod tests {
             nonce: 0x1234_5678,
         };
         let real = encode_reply(GUEST, 9, 2, &Message::Caps(caps)).unwrap();
-        let fake = rogue_copy(&real).unwrap();
+        let fake = rogue_copy(&real, false).unwrap();
         assert_eq!(&fake[NET_HDR_LEN + 6..NET_HDR_LEN + 12], &ROGUE_MAC);
         let (h, m) = decode_frame_driver(&fake[NET_HDR_LEN..]).unwrap();
         assert_eq!(h.seq, 9);
@@ -782,6 +810,11 @@ mod tests {
             },
             caps
         );
+        // `rogue_nonce`: a station that saw the HELLO echoes its nonce;
+        // only the source tells it from the device.
+        let knowing = rogue_copy(&real, true).unwrap();
+        assert_eq!(&knowing[NET_HDR_LEN + 6..NET_HDR_LEN + 12], &ROGUE_MAC);
+        assert_eq!(&knowing[NET_HDR_LEN + 12..], &real[NET_HDR_LEN + 12..]);
         // An ACK keeps its body: only the source differs.
         let ack = Ack {
             acked_type: 3,
@@ -789,9 +822,9 @@ mod tests {
             statuses: vec![0],
         };
         let ack = encode_reply(GUEST, 10, 2, &Message::Ack(ack)).unwrap();
-        let fake = rogue_copy(&ack).unwrap();
+        let fake = rogue_copy(&ack, false).unwrap();
         assert_eq!(&fake[NET_HDR_LEN + 12..], &ack[NET_HDR_LEN + 12..]);
-        assert!(rogue_copy(&ack[..NET_HDR_LEN + 10]).is_none());
+        assert!(rogue_copy(&ack[..NET_HDR_LEN + 10], false).is_none());
     }
 
     const GUEST: [u8; 6] = [2, 0, 0, 0, 0, 0x15];
@@ -926,6 +959,31 @@ mod tests {
         );
         assert_eq!(m.table.len(), 1);
         assert_eq!(sh.generation(), gen);
+    }
+
+    #[test]
+    fn drop_acks_loses_the_first_reply_only_and_the_duplicate_gets_it() {
+        let (sh, _c) = setup(Duration::ZERO);
+        let hello = Message::Hello(Hello {
+            driver_version: 1,
+            nonce: 7,
+            mac: GUEST,
+        });
+        assert_eq!(decode(handle(&sh, 0, &frame(20, &hello))).len(), 1);
+        sh.lock_mgmt().set_knob(Knob::DropAcks(1)).unwrap();
+        // Applied, its ACK lost; the knob is spent.
+        assert!(decode(handle(&sh, 0, &frame(21, &add(7, 1)))).is_empty());
+        assert_eq!(sh.lock_mgmt().table.len(), 1);
+        assert_eq!(sh.lock_mgmt().drop_acks, 0);
+        assert_eq!(sh.lock_mgmt().c.replies_dropped_by_loss, 1);
+        // The driver's retransmission: the cached ACK, nothing applied again.
+        let r = decode(handle(&sh, 0, &frame(21, &add(7, 1))));
+        assert!(
+            matches!(r.as_slice(), [(21, Message::Ack(a))] if a.statuses == vec![OpStatus::Ok.code()])
+        );
+        // The next request is answered as usual.
+        assert_eq!(decode(handle(&sh, 0, &frame(22, &add(8, 2)))).len(), 1);
+        assert_eq!(sh.lock_mgmt().table.len(), 2);
     }
 
     #[test]

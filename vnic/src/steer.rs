@@ -10,7 +10,6 @@
 //! drawn after the hit, so the device's own figures stay blind to them;
 //! [`corrupt_payload`] is the damage the corrupt and bad-checksum faults do.
 
-use arfs::proto::ETHERTYPE_MGMT;
 use arfs::{FlowIndex, FlowKey, Rss, TableEvent, L3};
 
 use crate::frame::{tcp_payload, udp_payload};
@@ -120,19 +119,19 @@ impl Steer {
         if let Some(k) = arfs::ipv4_flow(frame) {
             return Some(self.decide_flow(&k));
         }
+        // A peer must not speak for the device, whatever tags it wraps its
+        // frame in: the guest strips 802.1ad/QinQ/VID-0 tags before its
+        // packet handlers see the frame.
+        if arfs::proto::is_mgmt_behind_tags(frame) {
+            return None;
+        }
         let Ok(p) = arfs::parse_frame(frame) else {
-            if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
-                return None;
-            }
             return Some(Decision {
                 q: 0,
                 hit: None,
                 flags: UNPARSABLE,
             });
         };
-        if p.ethertype == ETHERTYPE_MGMT {
-            return None;
-        }
         let L3::Flow(k) = &p.l3 else {
             return Some(Decision {
                 q: usize::from(self.rss.queue_for(&p)),
@@ -189,7 +188,7 @@ impl Steer {
     /// `--steer none`'s decision: the worker's own queue, no parse.
     #[inline(never)]
     fn unsteered(&self, frame: &[u8]) -> Option<Decision> {
-        if frame.len() >= 14 && u16::from_be_bytes([frame[12], frame[13]]) == ETHERTYPE_MGMT {
+        if arfs::proto::is_mgmt_behind_tags(frame) {
             return None;
         }
         let own = 1u32.checked_shl(self.own as u32).unwrap_or(0);
@@ -278,6 +277,7 @@ pub(crate) fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
 mod tests {
     use super::*;
     use crate::frame::{checksum, ETH_P_IP, ETH_P_IPV6};
+    use arfs::proto::ETHERTYPE_MGMT;
     use arfs::{FlowKey, L4Proto};
 
     /// A UDP/IPv4 frame of flow `sport -> dport`.
@@ -370,6 +370,17 @@ mod tests {
         m[12..14].copy_from_slice(&ETHERTYPE_MGMT.to_be_bytes());
         assert_eq!(s.decide(&m), None);
         assert_eq!(s.decide(&m[..14]), None);
+        // Behind an 802.1ad S-tag and an 802.1Q C-tag (QinQ), or a VID-0
+        // priority tag: refused all the same.
+        for tags in [&[0x88a8u16, 0x8100][..], &[0x8100], &[0x88a8]] {
+            let mut q = m[..12].to_vec();
+            for t in tags {
+                q.extend_from_slice(&t.to_be_bytes());
+                q.extend_from_slice(&[0, 0]);
+            }
+            q.extend_from_slice(&m[12..]);
+            assert_eq!(s.decide(&q), None, "{tags:x?}");
+        }
         for n in 0..14 {
             let d = s.decide(&vec![0xffu8; n]).unwrap();
             assert_eq!((d.q, d.hit, d.flags), (0, None, UNPARSABLE));

@@ -560,6 +560,12 @@ pub struct Knobs {
     pub corrupt_rate: f64,
     pub bad_csum_rate: f64,
     pub rogue_responder: bool,
+    /// With `rogue_responder`: its CAPS echoes the HELLO's nonce.
+    #[serde(default)]
+    pub rogue_nonce: bool,
+    /// Replies to requests still to be lost (`drop_acks`).
+    #[serde(default)]
+    pub drop_acks: u32,
     pub add_fail_rate: f64,
     pub mgmt_loss_rate: f64,
     pub program_latency_us: f64,
