@@ -80,6 +80,13 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "add-failures",      boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::device::add_failures },
     Scenario { name: "live-flows",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::expiry::live_flows },
     Scenario { name: "handshake",         boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::handshake::handshake },
+    // issue 46, the module as a driver under faults (faults/driver.rs)
+    Scenario { name: "rebind",            boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::rebind },
+    Scenario { name: "lost-ack-resteer",  boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::lost_ack_resteer },
+    Scenario { name: "reset-after-flush", boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::reset_after_flush },
+    Scenario { name: "holdoff",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::holdoff },
+    Scenario { name: "ntuple-toggle",     boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::ntuple_toggle },
+    Scenario { name: "params",            boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::params },
     Scenario { name: "rps",               boot: BootKind::Default, setup: Setup::Fresh,  pairs: ONE, matrix: true , v6: false, run: rps::rps },
     Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::misroute },
     Scenario { name: "drop",              boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::drop },

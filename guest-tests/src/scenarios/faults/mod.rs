@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use vnic_ctl_proto::{QueueStats, SetValue, Stats, Table};
 
 pub(super) mod device;
+pub(super) mod driver;
 pub(super) mod expiry;
 pub(super) mod handshake;
 pub(super) mod reconfig;
@@ -172,6 +173,8 @@ impl Session {
             "drop_rate",
             "corrupt_rate",
             "bad_csum_rate",
+            "rogue_nonce",
+            "drop_acks",
         ] {
             if let Err(e) = self.guest.ctl.set(k, 0) {
                 errs.push(crate::harness::Error::from(e).0);
