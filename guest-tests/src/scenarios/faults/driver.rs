@@ -269,18 +269,18 @@ pub(in crate::scenarios) fn reset_after_flush(s: &mut Session, c: &mut Checks) -
     c.check(flushes == 0, || {
         format!("the device applied {flushes} FLUSH(es) after the link flap: the module sent again a FLUSH the device had applied")
     });
-    let (m, d) = s.settled_tables()?;
-    if let Some(e) = tables_differ(&m, &d) {
+    let (modt, devt) = s.settled_tables()?;
+    if let Some(e) = tables_differ(&modt, &devt) {
         c.check(false, || e);
     }
     // The flows are still steered, seen from the guest.
-    let w = s.measure()?;
-    s.check_window(&w, c);
+    let window = s.measure()?;
+    s.check_window(&window, c);
     Ok(format!(
         "flap_before_retransmit={before_rto} hellos={} flushes_after_flap={flushes} module_filters={} device_filters={}",
         super::delta(&m1, &m0, "hellos"),
-        m.len(),
-        d.len()
+        modt.len(),
+        devt.len()
     ))
 }
 
