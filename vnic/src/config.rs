@@ -506,6 +506,7 @@ pub(crate) enum Knob {
     RogueResponder(bool),
     RogueNonce(bool),
     DropAcks(u32),
+    ForgeAcks(bool),
     MisrouteRate(f64),
     DropRate(f64),
     CorruptRate(f64),
@@ -515,7 +516,7 @@ pub(crate) enum Knob {
 impl Knob {
     /// The knob names, as `set` takes them.
     pub(crate) const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate, rogue_responder, rogue_nonce or drop_acks";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate, rogue_responder, rogue_nonce, drop_acks or forge_acks";
 
     pub(crate) fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -532,6 +533,7 @@ impl Knob {
             "rogue_responder" => Self::RogueResponder(parse_bool(value).map_err(bad)?),
             "rogue_nonce" => Self::RogueNonce(parse_bool(value).map_err(bad)?),
             "drop_acks" => Self::DropAcks(parse_drop_acks(value).map_err(bad)?),
+            "forge_acks" => Self::ForgeAcks(parse_bool(value).map_err(bad)?),
             "misroute_rate" => Self::MisrouteRate(parse_rate(value).map_err(bad)?),
             "drop_rate" => Self::DropRate(parse_rate(value).map_err(bad)?),
             "corrupt_rate" => Self::CorruptRate(parse_rate(value).map_err(bad)?),

@@ -373,6 +373,7 @@ fn knobs(sh: &Shared, s: &Snapshot) -> wire::Knobs {
         rogue_responder: s.rogue,
         rogue_nonce: s.rogue_nonce,
         drop_acks: s.drop_acks,
+        forge_acks: s.forge_acks,
         add_fail_rate: c.add_fail_rate,
         mgmt_loss_rate: c.mgmt_loss_rate,
         program_latency_us: c.latency_ns as f64 / 1000.0,
@@ -406,6 +407,7 @@ fn mgmt(sh: &Shared, s: &Snapshot) -> wire::MgmtStats {
         acks_sent: c.acks_sent,
         caps_sent: c.caps_sent,
         rogue_sent: c.rogue_sent,
+        forged_sent: c.forged_sent,
         dst: wire::MgmtDst {
             hello_to_group: c.dst.hello_to_group,
             to_device: c.dst.to_device,
@@ -801,6 +803,7 @@ mod tests {
         c.acks_sent = next();
         c.caps_sent = next();
         c.rogue_sent = next();
+        c.forged_sent = next();
         c.dst.hello_to_group = next();
         c.dst.to_device = next();
         c.dst.to_broadcast = next();
@@ -891,6 +894,7 @@ mod tests {
             rogue: true,
             rogue_nonce: false,
             drop_acks: 0,
+            forge_acks: false,
             filters: vec![
                 (entry(7, 1, f4, 1_206_565_407, None), 120),
                 (entry(9, 0, f6, 1_206_600_000, Some(33)), 0),

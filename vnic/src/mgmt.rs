@@ -43,6 +43,8 @@ pub(crate) struct MgmtCounters {
     pub caps_sent: u64,
     /// Frames sent as the `rogue_responder` knob's second responder.
     pub rogue_sent: u64,
+    /// Frames sent as the `forge_acks` knob's forgeries.
+    pub forged_sent: u64,
     /// Destinations of the driver's frames.
     pub dst: DstCounters,
     pub naks_sent: u64,
@@ -123,7 +125,16 @@ pub(crate) struct Mgmt {
     /// is applied and its reply cached, so a duplicate gets it again: the
     /// one lost ACK a driver's retransmission recovers from.
     drop_acks: u32,
+    /// `forge_acks`: every ACK is preceded by two forgeries from the
+    /// device's own address, each of another generation: the previous
+    /// reply replayed (a seq the driver has no longer in flight), and this
+    /// ACK addressed to another host ([`OTHER_HOST_MAC`]). A driver must
+    /// take neither as news of a device restart.
+    forge_acks: bool,
 }
+
+/// Destination of the `forge_acks` knob's copy for another host.
+pub(crate) const OTHER_HOST_MAC: [u8; 6] = [0x02, 0x00, 0x5e, 0x0b, 0xad, 0x02];
 
 /// Source of the `rogue_responder` knob's frames: a second station on the
 /// link answering the driver's HELLO (locally administered, not
@@ -163,6 +174,7 @@ impl Mgmt {
             rogue: false,
             rogue_nonce: false,
             drop_acks: 0,
+            forge_acks: false,
         })
     }
 
@@ -315,16 +327,17 @@ impl Mgmt {
         own.append(&mut self.own);
     }
 
-    /// Where the driver addressed the frame: HELLO to the link-local group,
-    /// everything else to the device (PROTOCOL.md, "Ethernet header"); any
-    /// other destination is counted apart, it is not refused.
+    /// Where the driver addressed the frame: a HELLO of a driver not bound
+    /// yet to the link-local group, everything else (a bound driver's
+    /// keepalive HELLO included) to the device (PROTOCOL.md, "Ethernet
+    /// header"); any other destination is counted apart, it is not refused.
     fn count_destination(&mut self, frame: &[u8]) {
         let Some(dst) = frame.get(..6) else { return };
         let hello = proto::peek_header(frame).and_then(|h| h.kind()) == Some(proto::MsgType::Hello);
         let d = &mut self.c.dst;
         match (dst == proto::HELLO_GROUP_MAC, dst == DEVICE_MAC, hello) {
             (true, _, true) => d.hello_to_group += 1,
-            (_, true, false) => d.to_device += 1,
+            (_, true, _) => d.to_device += 1,
             _ if dst == proto::BROADCAST_MAC => d.to_broadcast += 1,
             _ => d.to_other += 1,
         }
@@ -490,6 +503,9 @@ impl Mgmt {
                     statuses: statuses.iter().map(|s: &OpStatus| s.code()).collect(),
                 });
                 if let Some(pkt) = encode_reply(route.dst, *seq, gen, &ack) {
+                    if self.forge_acks {
+                        self.forge(route, &pkt);
+                    }
                     self.c.acks_sent += 1;
                     self.remember(*seq, &pkt);
                     if self.drop_acks > 0 {
@@ -563,6 +579,26 @@ impl Mgmt {
         if let Some(c) = &self.conn {
             if let Some(r) = c.lanes.reply(route.worker, pkt, self.caller) {
                 self.own.push(r);
+            }
+        }
+    }
+
+    /// The `forge_acks` knob's two forgeries for the ACK `pkt`, sent ahead
+    /// of it: the last cached reply replayed, and `pkt` to another host,
+    /// both from the device's address with the generation + 1.
+    fn forge(&mut self, route: Route, pkt: &[u8]) {
+        let replay = self.cache.back().map(|(_, f)| f.clone());
+        let mut other = pkt.to_vec();
+        other[NET_HDR_LEN..NET_HDR_LEN + 6].copy_from_slice(&OTHER_HOST_MAC);
+        for mut f in replay.into_iter().chain([other]) {
+            if !bump_generation(&mut f) {
+                continue;
+            }
+            self.c.forged_sent += 1;
+            if let Some(c) = &self.conn {
+                if let Some(r) = c.lanes.reply(route.worker, f, self.caller) {
+                    self.own.push(r);
+                }
             }
         }
     }
@@ -647,6 +683,7 @@ impl Mgmt {
             Knob::RogueResponder(on) => self.rogue = on,
             Knob::RogueNonce(on) => self.rogue_nonce = on,
             Knob::DropAcks(n) => self.drop_acks = n,
+            Knob::ForgeAcks(on) => self.forge_acks = on,
         }
         Ok(())
     }
@@ -666,6 +703,7 @@ impl Mgmt {
             rogue: self.rogue,
             rogue_nonce: self.rogue_nonce,
             drop_acks: self.drop_acks,
+            forge_acks: self.forge_acks,
             filters: if filters {
                 self.table
                     .entries()
@@ -706,6 +744,7 @@ pub(crate) struct Snapshot {
     pub rogue: bool,
     pub rogue_nonce: bool,
     pub drop_acks: u32,
+    pub forge_acks: bool,
     /// Live filters and their hits (when asked for).
     pub filters: Vec<(arfs::table::Entry, u64)>,
 }
@@ -750,6 +789,20 @@ fn encode_reply(dst: [u8; 6], seq: u32, generation: u32, msg: &Message) -> Optio
     let n = proto::encode_into(&mut pkt[NET_HDR_LEN..], &meta, msg).ok()?;
     pkt.truncate(NET_HDR_LEN + n);
     Some(pkt)
+}
+
+/// Adds one to the generation of the reply `f` (virtio-net header +
+/// management frame); false when `f` is too short to carry one.
+fn bump_generation(f: &mut [u8]) -> bool {
+    const GEN: usize = NET_HDR_LEN + 14 + 8;
+    match f.get_mut(GEN..GEN + 4) {
+        Some(g) => {
+            let v = u32::from_be_bytes([g[0], g[1], g[2], g[3]]).wrapping_add(1);
+            g.copy_from_slice(&v.to_be_bytes());
+            true
+        }
+        None => false,
+    }
 }
 
 /// What a second responder on the link would send for the reply `pkt`
@@ -984,6 +1037,47 @@ mod tests {
         // The next request is answered as usual.
         assert_eq!(decode(handle(&sh, 0, &frame(22, &add(8, 2)))).len(), 1);
         assert_eq!(sh.lock_mgmt().table.len(), 2);
+    }
+
+    #[test]
+    fn forge_acks_sends_a_replay_and_a_copy_for_another_host_of_another_generation() {
+        let (sh, _c) = setup(Duration::ZERO);
+        let gen = sh.generation();
+        let hello = Message::Hello(Hello {
+            driver_version: 1,
+            nonce: 7,
+            mac: GUEST,
+        });
+        assert_eq!(decode(handle(&sh, 0, &frame(30, &hello))).len(), 1);
+        sh.lock_mgmt().set_knob(Knob::ForgeAcks(true)).unwrap();
+        let out = handle(&sh, 0, &frame(31, &add(7, 1)));
+        let frames: Vec<Vec<u8>> = out.iter().map(|r| r.pkt.clone()).collect();
+        assert_eq!(frames.len(), 3, "replay, copy for another host, the ACK");
+        let hdr = |f: &[u8]| {
+            let (h, _) = decode_frame_driver(&f[NET_HDR_LEN..]).unwrap();
+            (
+                f[NET_HDR_LEN..NET_HDR_LEN + 6].to_vec(),
+                f[NET_HDR_LEN + 6..NET_HDR_LEN + 12].to_vec(),
+                h.seq,
+                h.generation,
+            )
+        };
+        // The previous reply (the CAPS of seq 30), one generation on.
+        assert_eq!(
+            hdr(&frames[0]),
+            (GUEST.to_vec(), DEVICE_MAC.to_vec(), 30, gen + 1)
+        );
+        // This ACK for another host, one generation on.
+        assert_eq!(
+            hdr(&frames[1]),
+            (OTHER_HOST_MAC.to_vec(), DEVICE_MAC.to_vec(), 31, gen + 1)
+        );
+        // The real one, unchanged.
+        assert_eq!(
+            hdr(&frames[2]),
+            (GUEST.to_vec(), DEVICE_MAC.to_vec(), 31, gen)
+        );
+        assert_eq!(sh.lock_mgmt().c.forged_sent, 2);
     }
 
     #[test]

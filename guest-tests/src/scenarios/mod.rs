@@ -86,6 +86,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "reset-after-flush", boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::reset_after_flush },
     Scenario { name: "holdoff",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::holdoff },
     Scenario { name: "ntuple-toggle",     boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::ntuple_toggle },
+    Scenario { name: "spoof-mgmt",        boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::spoof_mgmt },
     Scenario { name: "params",            boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: faults::driver::params },
     Scenario { name: "rps",               boot: BootKind::Default, setup: Setup::Fresh,  pairs: ONE, matrix: true , v6: false, run: rps::rps },
     Scenario { name: "misroute",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::misroute },

@@ -276,6 +276,9 @@ pub struct MgmtStats {
     pub acks_sent: u64,
     pub caps_sent: u64,
     pub rogue_sent: u64,
+    /// Frames sent as the `forge_acks` knob's forgeries.
+    #[serde(default)]
+    pub forged_sent: u64,
     pub naks_sent: u64,
     pub dst: MgmtDst,
     pub dropped_by_loss: u64,
@@ -566,6 +569,8 @@ pub struct Knobs {
     /// Replies to requests still to be lost (`drop_acks`).
     #[serde(default)]
     pub drop_acks: u32,
+    #[serde(default)]
+    pub forge_acks: bool,
     pub add_fail_rate: f64,
     pub mgmt_loss_rate: f64,
     pub program_latency_us: f64,

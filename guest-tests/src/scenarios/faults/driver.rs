@@ -17,10 +17,15 @@
 //!   lose its filter.
 //! - `ntuple-toggle`: NTUPLE off and straight back on with the table 75%
 //!   full; every flow is steered again within 5 s.
+//! - `spoof-mgmt`: forged ACKs from the device's own address, of another
+//!   generation (a replay, and a copy for another host): programming goes
+//!   on without a resync, each forgery counted.
+//! - `params`: out-of-range parameter writes are refused, `modinfo` shows
+//!   the ranges.
 
 use super::{table_of, DevTable, REJECT_HOLDOFF};
 use crate::ensure;
-use crate::harness::{wait_for, Result};
+use crate::harness::{settle, wait_for, Result};
 use crate::module::PARAMS_DIR;
 use crate::proto::Request;
 use crate::scenarios::{Checks, Session, IFNAME};
@@ -386,6 +391,67 @@ pub(in crate::scenarios) fn ntuple_toggle(s: &mut Session, c: &mut Checks) -> Re
         m.get("busy"),
         m.get("ntuple_flushes"),
         m.get("rfs_resets")
+    ))
+}
+
+/// `spoof-mgmt`: with the device's `forge_acks` knob on, every ACK comes
+/// with two forgeries from the device's address, one generation on: the
+/// previous reply replayed, and the ACK for another host. Neither answers a
+/// frame the module has in flight to it: programming goes on (filters, a
+/// round of re-steers) with no resync beyond the keepalives, and every
+/// forgery is counted (`rx_wrong_generation`, `rx_not_host`).
+pub(in crate::scenarios) fn spoof_mgmt(s: &mut Session, c: &mut Checks) -> Result<String> {
+    s.ensure_module()?;
+    let m0 = s.module_counters()?;
+    let d0 = s.guest.ctl.stats()?;
+    let t0 = Instant::now();
+    s.guest.ctl.set("forge_acks", 1)?;
+    let flows = s.steering_flows(16)?;
+    s.fault_start(flows)?;
+    let programmed = s.wait_steered(&BTreeSet::new()).and_then(|_| {
+        let had: BTreeSet<FlowKey> = s.device_filters()?.keys().copied().collect();
+        s.rotate_receivers()?;
+        s.wait_steered(&had)
+    });
+    s.guest.ctl.set("forge_acks", 0)?;
+    let elapsed = t0.elapsed();
+    programmed?;
+    let window = s.measure()?;
+    s.check_window(&window, c);
+    // The last forgeries may still be on their way: read the module, then
+    // the device, until the module has counted every forgery, or 2 s.
+    let (m1, forged) = settle(Duration::from_secs(2), || {
+        let m = s.module_counters()?;
+        let d = s.guest.ctl.stats()?;
+        let forged = super::dev_delta(&d, &d0, |s| s.mgmt.forged_sent);
+        let counted =
+            super::delta(&m, &m0, "rx_wrong_generation") + super::delta(&m, &m0, "rx_not_host");
+        Ok(((m, forged), counted >= forged))
+    })?;
+    let wrong_gen = super::delta(&m1, &m0, "rx_wrong_generation");
+    let not_host = super::delta(&m1, &m0, "rx_not_host");
+    let hellos = super::delta(&m1, &m0, "hellos");
+    let gen_changes = super::delta(&m1, &m0, "generation_changes");
+    // Keepalives only: one per keepalive period of silence at most.
+    let keepalives = elapsed.as_secs() / 2 + 2;
+    c.check(forged >= 2, || {
+        format!("the device sent {forged} forgeries")
+    });
+    c.check(m1.has("rx_not_host") && not_host >= 1, || {
+        format!("the copies for another host were not refused as such (rx_not_host {not_host}, {forged} forgeries)")
+    });
+    c.check(wrong_gen + not_host == forged, || {
+        format!("{forged} forgeries, the module counted rx_wrong_generation {wrong_gen} + rx_not_host {not_host}")
+    });
+    c.check(hellos <= keepalives, || {
+        format!("{hellos} HELLOs in {:.1} s (keepalives: at most {keepalives}): forged ACKs started resyncs", elapsed.as_secs_f64())
+    });
+    c.check(gen_changes == 0, || {
+        format!("{gen_changes} generation changes: the device never restarted")
+    });
+    Ok(format!(
+        "forged={forged} rx_wrong_generation={wrong_gen} rx_not_host={not_host} hellos={hellos} in {:.1}s generation_changes={gen_changes}",
+        elapsed.as_secs_f64()
     ))
 }
 

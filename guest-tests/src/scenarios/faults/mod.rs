@@ -175,6 +175,7 @@ impl Session {
             "bad_csum_rate",
             "rogue_nonce",
             "drop_acks",
+            "forge_acks",
         ] {
             if let Err(e) = self.guest.ctl.set(k, 0) {
                 errs.push(crate::harness::Error::from(e).0);

@@ -63,7 +63,7 @@ pub struct Outcome {
     pub trace: Vec<String>,
 }
 
-const KNOBS: [&str; 12] = [
+const KNOBS: [&str; 15] = [
     "add_fail_rate",
     "mgmt_loss_rate",
     "program_latency",
@@ -75,6 +75,9 @@ const KNOBS: [&str; 12] = [
     "corrupt_rate",
     "bad_csum_rate",
     "rogue_responder",
+    "rogue_nonce",
+    "drop_acks",
+    "forge_acks",
     "nonsense_knob",
 ];
 
