@@ -59,6 +59,9 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("acks", c.acks);
 	P("rx_bad_nonce", c.rx_bad_nonce);
 	P("rx_foreign", c.rx_foreign);
+	P("rx_rebind", c.rx_rebind);
+	P("rx_not_host", c.rx_not_host);
+	P("applied_unacked", c.applied_unacked);
 	P("naks", c.naks);
 	P("expiry_pressure", c.expiry_pressure);
 	P("layout_flush_frames", c.layout_flush_frames);

@@ -64,6 +64,7 @@ int vnic_flt_init(struct vnic_ctx *ctx)
 	INIT_LIST_HEAD(&ctx->rej_list);
 	INIT_LIST_HEAD(&ctx->add_list);
 	INIT_LIST_HEAD(&ctx->del_list);
+	INIT_LIST_HEAD(&ctx->ice_list);
 	INIT_LIST_HEAD(&ctx->flush_list);
 	INIT_LIST_HEAD(&ctx->flush_wait_list);
 	return rhashtable_init(&ctx->flows, &vnic_flt_params);
@@ -91,6 +92,7 @@ void vnic_flt_destroy(struct vnic_ctx *ctx)
 	INIT_LIST_HEAD(&ctx->rej_list);
 	INIT_LIST_HEAD(&ctx->add_list);
 	INIT_LIST_HEAD(&ctx->del_list);
+	INIT_LIST_HEAD(&ctx->ice_list);
 	INIT_LIST_HEAD(&ctx->flush_list);
 	INIT_LIST_HEAD(&ctx->flush_wait_list);
 	ctx->nr_flushing = 0;
@@ -187,6 +189,7 @@ void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
 static void vnic_flt_unlink_live_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
 {
 	list_del(&f->node);
+	list_del_init(&f->alist);
 	ctx->nr_live--;
 	if (f->layout_epoch != ctx->layout_epoch)
 		ctx->layout_left--;
@@ -344,7 +347,11 @@ static bool vnic_flt_bulk_step_locked(struct vnic_ctx *ctx)
 		if (ctx->layout_left && f->layout_epoch != ctx->layout_epoch) {
 			vnic_flt_bulk_flush_one(ctx, f);
 		} else if (ntuple_off) {
-			vnic_flt_del_locked(ctx, f, VNIC_R_FLUSH);
+			/* one FLUSH for them all (the same path as a layout change) */
+			if (vnic_flt_retire_locked(ctx, f, VF_FLUSHING, VNIC_R_FLUSH)) {
+				list_add_tail(&f->node, &ctx->flush_list);
+				ctx->nr_flushing++;
+			}
 		} else {
 			/* replayed, or new since the walk began: to the tail */
 			list_move_tail(&f->node, &ctx->live_list);
@@ -398,6 +405,16 @@ void vnic_flt_bulk(struct vnic_ctx *ctx)
 			cond_resched();
 		spin_lock_bh(&ctx->lock);
 	} while (more);
+	/*
+	 * Filters the NTUPLE-off walk retired (the walk may have ended early:
+	 * NTUPLE back on) leave with one FLUSH, sent before any new ADD. Their
+	 * ids are free at its ACK; the kernel's RFS records are reset only
+	 * then (rfs_reset_due, set when NTUPLE comes back on).
+	 */
+	if (!ctx->layout_walk && !list_empty(&ctx->flush_list) && !ctx->flush_pending) {
+		ctx->flush_pending = true;
+		ctx->flush_reason = VNIC_R_FLUSH;
+	}
 	spin_unlock_bh(&ctx->lock);
 }
 
@@ -526,6 +543,24 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 	ctx->c.steer_walked += key.walked;
 	if (f && f->state == VF_LIVE) {
 		f->last_seen = now;
+		if (f->refused_pending ||
+		    (f->resteer_blocked && f->rxq != rxq_index &&
+		     vnic_flt_held_off(now, f->since))) {
+			/*
+			 * The device refused this move lately, or the fate of
+			 * an earlier ADD is open: no ADD per packet, and no
+			 * id the device may not hold. The kernel records
+			 * nothing for a failed
+			 * call, so the filter's RFS slot stays the one of its
+			 * last successful call (what rps_may_expire_flow()
+			 * must be asked about).
+			 */
+			ctx->c.busy++;
+			ctx->c.busy_rejected++;
+			ret = -EBUSY;
+			goto out;
+		}
+		/* success from here: the kernel writes the id into this slot */
 		f->flow_id = flow_id;
 		f->slot_rxq = rxq_index;
 		ret = f->id;
@@ -533,14 +568,8 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 			ctx->c.steer_dedup++;
 			goto out;
 		}
-		if (f->resteer_blocked && vnic_flt_held_off(now, f->since)) {
-			/* the device refused this move lately: no ADD per packet */
-			ctx->c.busy++;
-			ctx->c.busy_rejected++;
-			ret = -EBUSY;
-			goto out;
-		}
 		f->resteer_blocked = false;
+		f->refused_pending = false;
 		f->rxq = rxq_index;
 		ctx->c.resteers++;
 		vnic_flt_queue_add_locked(ctx, f);
@@ -580,6 +609,7 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 		goto out;
 	}
 	f->key = key.flow;
+	INIT_LIST_HEAD(&f->alist);
 	err = rhashtable_insert_fast(&ctx->flows, &f->hnode, vnic_flt_params);
 	if (err) {
 		kfree(f);
@@ -626,6 +656,14 @@ out:
 	return ret;
 }
 
+/* The device holds @f from now: the activation time ice ages UDP filters by. */
+static void vnic_flt_activated_locked(struct vnic_ctx *ctx, struct vnic_filter *f)
+{
+	f->activated = jiffies;
+	if (f->key.proto == IPPROTO_UDP)
+		list_move_tail(&f->alist, &ctx->ice_list);
+}
+
 /**
  * vnic_flt_add_acked_locked - apply the device's answer to one ADD op
  * @ctx: the context
@@ -647,7 +685,17 @@ void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, i
 		f->dev_rxq = rxq;
 		if (f->state == VF_LIVE && f->add_seq == seq) {
 			f->add_inflight = false;
-			f->activated = jiffies;
+			vnic_flt_activated_locked(ctx, f);
+		} else if (f->state == VF_LIVE && f->refused_pending && !f->pending) {
+			/*
+			 * The later ADD (a re-steer) was refused while this one
+			 * was unanswered: the device holds this one. As for any
+			 * refused re-steer, the filter stays on this queue.
+			 */
+			f->refused_pending = false;
+			f->rxq = rxq;
+			vnic_flt_activated_locked(ctx, f);
+			ctx->c.replaced_rejected++;
 		}
 		return;
 	}
@@ -655,8 +703,20 @@ void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, i
 		ctx->table_full = true;
 		ctx->table_full_since = jiffies;
 	}
-	if (f->state != VF_LIVE || f->add_seq != seq)
-		return;		/* superseded, or being deleted */
+	if (f->state != VF_LIVE)
+		return;		/* being deleted */
+	if (f->add_seq != seq) {
+		/*
+		 * An earlier ADD refused too, after the last one was: if
+		 * nothing else of the id is in flight, the device holds none.
+		 */
+		if (f->refused_pending && !f->on_dev && !f->pending &&
+		    !vnic_mgmt_add_unacked(ctx, id, f->add_seq, seq)) {
+			f->refused_pending = false;
+			vnic_flt_reject_locked(ctx, f, st < 0 ? 0xFF : st);
+		}
+		return;		/* superseded */
+	}
 	f->add_inflight = false;
 	if (f->pending)
 		return;		/* a newer ADD (re-steer) is queued */
@@ -666,6 +726,18 @@ void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, i
 		f->resteer_blocked = true;
 		f->since = jiffies;
 		ctx->c.replaced_rejected++;
+		return;
+	}
+	if (vnic_mgmt_add_unacked(ctx, id, seq, seq)) {
+		/*
+		 * Refused, but an earlier ADD of the id is unanswered (its ACK
+		 * lost, say): the device may hold that one, so the id is not
+		 * free. Its ACK (the retransmission brings it) decides; until
+		 * then the flow is held off like a refused re-steer.
+		 */
+		f->refused_pending = true;
+		f->resteer_blocked = true;
+		f->since = jiffies;
 		return;
 	}
 	vnic_flt_reject_locked(ctx, f, st < 0 ? 0xFF : st);
@@ -752,6 +824,30 @@ static unsigned int vnic_flt_expiry_quota(struct vnic_ctx *ctx)
 	return min(n, ctx->nr_live);
 }
 
+/*
+ * expiry=ice: every UDP filter VNIC_ICE_UDP_MS after its activation, at the
+ * first pass after that (ice_arfs.c), whatever the size of the table: the
+ * oldest activations are at the head of ice_list. A filter that cannot go
+ * now (an ADD or DEL of it in flight) leaves the list; its next activation
+ * puts it back.
+ */
+static void vnic_flt_ice_age_locked(struct vnic_ctx *ctx, unsigned long now)
+{
+	unsigned long age = msecs_to_jiffies(VNIC_ICE_UDP_MS);
+	struct vnic_filter *f, *tmp;
+	unsigned int n = 0;
+
+	list_for_each_entry_safe(f, tmp, &ctx->ice_list, alist) {
+		if (n++ >= VNIC_ICE_BATCH || !time_after(now, f->activated + age))
+			break;
+		if (!f->on_dev || f->add_inflight || f->pending || f->refused_pending) {
+			list_del_init(&f->alist);
+			continue;
+		}
+		vnic_flt_del_locked(ctx, f, VNIC_R_AGED);
+	}
+}
+
 /**
  * vnic_flt_expire_locked - one expiry pass
  * @ctx: the context
@@ -759,7 +855,8 @@ static unsigned int vnic_flt_expiry_quota(struct vnic_ctx *ctx)
  *
  * Round-robin over the live filters whose ADD is acknowledged, as many as
  * vnic_flt_expiry_quota() says: each is deleted for the reason
- * vnic_flt_expiry_reason() gives under the expiry= personality.
+ * vnic_flt_expiry_reason() gives under the expiry= personality. Under
+ * expiry=ice, first every UDP filter whose time is up.
  */
 void vnic_flt_expire_locked(struct vnic_ctx *ctx, unsigned long now)
 {
@@ -768,10 +865,13 @@ void vnic_flt_expire_locked(struct vnic_ctx *ctx, unsigned long now)
 	struct vnic_filter *f;
 	u8 reason;
 
+	if ((expiry & 3) == VNIC_EXPIRY_ICE && READ_ONCE(vnic_expire_quota))
+		vnic_flt_ice_age_locked(ctx, now);
+
 	while (n-- && !list_empty(&ctx->live_list)) {
 		f = list_first_entry(&ctx->live_list, struct vnic_filter, node);
 		list_move_tail(&f->node, &ctx->live_list);
-		if (!f->on_dev || f->add_inflight || f->pending)
+		if (!f->on_dev || f->add_inflight || f->pending || f->refused_pending)
 			continue;
 		reason = vnic_flt_expiry_reason(ctx, f, expiry, now);
 		if (reason)

@@ -31,6 +31,56 @@ static struct vnic_slot *vnic_mgmt_slot(struct vnic_ctx *ctx, u32 seq)
 	return &ctx->slots[seq % VNIC_WINDOW];
 }
 
+/*
+ * Whether the ACK in @skb (sequence @seq) answers a frame in flight: one in
+ * the window, not acknowledged yet, of the type the ACK names.
+ */
+static bool vnic_mgmt_answers_inflight_locked(struct vnic_ctx *ctx, const struct sk_buff *skb,
+					      u32 seq)
+{
+	const struct vnic_slot *s;
+	u8 raw[VNIC_ACK_FIXED];
+	const u8 *fixed;
+
+	if (vnic_mgmt_seq_before(seq, ctx->una) || !vnic_mgmt_seq_before(seq, ctx->next_seq))
+		return false;
+	s = vnic_mgmt_slot(ctx, seq);
+	if (!s->used || s->seq != seq || s->acked)
+		return false;
+	fixed = skb_header_pointer(skb, VNIC_HDR_LEN, VNIC_ACK_FIXED, raw);
+	return fixed && fixed[0] == s->type;
+}
+
+/**
+ * vnic_mgmt_add_unacked - whether an ADD of @id is in flight in an earlier frame
+ * @ctx: the context
+ * @id: the filter id
+ * @before: only frames older than this one count
+ * @except: a frame that does not count (the one being acknowledged)
+ *
+ * The window holds at most VNIC_WINDOW frames of VNIC_ADD_FIT ops: bounded.
+ *
+ * Return: true when a frame in [una, @before), other than @except, not
+ * acknowledged, carries an ADD of @id: the device may have applied it.
+ */
+bool vnic_mgmt_add_unacked(struct vnic_ctx *ctx, u16 id, u32 before, u32 except)
+{
+	unsigned int i;
+	u32 q;
+
+	for (q = ctx->una; q != ctx->next_seq && vnic_mgmt_seq_before(q, before); q++) {
+		const struct vnic_slot *s = vnic_mgmt_slot(ctx, q);
+		const u8 *op = s->buf + ETH_HLEN + VNIC_HDR_LEN;
+
+		if (q == except || !s->used || s->seq != q || s->acked || s->type != VNIC_T_ADD)
+			continue;
+		for (i = 0; i < s->nops; i++, op += VNIC_ADD_OP)
+			if (get_unaligned_be16(op) == id)
+				return true;
+	}
+	return false;
+}
+
 /**
  * vnic_mgmt_rto - retransmit timeout
  * @ctx: the context (caps.latency_us read under ctx->lock, or racy for debugfs)
@@ -58,8 +108,12 @@ static unsigned int vnic_mgmt_put_hdr(struct vnic_ctx *ctx, u8 *buf, u8 type, u3
 
 	static const u8 group[ETH_ALEN] = VNIC_HELLO_GROUP;
 
-	/* HELLO, or no session yet: the link-local group; else the device */
-	if (type == VNIC_T_HELLO || !ctx->have_dev_mac)
+	/*
+	 * No session yet: the link-local group. Once bound, everything goes to
+	 * the device, the keepalive and resync HELLOs too: no other station
+	 * sees a nonce it could answer.
+	 */
+	if (!ctx->have_dev_mac)
 		ether_addr_copy(buf, group);
 	else
 		ether_addr_copy(buf, ctx->dev_mac);
@@ -252,6 +306,7 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 {
 	struct vnic_reset_rec *r = NULL;
 	struct vnic_filter *f, *tmp;
+	bool applied;
 	u32 seq;
 
 	if (ctx->una != ctx->next_seq)
@@ -272,8 +327,20 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 			ctx->c.add_unacked += s->nops;
 			r->add_ops += s->nops;	/* r is set: the window is not empty */
 		}
+		/*
+		 * The device applies frames in sequence order: one older than a
+		 * frame it acknowledged was applied, its ACK lost. Sending a
+		 * FLUSH or DEL of those again would undo what came after it.
+		 */
+		applied = !table_lost && ctx->have_acked_hi &&
+			  vnic_mgmt_seq_before(seq, ctx->acked_hi);
+		if (applied)
+			ctx->c.applied_unacked++;
 		if (s->type == VNIC_T_FLUSH) {
-			if (!table_lost) {
+			if (applied) {
+				ctx->table_full = false;
+				vnic_flt_flush_acked_locked(ctx, seq);
+			} else if (!table_lost) {
 				ctx->flush_pending = true;
 				ctx->flush_reason = op[0];
 			}
@@ -296,10 +363,24 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 				f->add_inflight = false;
 				if (!table_lost)
 					vnic_flt_queue_add_locked(ctx, f);
+			} else if (s->type == VNIC_T_ADD && f->state == VF_LIVE &&
+				   f->refused_pending) {
+				/*
+				 * A later ADD of the id was refused while this one
+				 * was unanswered: the device may hold this one. Send
+				 * it again (an ADD is idempotent) to learn which.
+				 */
+				f->refused_pending = false;
+				f->rxq = get_unaligned_be16(op - VNIC_ADD_OP + 2);
+				if (!table_lost)
+					vnic_flt_queue_add_locked(ctx, f);
 			} else if (s->type == VNIC_T_DEL && f->state == VF_DELETING &&
 				   f->del_seq == seq && !f->pending) {
 				if (table_lost) {
 					ctx->c.del_lost++;
+					vnic_flt_free_locked(ctx, f);
+				} else if (applied) {
+					ctx->c.del[f->del_reason]++;
 					vnic_flt_free_locked(ctx, f);
 				} else {
 					list_add_tail(&f->pend, &ctx->del_list);
@@ -308,6 +389,7 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 			}
 		}
 	}
+	ctx->have_acked_hi = false;	/* the window restarts at a new seq */
 	if (table_lost) {
 		list_for_each_entry_safe(f, tmp, &ctx->del_list, pend) {
 			ctx->c.del_lost++;
@@ -351,9 +433,14 @@ static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff 
 		ctx->c.rx_foreign++;
 		return;
 	}
-	if (ctx->have_dev_mac && !ether_addr_equal(src, ctx->dev_mac))
-		vnic_warn(ctx, "the device answered from %pM, the session was with %pM\n",
-			  src, ctx->dev_mac);
+	if (ctx->have_dev_mac && !ether_addr_equal(src, ctx->dev_mac)) {
+		/* nothing rebinds a session: whoever else saw a nonce */
+		ctx->c.rx_rebind++;
+		if (net_ratelimit())
+			vnic_warn(ctx, "refused a CAPS from %pM: the session is with %pM\n",
+				  src, ctx->dev_mac);
+		return;
+	}
 	ether_addr_copy(ctx->dev_mac, src);
 	ctx->have_dev_mac = true;
 	caps.max_queue_pairs = get_unaligned_be16(b);
@@ -505,6 +592,10 @@ static void vnic_mgmt_rx_ack_locked(struct vnic_ctx *ctx, const struct sk_buff *
 		}
 	}
 	s->acked = true;
+	if (!ctx->have_acked_hi || vnic_mgmt_seq_before(ctx->acked_hi, seq)) {
+		ctx->acked_hi = seq;
+		ctx->have_acked_hi = true;
+	}
 	while (ctx->una != ctx->next_seq) {
 		s = vnic_mgmt_slot(ctx, ctx->una);
 		if (!s->used || !s->acked)
@@ -542,6 +633,11 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 		goto out;
 
 	spin_lock(&ctx->lock);
+	if (skb->pkt_type != PACKET_HOST) {
+		/* the device answers our own address: another host's, or a group's */
+		ctx->c.rx_not_host++;
+		goto unlock;
+	}
 	h = skb_header_pointer(skb, 0, VNIC_HDR_LEN, raw);
 	if (!h || get_unaligned_be16(h + VNIC_OFF_MAGIC) != VNIC_MAGIC ||
 	    h[VNIC_OFF_VERSION] != VNIC_VERSION) {
@@ -575,9 +671,14 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 			break;
 		}
 		if (ctx->have_gen && gen != ctx->gen && !ctx->unload_wait) {
-			/* the device restarted: HELLO again, then replay */
+			/*
+			 * The device restarted: HELLO again, then replay. Only
+			 * an answer to a frame in flight says so; a replayed or
+			 * forged ACK would stall programming at every round trip.
+			 */
 			ctx->c.rx_wrong_gen++;
-			if (ctx->state == VS_ACTIVE && !ctx->resync) {
+			if (ctx->state == VS_ACTIVE && !ctx->resync &&
+			    vnic_mgmt_answers_inflight_locked(ctx, skb, seq)) {
 				ctx->resync = true;
 				vnic_work_kick_locked(ctx);
 			}

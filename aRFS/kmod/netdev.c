@@ -36,6 +36,13 @@
 
 /* ------------------------------------------------------------------------ */
 /* Module parameters                                                        */
+/*
+ * Every writable number is bounded (param_set_uint_minmax(): a write out of
+ * range, at load or through sysfs, fails with -EINVAL and keeps the value),
+ * and its description gives the range, so that modinfo shows it. Unbounded,
+ * retransmit_ms=4294967295 would turn off retransmission and stall
+ * detection, and an rmmod against a silent device would wait for ever.
+ */
 
 char *vnic_ifnames;
 module_param_named(ifnames, vnic_ifnames, charp, 0444);
@@ -43,14 +50,34 @@ MODULE_PARM_DESC(ifnames,
 		 "comma-separated interface names to attach to (default: every virtio_net netdev)");
 
 unsigned int vnic_interval_ms = 100;
-module_param_named(interval_ms, vnic_interval_ms, uint, 0644);
+static int vnic_set_interval_ms(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 1, 10000);
+}
+
+static const struct kernel_param_ops vnic_interval_ms_ops = {
+	.set = vnic_set_interval_ms,
+	.get = param_get_uint,
+};
+
+module_param_cb(interval_ms, &vnic_interval_ms_ops, &vnic_interval_ms, 0644);
 MODULE_PARM_DESC(interval_ms,
-		 "period of the work item: send, retransmit, expiry pass (ms, default 100)");
+		 "period of the work item: send, retransmit, expiry pass (ms, 1..10000, default 100)");
 
 unsigned int vnic_expire_quota = 64;
-module_param_named(expire_quota, vnic_expire_quota, uint, 0644);
+static int vnic_set_expire_quota(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 0, 65535);
+}
+
+static const struct kernel_param_ops vnic_expire_quota_ops = {
+	.set = vnic_set_expire_quota,
+	.get = param_get_uint,
+};
+
+module_param_cb(expire_quota, &vnic_expire_quota_ops, &vnic_expire_quota, 0644);
 MODULE_PARM_DESC(expire_quota,
-		 "filters examined per expiry pass at least, round-robin; raised so that every live filter is examined once per 10 s; 0 = no expiry (default 64)");
+		 "filters examined per expiry pass at least, round-robin; raised so that every live filter is examined once per 10 s; 0 = no expiry (0..65535, default 64)");
 
 /*
  * expiry=: which filters the expiry pass deletes. Written as one word so a
@@ -107,24 +134,64 @@ MODULE_PARM_DESC(expiry,
 		 "rps (default: delete only when rps_may_expire_flow() allows, as mlx5/sfc/bnxt), ice (also UDP filters 5 s after activation, as ice), idle:MS (also filters without a steer call for MS ms: vnic's own backstop, deletes filters of live flows)");
 
 unsigned int vnic_retransmit_ms = 200;
-module_param_named(retransmit_ms, vnic_retransmit_ms, uint, 0644);
+static int vnic_set_retransmit_ms(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 1, 10000);
+}
+
+static const struct kernel_param_ops vnic_retransmit_ms_ops = {
+	.set = vnic_set_retransmit_ms,
+	.get = param_get_uint,
+};
+
+module_param_cb(retransmit_ms, &vnic_retransmit_ms_ops, &vnic_retransmit_ms, 0644);
 MODULE_PARM_DESC(retransmit_ms,
-		 "retransmit timeout on top of the device's programming latency (ms, default 200)");
+		 "retransmit timeout on top of the device's programming latency (ms, 1..10000, default 200)");
 
 unsigned int vnic_hello_timeout_ms = 3000;
-module_param_named(hello_timeout_ms, vnic_hello_timeout_ms, uint, 0644);
+static int vnic_set_hello_timeout_ms(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 100, 600000);
+}
+
+static const struct kernel_param_ops vnic_hello_timeout_ms_ops = {
+	.set = vnic_set_hello_timeout_ms,
+	.get = param_get_uint,
+};
+
+module_param_cb(hello_timeout_ms, &vnic_hello_timeout_ms_ops, &vnic_hello_timeout_ms, 0644);
 MODULE_PARM_DESC(hello_timeout_ms,
-		 "give up on a device that does not answer HELLO with CAPS (ms while up, default 3000)");
+		 "give up on a device that does not answer HELLO with CAPS (ms while up, 100..600000, default 3000)");
 
 unsigned int vnic_keepalive_ms = 2000;
-module_param_named(keepalive_ms, vnic_keepalive_ms, uint, 0644);
+static int vnic_set_keepalive_ms(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 0, 600000);
+}
+
+static const struct kernel_param_ops vnic_keepalive_ms_ops = {
+	.set = vnic_set_keepalive_ms,
+	.get = param_get_uint,
+};
+
+module_param_cb(keepalive_ms, &vnic_keepalive_ms_ops, &vnic_keepalive_ms, 0644);
 MODULE_PARM_DESC(keepalive_ms,
-		 "send HELLO after this long without a device frame, to notice a device reset (ms, 0 = off, default 2000)");
+		 "send HELLO after this long without a device frame, to notice a device reset (ms, 0 = off, 0..600000, default 2000)");
 
 unsigned int vnic_reject_holdoff_ms = 1000;
-module_param_named(reject_holdoff_ms, vnic_reject_holdoff_ms, uint, 0644);
+static int vnic_set_reject_holdoff_ms(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 0, 60000);
+}
+
+static const struct kernel_param_ops vnic_reject_holdoff_ms_ops = {
+	.set = vnic_set_reject_holdoff_ms,
+	.get = param_get_uint,
+};
+
+module_param_cb(reject_holdoff_ms, &vnic_reject_holdoff_ms_ops, &vnic_reject_holdoff_ms, 0644);
 MODULE_PARM_DESC(reject_holdoff_ms,
-		 "answer -EBUSY for a flow the device rejected, for this long (ms, default 1000)");
+		 "answer -EBUSY for a flow the device rejected, for this long (ms, 0..60000, default 1000)");
 
 unsigned int vnic_mgmt_txq;
 module_param_named(mgmt_txq, vnic_mgmt_txq, uint, 0444);
@@ -454,8 +521,16 @@ static bool vnic_dev_work_layout(struct vnic_ctx *ctx)
 	vnic_rmap_check(ctx);
 	ntuple = !!(dev->features & NETIF_F_NTUPLE);
 	if (ntuple && !ctx->ntuple_on) {
-		/* back on: the kernel's slots still name the flushed filters */
-		vnic_rmap_reset_kernel_rfs(ctx);
+		/*
+		 * Back on: the kernel's slots still name the flushed filters.
+		 * They are reset once the FLUSH of "off" is acknowledged
+		 * (vnic_rmap_reset_if_due()), when the ids are free: reset
+		 * now, every flow would ask while they are held, meet -EBUSY,
+		 * and never ask again.
+		 */
+		spin_lock_bh(&ctx->lock);
+		ctx->rfs_reset_due = true;
+		spin_unlock_bh(&ctx->lock);
 	}
 	ctx->ntuple_on = ntuple;
 	rtnl_unlock();

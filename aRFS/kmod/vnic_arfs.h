@@ -87,6 +87,8 @@ enum {
 
 #define VNIC_EXPIRY_IDLE_MAX_MS	(24 * 3600 * 1000U)
 #define VNIC_ICE_UDP_MS		5000
+/* Filters one pass ages at most under expiry=ice (the rest: the next pass). */
+#define VNIC_ICE_BATCH		4096
 /* Every live filter is examined at least once per this period. */
 #define VNIC_EXPIRY_SWEEP_MS	10000
 /* Extra filters examined after the table was found full (sfc: 100). */
@@ -139,6 +141,7 @@ struct vnic_filter {
 	struct rhash_head hnode;	/* ctx->flows (LIVE, REJECTED) */
 	struct list_head node;		/* live_list (LIVE) or rej_list (REJECTED) */
 	struct list_head pend;		/* add_list or del_list, while @pending */
+	struct list_head alist;		/* ice_list (LIVE UDP, on the device), by @activated */
 	struct vnic_flow key;
 	u32 flow_id;			/* from the last steer call */
 	u32 add_seq;			/* frame of the last ADD sent */
@@ -158,6 +161,11 @@ struct vnic_filter {
 	bool on_dev;			/* an ADD of this id was ACKed ok */
 	bool sent;			/* an ADD went out in this generation */
 	bool resteer_blocked;		/* a re-steer was refused at @since */
+	/*
+	 * the last ADD was refused while an earlier ADD of the id was in
+	 * flight (the device may hold that one): its ACK decides
+	 */
+	bool refused_pending;
 	/* the walks of vnic_flt_bulk() this filter still waits for, see there */
 	u32 layout_epoch;
 	u32 replay_epoch;
@@ -207,6 +215,9 @@ struct vnic_counters {
 	u64 naks, rx_malformed, rx_stale, rx_wrong_gen, xmit_errors;
 	u64 rx_bad_nonce;		/* CAPS with another nonce than our HELLO's */
 	u64 rx_foreign;			/* device frames from another address */
+	u64 rx_rebind;			/* CAPS from another address than the session's */
+	u64 rx_not_host;		/* management frames not addressed to us */
+	u64 applied_unacked;		/* unacked frames older than an ACKed one, at a reset */
 	u64 gen_changes, replays, replayed, rmap_rebuilds, ntuple_flushes, queue_flushes;
 	u64 stalls;
 	u64 add_unacked;		/* ADD ops of unACKed frames at a window reset */
@@ -317,6 +328,8 @@ struct vnic_ctx {
 	u32 gen;
 	u32 hello_seq;
 	u32 una;			/* oldest unacked request */
+	u32 acked_hi;			/* newest request ACKed in this window */
+	bool have_acked_hi;
 	u32 next_seq;			/* next request sequence number */
 	u32 unload_seq;
 	unsigned long hello_sent_at;
@@ -341,6 +354,8 @@ struct vnic_ctx {
 	struct list_head rej_list;
 	struct list_head add_list;
 	struct list_head del_list;
+	/* live UDP filters on the device, oldest activation first (expiry=ice) */
+	struct list_head ice_list;
 	/*
 	 * A layout change deletes every live filter with one FLUSH, not a DEL
 	 * each: FLUSHING filters wait on flush_list for the FLUSH to be sent,
@@ -451,6 +466,7 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 bool vnic_mgmt_probe(struct vnic_ctx *ctx, unsigned long *delay);
 unsigned long vnic_mgmt_pass(struct vnic_ctx *ctx);
 void vnic_mgmt_unload_flush(struct vnic_ctx *ctx);
+bool vnic_mgmt_add_unacked(struct vnic_ctx *ctx, u16 id, u32 before, u32 except);
 
 /* filter.c */
 int vnic_flt_init(struct vnic_ctx *ctx);
