@@ -339,7 +339,7 @@ pub(in crate::scenarios) fn holdoff(s: &mut Session, c: &mut Checks) -> Result<S
     c.check(kept == live.len(), || {
         format!("{kept} of {} flows still have a filter", live.len())
     });
-    let refused = super::delta(&m1, &m0, "replaced_rejected");
+    let refused = super::delta(&m1, &m0, "resteer_rejected");
     let held = super::delta(&m1, &m0, "busy_rejected");
     Ok(format!(
         "flows={} refused_resteers={refused} held_off_calls={held} lost_filters={} kept={kept}",
@@ -366,22 +366,38 @@ pub(in crate::scenarios) fn ntuple_toggle(s: &mut Session, c: &mut Checks) -> Re
     );
     // The device takes its time: "off"'s deletes are in flight when "on" comes.
     s.guest.ctl.set("program_latency", "500ms")?;
+    let d0 = s.guest.ctl.stats()?;
     let off = s.set_ntuple(false)?;
     ensure!(!off, "rx-ntuple-filter still on after turning it off");
     std::thread::sleep(Duration::from_millis(200));
     let on = s.set_ntuple(true)?;
     ensure!(on, "rx-ntuple-filter did not turn on again");
     let t_on = Instant::now();
+    // The device applies "off" (a FLUSH, or a DEL per filter) 500 ms after
+    // it got it: until then the old filters steer, and a flow's filter in
+    // the table says nothing about "on".
+    let ctl = &mut s.guest.ctl;
+    wait_for(
+        NTUPLE_RESTEER,
+        "the device to apply NTUPLE off's deletes",
+        || {
+            let st = ctl.stats()?;
+            let flushed = super::dev_delta(&st, &d0, |x| x.table.flushes) >= 1
+                || super::dev_delta(&st, &d0, |x| x.table.deletes.flush) >= live;
+            Ok(flushed.then_some(()))
+        },
+    )?;
     let warm = s.settings.warmup_timeout;
-    s.settings.warmup_timeout = NTUPLE_RESTEER;
+    s.settings.warmup_timeout = NTUPLE_RESTEER.saturating_sub(t_on.elapsed());
     let back = s.wait_steered(&BTreeSet::new());
     s.settings.warmup_timeout = warm;
-    s.guest.ctl.set("program_latency", 0)?;
-    match back {
-        Ok(_) => {}
-        Err(e) => c.check(false, || format!("after NTUPLE on: {e}")),
-    }
     let resteer = t_on.elapsed();
+    s.guest.ctl.set("program_latency", 0)?;
+    if let Err(e) = back {
+        c.check(false, || {
+            format!("not steered again within {NTUPLE_RESTEER:?} of NTUPLE on: {e}")
+        });
+    }
     let w = s.measure()?;
     s.check_window(&w, c);
     let m = s.module_counters()?;
@@ -424,33 +440,38 @@ pub(in crate::scenarios) fn spoof_mgmt(s: &mut Session, c: &mut Checks) -> Resul
         let m = s.module_counters()?;
         let d = s.guest.ctl.stats()?;
         let forged = super::dev_delta(&d, &d0, |s| s.mgmt.forged_sent);
-        let counted =
-            super::delta(&m, &m0, "rx_wrong_generation") + super::delta(&m, &m0, "rx_not_host");
+        let counted = super::delta(&m, &m0, "rx_wrong_generation")
+            + super::delta(&m, &m0, "rx_not_host")
+            + super::delta(&m, &m0, "rx_stale");
         Ok(((m, forged), counted >= forged))
     })?;
     let wrong_gen = super::delta(&m1, &m0, "rx_wrong_generation");
     let not_host = super::delta(&m1, &m0, "rx_not_host");
+    // A replayed CAPS (the previous reply may be one) is stale: no HELLO
+    // of that seq is out.
+    let stale = super::delta(&m1, &m0, "rx_stale");
     let hellos = super::delta(&m1, &m0, "hellos");
     let gen_changes = super::delta(&m1, &m0, "generation_changes");
-    // Keepalives only: one per keepalive period of silence at most.
-    let keepalives = elapsed.as_secs() / 2 + 2;
+    // Keepalives only: one per keepalive period (2 s) of silence at most,
+    // up to the last read.
+    let keepalives = t0.elapsed().as_secs() / 2 + 2;
     c.check(forged >= 2, || {
         format!("the device sent {forged} forgeries")
     });
     c.check(m1.has("rx_not_host") && not_host >= 1, || {
         format!("the copies for another host were not refused as such (rx_not_host {not_host}, {forged} forgeries)")
     });
-    c.check(wrong_gen + not_host == forged, || {
-        format!("{forged} forgeries, the module counted rx_wrong_generation {wrong_gen} + rx_not_host {not_host}")
+    c.check(wrong_gen + not_host <= forged && forged <= wrong_gen + not_host + stale, || {
+        format!("{forged} forgeries, the module counted rx_wrong_generation {wrong_gen} + rx_not_host {not_host} (+ rx_stale {stale})")
     });
     c.check(hellos <= keepalives, || {
-        format!("{hellos} HELLOs in {:.1} s (keepalives: at most {keepalives}): forged ACKs started resyncs", elapsed.as_secs_f64())
+        format!("{hellos} HELLOs in {:.1} s (keepalives: at most {keepalives}): forged ACKs started resyncs", t0.elapsed().as_secs_f64())
     });
     c.check(gen_changes == 0, || {
         format!("{gen_changes} generation changes: the device never restarted")
     });
     Ok(format!(
-        "forged={forged} rx_wrong_generation={wrong_gen} rx_not_host={not_host} hellos={hellos} in {:.1}s generation_changes={gen_changes}",
+        "forged={forged} rx_wrong_generation={wrong_gen} rx_not_host={not_host} rx_stale={stale} hellos={hellos} in {:.1}s generation_changes={gen_changes}",
         elapsed.as_secs_f64()
     ))
 }
@@ -494,7 +515,8 @@ pub(in crate::scenarios) fn params(s: &mut Session, c: &mut Checks) -> Result<St
     }
     let path = s.module_path.clone();
     let text = s.exec_ok(&["modinfo", "-F", "parm", &path])?;
-    for (name, _) in OUT_OF_RANGE {
+    let names: std::collections::BTreeSet<&str> = OUT_OF_RANGE.iter().map(|(n, _)| *n).collect();
+    for name in names {
         let line_has_range = text
             .lines()
             .any(|l| l.starts_with(&format!("{name}:")) && l.contains(".."));
