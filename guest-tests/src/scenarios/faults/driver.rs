@@ -365,7 +365,7 @@ pub(in crate::scenarios) fn ntuple_toggle(s: &mut Session, c: &mut Checks) -> Re
         "only {live} of {CAPACITY} filters live: the scenario needs 60% or more"
     );
     // The device takes its time: "off"'s deletes are in flight when "on" comes.
-    s.guest.ctl.set("program_latency", "500ms")?;
+    s.guest.ctl.set("program_latency", "1500ms")?;
     let d0 = s.guest.ctl.stats()?;
     let off = s.set_ntuple(false)?;
     ensure!(!off, "rx-ntuple-filter still on after turning it off");
@@ -373,7 +373,7 @@ pub(in crate::scenarios) fn ntuple_toggle(s: &mut Session, c: &mut Checks) -> Re
     let on = s.set_ntuple(true)?;
     ensure!(on, "rx-ntuple-filter did not turn on again");
     let t_on = Instant::now();
-    // The device applies "off" (a FLUSH, or a DEL per filter) 500 ms after
+    // The device applies "off" (a FLUSH, or a DEL per filter) 1.5 s after
     // it got it: until then the old filters steer, and a flow's filter in
     // the table says nothing about "on".
     let ctl = &mut s.guest.ctl;
