@@ -208,7 +208,8 @@ struct IcePhase {
     reasked: BTreeSet<FlowKey>,
     /// Aged DELs less than [`ICE_UDP`] after the flow's ADD.
     early: Vec<String>,
-    /// Aged DELs more than [`ICE_UDP`] + [`ICE_LATE`] after it.
+    /// Aged DELs more than [`ICE_UDP`] + [`ICE_LATE`] after an ADD of the
+    /// phase.
     late: Vec<String>,
     /// ADD -> aged DEL, for the DELs whose ADD is in the phase.
     ages: Vec<Duration>,
@@ -227,6 +228,9 @@ impl IcePhase {
             .filter(|r| matches!(r.event, EventKind::Add | EventKind::Replace))
             .filter_map(|r| Some((r.flow?, r.ts_ns)))
             .collect();
+        // ADDs of the phase itself: a filter activated before the switch to
+        // ice is due at once, however old; only these are judged late.
+        let mut in_phase: BTreeSet<FlowKey> = BTreeSet::new();
         for r in trace {
             let Some(flow) = r.flow else {
                 if r.event == EventKind::Reject {
@@ -240,6 +244,7 @@ impl IcePhase {
                         p.reasked.insert(flow);
                     }
                     added.insert(flow, r.ts_ns);
+                    in_phase.insert(flow);
                 }
                 EventKind::Reject => p.rejects += 1,
                 EventKind::Del if r.reason.as_deref() == Some("aged") => {
@@ -252,7 +257,7 @@ impl IcePhase {
                         let line = format!(":{} after {:.2}s", flow.dst_port(), age.as_secs_f64());
                         if age < ICE_UDP {
                             p.early.push(line);
-                        } else if age > ICE_UDP + ICE_LATE {
+                        } else if age > ICE_UDP + ICE_LATE && in_phase.remove(&flow) {
                             p.late.push(line);
                         }
                         p.ages.push(age);
@@ -337,16 +342,21 @@ mod tests {
         let p = IcePhase::read(&all[..1], &all[1..], &[flow]);
         assert!(p.early.is_empty() && p.late.is_empty());
         assert_eq!(p.ages.len(), 1);
-        // The same DEL at 4.9 s and at 6.2 s after the ADD.
+        // The same DEL at 4.9 s and at 6.2 s after an ADD of the phase.
         for (ts, early) in [("95156210922", true), ("96456210922", false)] {
             let del = RUN[1].replace("95357936008", ts);
             let all = records(&[RUN[0], &del]);
-            let p = IcePhase::read(&all[..1], &all[1..], &[flow]);
+            let p = IcePhase::read(&[], &all, &[flow]);
             assert_eq!(
                 (p.early.len(), p.late.len()),
                 if early { (1, 0) } else { (0, 1) },
                 "{ts}"
             );
         }
+        // Activated before the switch to ice: due at once, never late.
+        let del = RUN[1].replace("95357936008", "111357936008");
+        let all = records(&[RUN[0], &del]);
+        let p = IcePhase::read(&all[..1], &all[1..], &[flow]);
+        assert!(p.late.is_empty() && p.early.is_empty());
     }
 }
