@@ -622,7 +622,9 @@ impl Mgmt {
             | Knob::MisrouteRate(_)
             | Knob::DropRate(_)
             | Knob::CorruptRate(_)
-            | Knob::BadCsumRate(_) => {}
+            | Knob::BadCsumRate(_)
+            | Knob::TruncateRate(_)
+            | Knob::ReorderRate(_) => {}
             Knob::RogueResponder(on) => self.rogue = on,
         }
         Ok(())

@@ -15,13 +15,13 @@ use std::net::{
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vnic_agent::payload::{self, SeqTrack};
 use vnic_agent::proto::{
-    Delivery, DirContents, ExecResult, FlowCounters, Info, Request, TcpConnCounters, TcpStats,
-    UdpSpec, UdpStats, PROTOCOL_VERSION,
+    Delivery, DirContents, ExecResult, FlowCounters, Info, Late, Request, TcpConnCounters,
+    TcpStats, UdpSpec, UdpStats, PROTOCOL_VERSION,
 };
 
 /// Receiver threads need little stack.
@@ -540,7 +540,9 @@ struct Counters {
     echoed: AtomicU64,
     echo_errors: AtomicU64,
     /// The receiver's [`SeqTrack`], mirrored after every datagram.
-    delivery: [AtomicU64; 6],
+    delivery: [AtomicU64; 7],
+    /// Its late datagrams, mirrored after each late one.
+    late: Mutex<Vec<Late>>,
     by_cpu: Vec<AtomicU64>,
     /// CPU the receiver is pinned to now.
     cpu: AtomicUsize,
@@ -558,6 +560,7 @@ impl Counters {
             echoed: AtomicU64::new(0),
             echo_errors: AtomicU64::new(0),
             delivery: std::array::from_fn(|_| AtomicU64::new(0)),
+            late: Mutex::new(Vec::new()),
             by_cpu: (0..ncpu).map(|_| AtomicU64::new(0)).collect(),
             cpu: AtomicUsize::new(cpu),
         }
@@ -598,7 +601,8 @@ impl Counters {
         }
     }
 
-    fn publish(&self, t: &SeqTrack) {
+    /// Mirrors `t` (and its late log when `late`: a late datagram came).
+    fn publish(&self, t: &SeqTrack, late: bool) {
         let d = &t.counts;
         let v = [
             d.next,
@@ -607,14 +611,20 @@ impl Counters {
             d.reordered,
             d.corrupted,
             d.short,
+            d.bad_len,
         ];
         for (a, v) in self.delivery.iter().zip(v) {
             a.store(v, Ordering::Relaxed);
         }
+        if late {
+            let mut l = self.late.lock().unwrap_or_else(PoisonError::into_inner);
+            l.clear();
+            l.extend(t.late.iter().copied());
+        }
     }
 
     fn delivery(&self) -> Delivery {
-        let [next, distinct, duplicated, reordered, corrupted, short] =
+        let [next, distinct, duplicated, reordered, corrupted, short, bad_len] =
             std::array::from_fn(|i| self.delivery[i].load(Ordering::Relaxed));
         Delivery {
             next,
@@ -623,7 +633,15 @@ impl Counters {
             reordered,
             corrupted,
             short,
+            bad_len,
         }
+    }
+
+    fn late(&self) -> Vec<Late> {
+        self.late
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn by_napi(&self) -> Vec<(u32, u64)> {
@@ -752,6 +770,7 @@ impl UdpRun {
                         echoed: c.echoed.load(Ordering::Relaxed),
                         echo_errors: c.echo_errors.load(Ordering::Relaxed),
                         delivery: c.delivery(),
+                        late: c.late(),
                     }
                 })
                 .collect(),
@@ -833,8 +852,9 @@ fn udp_receiver(
             Ok((n, from)) => {
                 let inc = sys::incoming_cpu(sock).unwrap_or(-1);
                 let sport = if ports.0 == 0 { from.port() } else { ports.0 };
-                track.record(payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1));
-                c.publish(&track);
+                let late =
+                    track.record(payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1));
+                c.publish(&track, late);
                 c.count(inc, sys::incoming_napi_id(sock).ok(), pinned);
                 n_recv += 1;
                 if echo > 0 && n_recv.is_multiple_of(echo) {

@@ -122,6 +122,7 @@ pub(super) fn sub(a: &Delivery, b: &Delivery) -> Delivery {
         reordered: a.reordered.saturating_sub(b.reordered),
         corrupted: a.corrupted.saturating_sub(b.corrupted),
         short: a.short.saturating_sub(b.short),
+        bad_len: a.bad_len.saturating_sub(b.bad_len),
     }
 }
 
