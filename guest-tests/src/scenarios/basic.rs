@@ -213,6 +213,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     // Every packet of a steered flow on its filter's queue, as the guest saw it.
     let fig = s.check_window_bar(&w, c, 1.0);
     let delivery = s.check_delivery(c)?;
+    let order = s.check_order(c)?;
     let trace = s.trace_since_mark()?;
     let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.needs_filter()).collect();
     let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
@@ -272,7 +273,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
     let v6 = |f: &Flow| f.key.src_ip().is_ipv6();
     Ok(format!(
-        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} fresh_expired=[{}] warmup={:.1}s {fig} pkts/flow~{} {delivery}",
+        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} fresh_expired=[{}] warmup={:.1}s {fig} pkts/flow~{} {delivery} {order}",
         s.flows.len(),
         s.flows.iter().filter(|f| v6(f)).count(),
         steered.len(),
@@ -302,6 +303,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
     let w = s.measure()?;
     let fig = s.check_window_bar(&w, c, 1.0);
     let delivery = s.check_delivery(c)?;
+    let order = s.check_order(c)?;
     let trace = s.trace_since_mark()?;
     let count = |k: EventKind| trace.iter().filter(|r| r.event == k).count();
     let (replaces, adds, rejects) = (
@@ -364,7 +366,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} fresh_expired=[{}] warmup={:.1}s {fig} {delivery}",
+        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} fresh_expired=[{}] warmup={:.1}s {fig} {delivery} {order}",
         s.flows.len(),
         had.len() - kept,
         fresh.join(", "),
