@@ -758,6 +758,58 @@ pub(super) fn reorder(s: &mut Session, c: &mut Checks) -> Result<String> {
 mod tests {
     use super::*;
 
+    /// (sent, what the agent counted, failure lines expected: a part of
+    /// each): a datagram of a wrong length is named as such, not as a wrong
+    /// payload, and still missing from what arrived intact.
+    #[test]
+    fn a_wrong_length_is_named_on_its_own_line() {
+        let d = |distinct, corrupted, bad_len| Delivery {
+            next: 10,
+            distinct,
+            corrupted,
+            bad_len,
+            ..Delivery::default()
+        };
+        let cases: &[(Delivery, &[&str])] = &[
+            (d(10, 0, 0), &[]),
+            (
+                d(8, 2, 2),
+                &[
+                    "8 of 10 frames sent arrived intact",
+                    "2 of its datagrams had a wrong length",
+                ],
+            ),
+            (
+                d(8, 2, 0),
+                &["8 of 10", "2 of its datagrams had a wrong payload"],
+            ),
+            (
+                d(7, 3, 1),
+                &[
+                    "7 of 10",
+                    "2 of its datagrams had a wrong payload",
+                    "1 of its datagrams had a wrong length",
+                ],
+            ),
+        ];
+        for (i, (got, want)) in cases.iter().enumerate() {
+            let sp = Span {
+                sent: vec![10],
+                got: vec![*got],
+                ..Span::default()
+            };
+            let mut c = Checks::default();
+            sp.check_flow(0, 20000, 0, &mut c);
+            assert_eq!(c.failures.len(), want.len(), "case {i}: {:?}", c.failures);
+            for (line, part) in c.failures.iter().zip(want.iter()) {
+                assert!(
+                    line.contains(part) && line.starts_with("flow :20000:"),
+                    "case {i}: {line}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn snmp_fields_are_found_or_absent() {
         let snmp = "Ip: Forwarding DefaultTTL InReceives InHdrErrors\nIp: 1 64 100 7\nUdp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors InCsumErrors\nUdp: 5 0 2 0 3 0 4\nUdpLite: InDatagrams InErrors\nUdpLite: 0 9\n";
