@@ -288,6 +288,11 @@ pub struct FlowCounters {
     /// The last late datagrams (`crate::payload::LATE_LOG`), oldest first.
     #[serde(default)]
     pub late: Vec<Late>,
+    /// Per NAPI id of `by_napi`: the earliest and the latest send time
+    /// (the generator's stamp) of the intact datagrams counted under it:
+    /// (napi id, first sent, last sent).
+    #[serde(default)]
+    pub napi_sent: Vec<(u32, u64, u64)>,
 }
 
 /// One flow's datagrams accounted by what they carry (cumulative since

@@ -532,6 +532,8 @@ const NAPI_SLOTS: usize = 8;
 struct Counters {
     /// (napi id, packets); id 0 = free slot. Written by the receiver only.
     napi: [(AtomicU32, AtomicU64); NAPI_SLOTS],
+    /// Per slot of `napi`: the earliest and latest send stamp seen.
+    napi_sent: [(AtomicU64, AtomicU64); NAPI_SLOTS],
     napi_unknown: AtomicU64,
     packets: AtomicU64,
     on_cpu: AtomicU64,
@@ -552,6 +554,7 @@ impl Counters {
     fn new(ncpu: usize, cpu: usize) -> Self {
         Counters {
             napi: std::array::from_fn(|_| (AtomicU32::new(0), AtomicU64::new(0))),
+            napi_sent: std::array::from_fn(|_| (AtomicU64::new(u64::MAX), AtomicU64::new(0))),
             napi_unknown: AtomicU64::new(0),
             packets: AtomicU64::new(0),
             on_cpu: AtomicU64::new(0),
@@ -642,6 +645,37 @@ impl Counters {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Records the send stamp `sent` of a datagram counted under NAPI `id`.
+    fn napi_sent(&self, id: u32, sent: u64) {
+        let slot = self
+            .napi
+            .iter()
+            .position(|(s, _)| s.load(Ordering::Relaxed) == id);
+        if let Some((lo, hi)) = slot.and_then(|i| self.napi_sent.get(i)) {
+            if sent < lo.load(Ordering::Relaxed) {
+                lo.store(sent, Ordering::Relaxed);
+            }
+            if sent > hi.load(Ordering::Relaxed) {
+                hi.store(sent, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn by_napi_sent(&self) -> Vec<(u32, u64, u64)> {
+        self.napi
+            .iter()
+            .zip(&self.napi_sent)
+            .map(|((s, _), (lo, hi))| {
+                (
+                    s.load(Ordering::Relaxed),
+                    lo.load(Ordering::Relaxed),
+                    hi.load(Ordering::Relaxed),
+                )
+            })
+            .filter(|&(s, lo, _)| s != 0 && lo != u64::MAX)
+            .collect()
     }
 
     fn by_napi(&self) -> Vec<(u32, u64)> {
@@ -771,6 +805,7 @@ impl UdpRun {
                         echo_errors: c.echo_errors.load(Ordering::Relaxed),
                         delivery: c.delivery(),
                         late: c.late(),
+                        napi_sent: c.by_napi_sent(),
                     }
                 })
                 .collect(),
@@ -852,10 +887,14 @@ fn udp_receiver(
             Ok((n, from)) => {
                 let inc = sys::incoming_cpu(sock).unwrap_or(-1);
                 let sport = if ports.0 == 0 { from.port() } else { ports.0 };
-                let late =
-                    track.record(payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1));
+                let v = payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1);
+                let late = track.record(v);
                 c.publish(&track, late);
-                c.count(inc, sys::incoming_napi_id(sock).ok(), pinned);
+                let napi = sys::incoming_napi_id(sock).ok();
+                c.count(inc, napi, pinned);
+                if let (payload::Verdict::Seq { sent, .. }, Some(id)) = (v, napi) {
+                    c.napi_sent(id, sent);
+                }
                 n_recv += 1;
                 if echo > 0 && n_recv.is_multiple_of(echo) {
                     let ctr = match sock.send(&buf[..n]) {

@@ -35,6 +35,7 @@ pub const BASE_PORT: u16 = 20000;
 
 mod basic;
 mod delivery;
+mod effect;
 pub mod experiments;
 mod faults;
 mod order;
