@@ -110,6 +110,15 @@ pub struct ServeArgs {
     /// drops the frame as a checksum error (peer.fault_bad_csum). `vnic ctl set bad_csum_rate=P`.
     #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
     pub bad_csum_rate: f64,
+    /// Fault: cut the last 16 payload bytes of this fraction (0.0..=1.0) of the UDP and TCP
+    /// frames that hit a filter, IP/UDP lengths and checksums kept consistent, so that only the
+    /// length the payload carries tells (peer.fault_truncated). `vnic ctl set truncate_rate=P`.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub truncate_rate: f64,
+    /// Fault: hold back this fraction (0.0..=1.0) of the frames that hit a filter and deliver
+    /// each after its flow's next frame (peer.fault_reordered). `vnic ctl set reorder_rate=P`.
+    #[arg(long, value_name = "P", default_value = "0", value_parser = config::parse_rate)]
+    pub reorder_rate: f64,
     /// Seed of the fault-injection random draws (add failures, management loss).
     #[arg(long, value_name = "N", default_value = "1")]
     pub seed: u64,
@@ -213,6 +222,8 @@ impl ServeArgs {
                 self.drop_rate,
                 self.corrupt_rate,
                 self.bad_csum_rate,
+                self.truncate_rate,
+                self.reorder_rate,
             ],
             group: self.group,
             preload: config::Preload {

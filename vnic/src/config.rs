@@ -46,8 +46,9 @@ pub(crate) struct Config {
     /// Start with the `misroute` fault on.
     pub misroute: bool,
     /// Path fault rates at start (`misroute_rate`, `drop_rate`,
-    /// `corrupt_rate`, `bad_csum_rate`; `misroute` sets the first to 1).
-    pub fault_rates: [f64; 4],
+    /// `corrupt_rate`, `bad_csum_rate`, `truncate_rate`, `reorder_rate`;
+    /// `misroute` sets the first to 1).
+    pub fault_rates: [f64; 6],
     /// `--group`: sockets 0660 owned by this gid, whose members are served
     /// on the control socket.
     pub group: Option<u32>,
@@ -478,6 +479,28 @@ pub(crate) struct PathFaults {
     /// As `corrupt`, but the UDP checksum is left as it was, so that the
     /// guest's stack drops the frame (`peer.fault_bad_csum`).
     pub bad_csum: std::sync::atomic::AtomicU64,
+    /// A hit loses the last [`crate::steer::TRUNCATE_BYTES`] bytes of its
+    /// UDP or TCP payload, its IP and UDP lengths and checksums kept
+    /// consistent (`peer.fault_truncated`).
+    pub truncate: std::sync::atomic::AtomicU64,
+    /// A hit is held back and delivered after its flow's next frame
+    /// (`peer.fault_reordered`).
+    pub reorder: std::sync::atomic::AtomicU64,
+}
+
+impl PathFaults {
+    /// The thresholds in [`crate::steer::Steer::set_faults`]'s order.
+    pub(crate) fn thresholds(&self) -> [u64; 6] {
+        use std::sync::atomic::Ordering::Relaxed;
+        [
+            self.misroute.load(Relaxed),
+            self.drop.load(Relaxed),
+            self.corrupt.load(Relaxed),
+            self.bad_csum.load(Relaxed),
+            self.truncate.load(Relaxed),
+            self.reorder.load(Relaxed),
+        ]
+    }
 }
 
 /// [`PathFaults`]: the threshold of a probability of 1.
@@ -511,12 +534,14 @@ pub(crate) enum Knob {
     DropRate(f64),
     CorruptRate(f64),
     BadCsumRate(f64),
+    TruncateRate(f64),
+    ReorderRate(f64),
 }
 
 impl Knob {
     /// The knob names, as `set` takes them.
     pub(crate) const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate, rogue_responder, rogue_nonce, drop_acks or forge_acks";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate, truncate_rate, reorder_rate, rogue_responder, rogue_nonce, drop_acks or forge_acks";
 
     pub(crate) fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -538,6 +563,8 @@ impl Knob {
             "drop_rate" => Self::DropRate(parse_rate(value).map_err(bad)?),
             "corrupt_rate" => Self::CorruptRate(parse_rate(value).map_err(bad)?),
             "bad_csum_rate" => Self::BadCsumRate(parse_rate(value).map_err(bad)?),
+            "truncate_rate" => Self::TruncateRate(parse_rate(value).map_err(bad)?),
+            "reorder_rate" => Self::ReorderRate(parse_rate(value).map_err(bad)?),
             _ => return Err(KnobError::Unknown(key.to_string())),
         })
     }

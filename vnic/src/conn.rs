@@ -86,8 +86,14 @@ impl Conn {
     }
 
     /// The 50 ms poll: the rings' state goes to the enabled pairs (a
-    /// disable raises no event), then the notification watchdog looks.
+    /// disable raises no event), then the notification watchdog looks;
+    /// workers holding frames back are woken.
     pub(crate) fn poll(&self) {
+        for ib in self.lanes.all() {
+            if ib.holding.load(std::sync::atomic::Ordering::Relaxed) {
+                ib.wake();
+            }
+        }
         let rings = self
             .rings
             .lock()

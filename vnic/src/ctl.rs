@@ -144,6 +144,8 @@ pub(crate) fn handle_line(sh: &Shared, line: &str) -> Value {
                 Knob::DropRate(p) => Some((&sh.faults.drop, rate_threshold(p))),
                 Knob::CorruptRate(p) => Some((&sh.faults.corrupt, rate_threshold(p))),
                 Knob::BadCsumRate(p) => Some((&sh.faults.bad_csum, rate_threshold(p))),
+                Knob::TruncateRate(p) => Some((&sh.faults.truncate, rate_threshold(p))),
+                Knob::ReorderRate(p) => Some((&sh.faults.reorder, rate_threshold(p))),
                 _ => None,
             };
             let r = if let Some((f, t)) = path {
@@ -370,6 +372,8 @@ fn knobs(sh: &Shared, s: &Snapshot) -> wire::Knobs {
         drop_rate: threshold_rate(sh.faults.drop.load(Ordering::Relaxed)),
         corrupt_rate: threshold_rate(sh.faults.corrupt.load(Ordering::Relaxed)),
         bad_csum_rate: threshold_rate(sh.faults.bad_csum.load(Ordering::Relaxed)),
+        truncate_rate: threshold_rate(sh.faults.truncate.load(Ordering::Relaxed)),
+        reorder_rate: threshold_rate(sh.faults.reorder.load(Ordering::Relaxed)),
         rogue_responder: s.rogue,
         rogue_nonce: s.rogue_nonce,
         drop_acks: s.drop_acks,
@@ -757,6 +761,8 @@ mod tests {
             &p.fault_dropped,
             &p.fault_corrupted,
             &p.fault_bad_csum,
+            &p.fault_truncated,
+            &p.fault_reordered,
             &p.gen_sent,
             &p.sink_packets,
             &p.sink_bytes,

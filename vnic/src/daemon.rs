@@ -82,6 +82,8 @@ impl Shared {
                 drop: AtomicU64::new(rate_threshold(cfg.fault_rates[1])),
                 corrupt: AtomicU64::new(rate_threshold(cfg.fault_rates[2])),
                 bad_csum: AtomicU64::new(rate_threshold(cfg.fault_rates[3])),
+                truncate: AtomicU64::new(rate_threshold(cfg.fault_rates[4])),
+                reorder: AtomicU64::new(rate_threshold(cfg.fault_rates[5])),
             }),
             generation,
             connected: AtomicBool::new(false),

@@ -24,8 +24,8 @@ use crate::pairs::Pairs;
 use crate::peer::Sink;
 use crate::stats::{add, Hits, HitsOwner, QueueOwner, QueueWriter, SharedCounter, Stats};
 use crate::steer::{
-    corrupt_payload, Decision, Steer, FAULT_BAD_CSUM, FAULT_CORRUPT, FAULT_DROP, MISROUTED,
-    UNPARSABLE,
+    corrupt_payload, truncate_payload, Decision, Steer, FAULT_BAD_CSUM, FAULT_CORRUPT, FAULT_DROP,
+    FAULT_REORDER, FAULT_TRUNCATE, MISROUTED, UNPARSABLE,
 };
 use crate::trace::Tracer;
 use crate::virtq::rx::{RxBatch, RxOutcome};
@@ -40,6 +40,23 @@ const INFLIGHT_BATCHES: usize = 16;
 const HOLD_BYTES: usize = 4 * HANDOFF_BYTES;
 /// Management replies kept while the rx queue has no buffer.
 const REPLY_BACKLOG: usize = 256;
+/// Frames the `reorder_rate` fault holds at once per worker (one per
+/// filter); a draw while this many are held is not applied.
+const MAX_HELD: usize = 64;
+/// A held frame whose flow sends nothing more for this long is delivered
+/// as it is, not reordered (and not counted): a paused or stopped flow
+/// does not lose it.
+const HOLD_NS: u64 = 100_000_000;
+
+/// A frame the `reorder_rate` fault holds back until its flow's next frame.
+struct Held {
+    /// The filter it hit (its flow's next frame hits it too).
+    id: u16,
+    q: usize,
+    drop: bool,
+    since_ns: u64,
+    pkt: Vec<u8>,
+}
 
 /// Steering and delivery state of one worker for its rx queue.
 pub(crate) struct Router {
@@ -65,6 +82,12 @@ pub(crate) struct Router {
     out: Vec<Option<FrameBatch>>,
     /// Management replies waiting for buffers or for the replicas.
     backlog: VecDeque<Reply>,
+    /// Frames the `reorder_rate` fault holds back.
+    held: Vec<Held>,
+    /// When [`Router::sync`] last looked for table events (before it
+    /// applied them): the time the generator stamps on the frames it
+    /// routes with this replica.
+    synced_ns: u64,
     pub mrg: bool,
     pub flags: BatchFlags,
 }
@@ -183,6 +206,8 @@ impl Router {
             kick: 0,
             out: Vec::new(),
             backlog: VecDeque::new(),
+            held: Vec::new(),
+            synced_ns: 0,
             mrg: true,
             flags: BatchFlags::default(),
         }
@@ -212,13 +237,11 @@ impl Router {
     /// Applies pending table events and picks up enabled-pair changes.
     pub(crate) fn sync(&mut self, mrg: bool) {
         let steer = &mut self.steer;
+        // Read before the events are taken: a frame routed with this
+        // replica was stamped no later than any event it missed was published.
+        self.synced_ns = crate::clock::now_ns();
         self.lanes.apply_updates(self.id, |e| steer.apply(e));
-        self.steer.set_faults([
-            self.faults.misroute.load(Ordering::Relaxed),
-            self.faults.drop.load(Ordering::Relaxed),
-            self.faults.corrupt.load(Ordering::Relaxed),
-            self.faults.bad_csum.load(Ordering::Relaxed),
-        ]);
+        self.steer.set_faults(self.faults.thresholds());
         self.steer.set_mask(self.pairs.mask());
         self.mrg = mrg;
     }
@@ -277,7 +300,7 @@ impl Router {
         if let Some(id) = d.hit {
             self.hits.count(id);
         }
-        if d.flags == 0 {
+        if d.flags == 0 && self.held.is_empty() {
             self.route_to(rx, pkt, d.q, d.hit.is_some(), false);
         } else {
             self.route_flagged(rx, pkt, d);
@@ -299,13 +322,53 @@ impl Router {
         if drop {
             add(&self.stats.peer.fault_dropped, 1);
         }
-        if d.flags & (FAULT_CORRUPT | FAULT_BAD_CSUM) != 0 {
-            // Corrupt a copy: the peer's buffer (the generator's template)
-            // stays as it was.
-            let mut copy = std::mem::take(&mut self.scratch);
+        // This frame's flow has one held back: it goes after this one.
+        let release = d
+            .hit
+            .and_then(|id| self.held.iter().position(|h| h.id == id));
+        let hold = release.is_none()
+            && d.flags & FAULT_REORDER != 0
+            && self.held.len() < MAX_HELD
+            && d.hit.is_some();
+        if d.flags & (FAULT_CORRUPT | FAULT_BAD_CSUM | FAULT_TRUNCATE) != 0 || hold {
+            // Damage (or hold) a copy: the peer's buffer (the generator's
+            // template) stays as it was.
+            let mut copy = if hold {
+                Vec::with_capacity(pkt.len())
+            } else {
+                std::mem::take(&mut self.scratch)
+            };
             copy.clear();
             copy.extend_from_slice(pkt);
-            let keep = d.flags & FAULT_CORRUPT != 0;
+            self.damage(&mut copy, d.flags);
+            if let (true, Some(id)) = (hold, d.hit) {
+                self.held.push(Held {
+                    id,
+                    q: d.q,
+                    drop,
+                    since_ns: crate::clock::now_ns(),
+                    pkt: copy,
+                });
+                self.inbox().holding.store(true, Ordering::Relaxed);
+                return;
+            }
+            self.route_to(rx, &mut copy, d.q, d.hit.is_some(), drop);
+            self.scratch = copy;
+        } else {
+            self.route_to(rx, pkt, d.q, d.hit.is_some(), drop);
+        }
+        if let Some(i) = release {
+            let mut h = self.held.swap_remove(i);
+            add(&self.stats.peer.fault_reordered, 1);
+            self.route_to(rx, &mut h.pkt, h.q, true, h.drop);
+        }
+    }
+
+    /// The corrupt, bad-checksum and truncate faults `flags` name, done to
+    /// `copy` (header space + frame), each counted when it applied.
+    fn damage(&mut self, copy: &mut Vec<u8>, flags: u8) {
+        if flags & (FAULT_CORRUPT | FAULT_BAD_CSUM) != 0 {
+            let keep = flags & FAULT_CORRUPT != 0;
             if corrupt_payload(&mut copy[NET_HDR_LEN..], keep) {
                 add(
                     if keep {
@@ -316,11 +379,41 @@ impl Router {
                     1,
                 );
             }
-            self.route_to(rx, &mut copy, d.q, d.hit.is_some(), drop);
-            self.scratch = copy;
+        }
+        if flags & FAULT_TRUNCATE != 0 {
+            if let Some(end) = truncate_payload(&mut copy[NET_HDR_LEN..]) {
+                copy.truncate(NET_HDR_LEN + end);
+                add(&self.stats.peer.fault_truncated, 1);
+            }
+        }
+    }
+
+    /// Delivers, as they are, the held frames whose flow sent nothing for
+    /// [`HOLD_NS`] (see [`Held`]); every one once `reorder_rate` is off.
+    pub(crate) fn release_stale(&mut self, rx: &mut RxBatch<'_>) {
+        if self.held.is_empty() {
             return;
         }
-        self.route_to(rx, pkt, d.q, d.hit.is_some(), drop);
+        let all = self.faults.reorder.load(Ordering::Relaxed) == 0;
+        let now = crate::clock::now_ns();
+        let mut i = 0;
+        while i < self.held.len() {
+            if all || now.saturating_sub(self.held[i].since_ns) >= HOLD_NS {
+                let mut h = self.held.swap_remove(i);
+                self.route_to(rx, &mut h.pkt, h.q, true, h.drop);
+            } else {
+                i += 1;
+            }
+        }
+        if self.held.is_empty() {
+            self.inbox().holding.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The time the generator stamps on the frames it hands this router
+    /// now (see `synced_ns`).
+    pub(crate) fn synced_ns(&self) -> u64 {
+        self.synced_ns
     }
 
     /// Delivers (or hands over) a steered frame to rx queue `q`.
@@ -582,6 +675,11 @@ impl Sink for ToGuest<'_, '_, '_> {
 
     fn wake_all(&self) {
         self.router.lanes().wake_all();
+    }
+
+    #[inline]
+    fn table_ns(&self) -> u64 {
+        self.router.synced_ns()
     }
 }
 

@@ -130,6 +130,9 @@ pub(crate) struct Inbox {
     pub kick: EventFd,
     /// Set (before a wake) when the worker must poll its tx ring.
     pub tx_recheck: AtomicBool,
+    /// The worker holds frames back (the `reorder_rate` fault): the 50 ms
+    /// poll wakes it, so that a flow that went quiet gets them.
+    pub holding: AtomicBool,
 }
 
 impl Inbox {
@@ -145,6 +148,7 @@ impl Inbox {
             replies: SegQueue::new(),
             kick: EventFd::new(EFD_NONBLOCK)?,
             tx_recheck: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
         })
     }
 
@@ -217,6 +221,11 @@ impl Lanes {
         for ib in &*self.inbox {
             ib.wake();
         }
+    }
+
+    /// Every worker's inbox.
+    pub(crate) fn all(&self) -> &[Inbox] {
+        &self.inbox
     }
 
     /// Hands a table event to every replica (applied at each worker's

@@ -641,7 +641,9 @@ impl Mgmt {
             | Knob::MisrouteRate(_)
             | Knob::DropRate(_)
             | Knob::CorruptRate(_)
-            | Knob::BadCsumRate(_) => {}
+            | Knob::BadCsumRate(_)
+            | Knob::TruncateRate(_)
+            | Knob::ReorderRate(_) => {}
             Knob::RogueResponder(on) => self.rogue = on,
             Knob::RogueNonce(on) => self.rogue_nonce = on,
             Knob::DropAcks(n) => self.drop_acks = n,

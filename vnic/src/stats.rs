@@ -270,6 +270,12 @@ pub(crate) struct PeerStats {
     /// Frames that hit a filter and had a payload byte flipped under a
     /// stale UDP checksum (the `bad_csum_rate` fault).
     pub fault_bad_csum: SharedCounter,
+    /// Frames that hit a filter and lost the end of their payload, lengths
+    /// and checksums kept consistent (the `truncate_rate` fault).
+    pub fault_truncated: SharedCounter,
+    /// Frames that hit a filter, were held back and delivered after their
+    /// flow's next frame (the `reorder_rate` fault; counted when released).
+    pub fault_reordered: SharedCounter,
     /// Generator: UDP frames generated.
     pub gen_sent: SharedCounter,
     /// Generator: frames from the guest sunk (not answered).
@@ -300,6 +306,8 @@ impl PeerStats {
             fault_dropped: get(&self.fault_dropped),
             fault_corrupted: get(&self.fault_corrupted),
             fault_bad_csum: get(&self.fault_bad_csum),
+            fault_truncated: get(&self.fault_truncated),
+            fault_reordered: get(&self.fault_reordered),
             gen_sent: get(&self.gen_sent),
             sink_packets: get(&self.sink_packets),
             sink_bytes: get(&self.sink_bytes),

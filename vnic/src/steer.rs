@@ -8,11 +8,13 @@
 //! thread: the worker ([`crate::handoff::Router`]) counts what the
 //! decision says and hands the frame to the queue. The path faults are
 //! drawn after the hit, so the device's own figures stay blind to them;
-//! [`corrupt_payload`] is the damage the corrupt and bad-checksum faults do.
+//! [`corrupt_payload`] is the damage the corrupt and bad-checksum faults do,
+//! [`truncate_payload`] the truncate fault's (the reorder fault's hold is
+//! the router's).
 
 use arfs::{FlowIndex, FlowKey, Rss, TableEvent, L3};
 
-use crate::frame::{tcp_payload, udp_payload};
+use crate::frame::{checksum, tcp_payload, udp_payload};
 
 /// [`Decision::flags`]: the `drop_rate` fault chose the frame.
 pub(crate) const FAULT_DROP: u8 = 1;
@@ -25,6 +27,12 @@ pub(crate) const FAULT_BAD_CSUM: u8 = 4;
 pub(crate) const MISROUTED: u8 = 8;
 /// [`Decision::flags`]: the frame did not parse; it goes to queue 0.
 pub(crate) const UNPARSABLE: u8 = 16;
+/// [`Decision::flags`]: the `truncate_rate` fault chose the frame.
+pub(crate) const FAULT_TRUNCATE: u8 = 32;
+/// [`Decision::flags`]: the `reorder_rate` fault chose the frame.
+pub(crate) const FAULT_REORDER: u8 = 64;
+/// Payload bytes the `truncate_rate` fault cuts off.
+pub(crate) const TRUNCATE_BYTES: usize = 16;
 
 /// Where a frame goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +42,7 @@ pub(crate) struct Decision {
     /// The filter it hit (its id), or None: RSS chose the queue.
     pub hit: Option<u16>,
     /// [`FAULT_DROP`], [`FAULT_CORRUPT`], [`FAULT_BAD_CSUM`],
-    /// [`MISROUTED`], [`UNPARSABLE`].
+    /// [`FAULT_TRUNCATE`], [`FAULT_REORDER`], [`MISROUTED`], [`UNPARSABLE`].
     pub flags: u8,
 }
 
@@ -45,8 +53,8 @@ pub(crate) struct Steer {
     /// Enabled pairs (bit i: pair i; always a prefix).
     mask: u32,
     /// The path faults' thresholds (probability * 2^32): misroute, drop,
-    /// corrupt, bad checksum.
-    fault: [u64; 4],
+    /// corrupt, bad checksum, truncate, reorder.
+    fault: [u64; 6],
     /// Whether any of `fault` is set: the hit path tests one flag, not
     /// four words.
     faults_on: bool,
@@ -70,7 +78,7 @@ impl Steer {
             index: FlowIndex::new(capacity),
             rss: Rss::new(1),
             mask: 0,
-            fault: [0; 4],
+            fault: [0; 6],
             faults_on: false,
             rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
             off,
@@ -96,11 +104,11 @@ impl Steer {
         self.mask
     }
 
-    /// The path faults' thresholds: misroute, drop, corrupt, bad checksum
-    /// (each a probability times 2^32).
-    pub(crate) fn set_faults(&mut self, f: [u64; 4]) {
+    /// The path faults' thresholds: misroute, drop, corrupt, bad checksum,
+    /// truncate, reorder (each a probability times 2^32).
+    pub(crate) fn set_faults(&mut self, f: [u64; 6]) {
         self.fault = f;
-        self.faults_on = f != [0; 4];
+        self.faults_on = f != [0; 6];
     }
 
     /// Where `frame` (an Ethernet frame, no virtio-net header) goes: a
@@ -176,6 +184,12 @@ impl Steer {
             }
             if self.draw(self.fault[3]) {
                 flags |= FAULT_BAD_CSUM;
+            }
+            if self.draw(self.fault[4]) {
+                flags |= FAULT_TRUNCATE;
+            }
+            if self.draw(self.fault[5]) {
+                flags |= FAULT_REORDER;
             }
         }
         Decision {
@@ -271,6 +285,66 @@ pub(crate) fn corrupt_payload(frame: &mut [u8], keep_csum: bool) -> bool {
     }
     frame[cs..cs + 2].copy_from_slice(&c.to_be_bytes());
     true
+}
+
+/// The `truncate_rate` fault: cuts the last [`TRUNCATE_BYTES`] bytes off a
+/// UDP datagram's or TCP segment's payload and rewrites what describes it
+/// to match: the IPv4 total length and header checksum or the IPv6 payload
+/// length, the UDP length, the UDP or TCP checksum (over the shorter
+/// segment). The guest's stack finds nothing wrong: only a length the
+/// payload itself carries tells. Returns the frame's new length (bytes
+/// past it are to be dropped), or `None` (frame untouched) for anything but
+/// UDP or TCP with more than [`TRUNCATE_BYTES`] bytes of payload.
+pub(crate) fn truncate_payload(frame: &mut [u8]) -> Option<usize> {
+    let (l4, hdr, len, udp) = if let Some((l4, p)) = udp_payload(frame) {
+        (l4, 8, p.len(), true)
+    } else if let Some((l4, doff, p)) = tcp_payload(frame) {
+        (l4, doff, p.len(), false)
+    } else {
+        return None;
+    };
+    if len <= TRUNCATE_BYTES {
+        return None;
+    }
+    let seg = hdr + len - TRUNCATE_BYTES;
+    let end = l4 + seg;
+    let seg16 = u16::try_from(seg).ok()?;
+    let v4 = l4 == 34;
+    if v4 {
+        frame[16..18].copy_from_slice(&u16::try_from(end - 14).ok()?.to_be_bytes());
+        frame[24..26].fill(0);
+        let c = checksum(&[&frame[14..34]], 0);
+        frame[24..26].copy_from_slice(&c.to_be_bytes());
+    } else {
+        frame[18..20].copy_from_slice(&seg16.to_be_bytes());
+    }
+    let cs = l4 + if udp { 6 } else { 16 };
+    if udp {
+        frame[l4 + 4..l4 + 6].copy_from_slice(&seg16.to_be_bytes());
+        if v4 && frame[cs..cs + 2] == [0, 0] {
+            return Some(end); // IPv4 UDP without a checksum
+        }
+    }
+    let proto = if udp { 17 } else { 6 };
+    let mut pseudo = [0u8; 40];
+    let pl = if v4 {
+        pseudo[..8].copy_from_slice(&frame[26..34]);
+        pseudo[9] = proto;
+        pseudo[10..12].copy_from_slice(&seg16.to_be_bytes());
+        12
+    } else {
+        pseudo[..32].copy_from_slice(&frame[22..54]);
+        pseudo[32..36].copy_from_slice(&u32::from(seg16).to_be_bytes());
+        pseudo[39] = proto;
+        40
+    };
+    frame[cs..cs + 2].fill(0);
+    let mut c = checksum(&[&pseudo[..pl], &frame[l4..end]], 0);
+    if c == 0 && udp {
+        c = 0xffff;
+    }
+    frame[cs..cs + 2].copy_from_slice(&c.to_be_bytes());
+    Some(end)
 }
 
 #[cfg(test)]
@@ -430,14 +504,21 @@ mod tests {
     #[test]
     fn faults_hit_filter_hits_only_at_their_rate() {
         let rate = |p: f64| (p * f64::from(1u32 << 31) * 2.0) as u64;
-        for (i, flag) in [MISROUTED, FAULT_DROP, FAULT_CORRUPT, FAULT_BAD_CSUM]
-            .into_iter()
-            .enumerate()
+        for (i, flag) in [
+            MISROUTED,
+            FAULT_DROP,
+            FAULT_CORRUPT,
+            FAULT_BAD_CSUM,
+            FAULT_TRUNCATE,
+            FAULT_REORDER,
+        ]
+        .into_iter()
+        .enumerate()
         {
             let mut s = Steer::new(3, 64, false);
             s.set_mask(0b1111);
             add(&mut s, 1, key(1000, 2000), 2);
-            let mut f = [0; 4];
+            let mut f = [0; 6];
             f[i] = rate(0.25);
             s.set_faults(f);
             let n = 20_000;
@@ -467,7 +548,7 @@ mod tests {
         let mut s = Steer::new(0, 64, false);
         s.set_mask(0b1);
         add(&mut s, 1, key(1000, 2000), 0);
-        s.set_faults([rate(1.0) - 1, 0, 0, 0]);
+        s.set_faults([rate(1.0) - 1, 0, 0, 0, 0, 0]);
         assert_eq!(
             s.decide(&udp4(1000, 2000)).unwrap(),
             Decision {
@@ -560,6 +641,90 @@ mod tests {
             let before = ack.clone();
             assert!(!corrupt_payload(&mut ack, true));
             assert_eq!(ack, before);
+        }
+    }
+
+    /// The truncate fault: 16 payload bytes fewer, every length and
+    /// checksum consistent (UDP over IPv4 and IPv6, TCP), the bytes before
+    /// the cut untouched; a payload of 16 bytes or less is left alone.
+    #[test]
+    fn truncate_keeps_lengths_and_checksums_consistent() {
+        use crate::frame::udp_checksum_ok;
+        // UDP, IPv4 and IPv6.
+        for v6 in [false, true] {
+            let (l4, et) = if v6 { (54, ETH_P_IPV6) } else { (34, ETH_P_IP) };
+            for len in [0usize, 16, 17, 86, 1400] {
+                let mut frame = vec![0u8; l4 + 8 + len];
+                frame[12..14].copy_from_slice(&et.to_be_bytes());
+                let ulen = (8 + len) as u16;
+                let mut pseudo = Vec::new();
+                if v6 {
+                    frame[14] = 0x60;
+                    frame[18..20].copy_from_slice(&ulen.to_be_bytes());
+                    frame[20] = 17;
+                    frame[22] = 0xfd;
+                    frame[53] = 0x15;
+                    pseudo.extend_from_slice(&frame[22..54]);
+                    pseudo.extend_from_slice(&u32::from(ulen).to_be_bytes());
+                    pseudo.extend_from_slice(&[0, 0, 0, 17]);
+                } else {
+                    frame[14] = 0x45;
+                    frame[16..18].copy_from_slice(&(ulen + 20).to_be_bytes());
+                    frame[23] = 17;
+                    frame[26..34].copy_from_slice(&[10, 0, 2, 1, 10, 0, 2, 15]);
+                    pseudo.extend_from_slice(&frame[26..34]);
+                    pseudo.extend_from_slice(&[0, 17]);
+                    pseudo.extend_from_slice(&ulen.to_be_bytes());
+                }
+                frame[l4 + 4..l4 + 6].copy_from_slice(&ulen.to_be_bytes());
+                for (k, b) in frame[l4 + 8..].iter_mut().enumerate() {
+                    *b = k as u8;
+                }
+                let sum = match checksum(&[&pseudo, &frame[l4..]], 0) {
+                    0 => 0xffff,
+                    c => c,
+                };
+                frame[l4 + 6..l4 + 8].copy_from_slice(&sum.to_be_bytes());
+                assert!(udp_checksum_ok(&frame));
+                let before = frame.clone();
+                let r = truncate_payload(&mut frame);
+                if len <= TRUNCATE_BYTES {
+                    assert_eq!(r, None);
+                    assert_eq!(frame, before);
+                    continue;
+                }
+                let end = r.unwrap();
+                assert_eq!(end, before.len() - TRUNCATE_BYTES);
+                let cut = &frame[..end];
+                assert!(udp_checksum_ok(cut), "v6 {v6} len {len}");
+                let (_, p) = udp_payload(cut).unwrap();
+                assert_eq!(p, &before[l4 + 8..end], "the bytes before the cut");
+                if !v6 {
+                    assert_eq!(checksum(&[&cut[14..34]], 0), 0, "IPv4 header checksum");
+                }
+            }
+        }
+        for v6 in [false, true] {
+            for (opt, len) in [(0, 16), (0, 17), (12, 128), (12, 1447)] {
+                let f = tcp_frame(v6, opt, len);
+                let mut g = f.clone();
+                match truncate_payload(&mut g) {
+                    None => assert!(len <= TRUNCATE_BYTES),
+                    Some(end) => {
+                        g.truncate(end);
+                        assert!(tcp_ok(&g), "v6 {v6} opt {opt} len {len}");
+                        let (_, _, p) = tcp_payload(&g).unwrap();
+                        assert_eq!(p.len(), len - TRUNCATE_BYTES);
+                        if !v6 {
+                            assert_eq!(checksum(&[&g[14..34]], 0), 0);
+                        }
+                    }
+                }
+            }
+        }
+        // Garbage never panics.
+        for n in 0..80 {
+            let _ = truncate_payload(&mut vec![0x45u8; n]);
         }
     }
 }

@@ -201,6 +201,7 @@ impl Worker {
             rx: &mut b,
         };
         self.peer.frames_for_guest(&mut to_guest, peer_event);
+        self.router.release_stale(&mut b);
         self.finish(b, rx_before);
     }
 

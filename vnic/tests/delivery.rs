@@ -79,7 +79,7 @@ fn seqs(g: &mut Guest) -> BTreeMap<(u16, u16), Vec<u64>> {
     for r in g.take_all() {
         let (sp, dp, p) = udp_checked(&r.frame.data);
         match verify(&p, sp, dp) {
-            Verdict::Seq(s) => m.entry((sp, dp)).or_default().push(s),
+            Verdict::Seq { seq, .. } => m.entry((sp, dp)).or_default().push(seq),
             v => panic!("{sp} -> {dp}: {v:?} for payload {p:02x?}"),
         }
     }
@@ -135,7 +135,7 @@ fn generator_frames_carry_seq_and_pattern() {
             .dport("5002")
             .count(40)
             .rate(20000)
-            .size(97)
+            .size(111)
             .stamp(true),
     ];
     let mut want = 0;
@@ -190,7 +190,7 @@ fn generator_frames_carry_seq_and_pattern() {
 
 /// `--rx-stores`: streamed and plain stores write the same frames (every
 /// payload, sequence number and UDP checksum verified by the guest's own
-/// checker, frames of 64 to 1000 bytes at line offsets the stage streams
+/// checker, frames of 74 to 1000 bytes at line offsets the stage streams
 /// and the tails it copies), and `ctl stats` says which mode wrote them:
 /// `plain` counts every frame in rx_plain, `stream` none; `auto` starts
 /// streaming and probes plain copies only after a run of 1920 rx batches
@@ -203,7 +203,7 @@ fn each_rx_store_mode_writes_the_same_frames_and_says_which_it_used() {
         let mut g = guest(&d, 1, 1);
         let mut c = ctl(&d);
         let mut want = 0;
-        for (i, size) in [64, 129, 600, 1000].into_iter().enumerate() {
+        for (i, size) in [74, 129, 600, 1000].into_iter().enumerate() {
             let sport = 14000 + 10 * i as u16;
             gen_burst(
                 &mut c,
@@ -331,6 +331,43 @@ fn path_fault_knobs_act_after_the_hit_is_counted() {
         "{on_wrong} of 400 at rate 1/2"
     );
     c.set("misroute_rate", 0).unwrap();
+
+    // Truncated: every frame 16 bytes short, its checksum valid, what the
+    // head says intact: only the length it carries tells.
+    c.set("truncate_rate", 1).unwrap();
+    let (got, n) = burst(&mut g, &mut c, 20, |s| s.peer.fault_truncated);
+    assert_eq!((got.len(), n), (20, 20));
+    for r in &got {
+        let (sp, dp, p) = udp_checked(&r.frame.data);
+        assert_eq!(p.len(), 128 - 42 - 16);
+        assert_eq!(verify(&p, sp, dp), Verdict::BadLen);
+    }
+    c.set("truncate_rate", 0).unwrap();
+
+    // Reordered: each frame drawn is held until the flow's next one, so at
+    // rate 1 the pairs swap (1, 0, 3, 2, ...), on the filter's queue.
+    c.set("reorder_rate", 1).unwrap();
+    let (got, n) = burst(&mut g, &mut c, 20, |s| s.peer.fault_reordered);
+    assert_eq!((got.len(), n), (20, 10));
+    let order: Vec<u64> = got
+        .iter()
+        .map(|r| {
+            assert_eq!(r.rxq, target);
+            let (sp, dp, p) = udp_checked(&r.frame.data);
+            match verify(&p, sp, dp) {
+                Verdict::Seq { seq, .. } => seq,
+                v => panic!("{v:?}"),
+            }
+        })
+        .collect();
+    let base = order.iter().min().copied().unwrap_or(0);
+    let want: Vec<u64> = (0..20u64).map(|i| base + (i ^ 1)).collect();
+    assert_eq!(order, want);
+    // An odd frame out is held until the flow is quiet for 100 ms, then
+    // delivered (the burst waits for every frame), not counted.
+    let (got, n) = burst(&mut g, &mut c, 3, |s| s.peer.fault_reordered);
+    assert_eq!((got.len(), n), (3, 1));
+    c.set("reorder_rate", 0).unwrap();
 
     // Off again: everything intact on the filter's queue.
     let (got, _) = burst(&mut g, &mut c, 20, |s| s.peer.misrouted);

@@ -285,6 +285,14 @@ pub struct FlowCounters {
     /// tags and fill, checked on every datagram.
     #[serde(default)]
     pub delivery: Delivery,
+    /// The last late datagrams (`crate::payload::LATE_LOG`), oldest first.
+    #[serde(default)]
+    pub late: Vec<Late>,
+    /// Per NAPI id of `by_napi`: the earliest and the latest send time
+    /// (the generator's stamp) of the intact datagrams counted under it:
+    /// (napi id, first sent, last sent).
+    #[serde(default)]
+    pub napi_sent: Vec<(u32, u64, u64)>,
 }
 
 /// One flow's datagrams accounted by what they carry (cumulative since
@@ -300,6 +308,22 @@ pub struct Delivery {
     pub corrupted: u64,
     /// Too short to carry a sequence head.
     pub short: u64,
+    /// Of `corrupted`: head and fill intact, but not as long as the head
+    /// says (cut short or grown).
+    #[serde(default)]
+    pub bad_len: u64,
+}
+
+/// A late datagram (one that arrived after a higher sequence number of its
+/// flow), with the datagram that had the highest sequence number when it
+/// arrived: sequence numbers and send times (the generator's stamp, the
+/// daemon's clock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Late {
+    pub seq: u64,
+    pub sent: u64,
+    pub over_seq: u64,
+    pub over_sent: u64,
 }
 
 impl Delivery {

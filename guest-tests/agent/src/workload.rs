@@ -15,13 +15,13 @@ use std::net::{
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vnic_agent::payload::{self, SeqTrack};
 use vnic_agent::proto::{
-    Delivery, DirContents, ExecResult, FlowCounters, Info, Request, TcpConnCounters, TcpStats,
-    UdpSpec, UdpStats, PROTOCOL_VERSION,
+    Delivery, DirContents, ExecResult, FlowCounters, Info, Late, Request, TcpConnCounters,
+    TcpStats, UdpSpec, UdpStats, PROTOCOL_VERSION,
 };
 
 /// Receiver threads need little stack.
@@ -532,6 +532,8 @@ const NAPI_SLOTS: usize = 8;
 struct Counters {
     /// (napi id, packets); id 0 = free slot. Written by the receiver only.
     napi: [(AtomicU32, AtomicU64); NAPI_SLOTS],
+    /// Per slot of `napi`: the earliest and latest send stamp seen.
+    napi_sent: [(AtomicU64, AtomicU64); NAPI_SLOTS],
     napi_unknown: AtomicU64,
     packets: AtomicU64,
     on_cpu: AtomicU64,
@@ -540,7 +542,9 @@ struct Counters {
     echoed: AtomicU64,
     echo_errors: AtomicU64,
     /// The receiver's [`SeqTrack`], mirrored after every datagram.
-    delivery: [AtomicU64; 6],
+    delivery: [AtomicU64; 7],
+    /// Its late datagrams, mirrored after each late one.
+    late: Mutex<Vec<Late>>,
     by_cpu: Vec<AtomicU64>,
     /// CPU the receiver is pinned to now.
     cpu: AtomicUsize,
@@ -550,6 +554,7 @@ impl Counters {
     fn new(ncpu: usize, cpu: usize) -> Self {
         Counters {
             napi: std::array::from_fn(|_| (AtomicU32::new(0), AtomicU64::new(0))),
+            napi_sent: std::array::from_fn(|_| (AtomicU64::new(u64::MAX), AtomicU64::new(0))),
             napi_unknown: AtomicU64::new(0),
             packets: AtomicU64::new(0),
             on_cpu: AtomicU64::new(0),
@@ -558,6 +563,7 @@ impl Counters {
             echoed: AtomicU64::new(0),
             echo_errors: AtomicU64::new(0),
             delivery: std::array::from_fn(|_| AtomicU64::new(0)),
+            late: Mutex::new(Vec::new()),
             by_cpu: (0..ncpu).map(|_| AtomicU64::new(0)).collect(),
             cpu: AtomicUsize::new(cpu),
         }
@@ -598,7 +604,8 @@ impl Counters {
         }
     }
 
-    fn publish(&self, t: &SeqTrack) {
+    /// Mirrors `t` (and its late log when `late`: a late datagram came).
+    fn publish(&self, t: &SeqTrack, late: bool) {
         let d = &t.counts;
         let v = [
             d.next,
@@ -607,14 +614,20 @@ impl Counters {
             d.reordered,
             d.corrupted,
             d.short,
+            d.bad_len,
         ];
         for (a, v) in self.delivery.iter().zip(v) {
             a.store(v, Ordering::Relaxed);
         }
+        if late {
+            let mut l = self.late.lock().unwrap_or_else(PoisonError::into_inner);
+            l.clear();
+            l.extend(t.late.iter().copied());
+        }
     }
 
     fn delivery(&self) -> Delivery {
-        let [next, distinct, duplicated, reordered, corrupted, short] =
+        let [next, distinct, duplicated, reordered, corrupted, short, bad_len] =
             std::array::from_fn(|i| self.delivery[i].load(Ordering::Relaxed));
         Delivery {
             next,
@@ -623,7 +636,46 @@ impl Counters {
             reordered,
             corrupted,
             short,
+            bad_len,
         }
+    }
+
+    fn late(&self) -> Vec<Late> {
+        self.late
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the send stamp `sent` of a datagram counted under NAPI `id`.
+    fn napi_sent(&self, id: u32, sent: u64) {
+        let slot = self
+            .napi
+            .iter()
+            .position(|(s, _)| s.load(Ordering::Relaxed) == id);
+        if let Some((lo, hi)) = slot.and_then(|i| self.napi_sent.get(i)) {
+            if sent < lo.load(Ordering::Relaxed) {
+                lo.store(sent, Ordering::Relaxed);
+            }
+            if sent > hi.load(Ordering::Relaxed) {
+                hi.store(sent, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn by_napi_sent(&self) -> Vec<(u32, u64, u64)> {
+        self.napi
+            .iter()
+            .zip(&self.napi_sent)
+            .map(|((s, _), (lo, hi))| {
+                (
+                    s.load(Ordering::Relaxed),
+                    lo.load(Ordering::Relaxed),
+                    hi.load(Ordering::Relaxed),
+                )
+            })
+            .filter(|&(s, lo, _)| s != 0 && lo != u64::MAX)
+            .collect()
     }
 
     fn by_napi(&self) -> Vec<(u32, u64)> {
@@ -752,6 +804,8 @@ impl UdpRun {
                         echoed: c.echoed.load(Ordering::Relaxed),
                         echo_errors: c.echo_errors.load(Ordering::Relaxed),
                         delivery: c.delivery(),
+                        late: c.late(),
+                        napi_sent: c.by_napi_sent(),
                     }
                 })
                 .collect(),
@@ -833,9 +887,14 @@ fn udp_receiver(
             Ok((n, from)) => {
                 let inc = sys::incoming_cpu(sock).unwrap_or(-1);
                 let sport = if ports.0 == 0 { from.port() } else { ports.0 };
-                track.record(payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1));
-                c.publish(&track);
-                c.count(inc, sys::incoming_napi_id(sock).ok(), pinned);
+                let v = payload::verify(buf.get(..n).unwrap_or(&[]), sport, ports.1);
+                let late = track.record(v);
+                c.publish(&track, late);
+                let napi = sys::incoming_napi_id(sock).ok();
+                c.count(inc, napi, pinned);
+                if let (payload::Verdict::Seq { sent, .. }, Some(id)) = (v, napi) {
+                    c.napi_sent(id, sent);
+                }
                 n_recv += 1;
                 if echo > 0 && n_recv.is_multiple_of(echo) {
                     let ctr = match sock.send(&buf[..n]) {

@@ -213,6 +213,13 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     // Every packet of a steered flow on its filter's queue, as the guest saw it.
     let fig = s.check_window_bar(&w, c, 1.0);
     let delivery = s.check_delivery(c)?;
+    let order = s.check_order(c)?;
+    let from: Vec<Option<usize>> = s
+        .flows
+        .iter()
+        .map(|f| f.needs_filter().then_some(f.rss_q))
+        .collect();
+    let effect = s.check_effect(c, &from)?;
     let trace = s.trace_since_mark()?;
     let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.needs_filter()).collect();
     let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
@@ -272,7 +279,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
     let v6 = |f: &Flow| f.key.src_ip().is_ipv6();
     Ok(format!(
-        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} fresh_expired=[{}] warmup={:.1}s {fig} pkts/flow~{} {delivery}",
+        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} fresh_expired=[{}] warmup={:.1}s {fig} pkts/flow~{} {delivery} {order} {effect}",
         s.flows.len(),
         s.flows.iter().filter(|f| v6(f)).count(),
         steered.len(),
@@ -302,6 +309,19 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
     let w = s.measure()?;
     let fig = s.check_window_bar(&w, c, 1.0);
     let delivery = s.check_delivery(c)?;
+    let order = s.check_order(c)?;
+    // The queue each flow left: its filter's before the move, else (an
+    // ADD) its RSS queue; none where the kernel had nothing to move.
+    let from: Vec<Option<usize>> = s
+        .flows
+        .iter()
+        .map(|f| match before.get(&f.key) {
+            Some(b) if b.1 != f.rx_q => Some(b.1),
+            Some(_) => None,
+            None => f.needs_filter().then_some(f.rss_q),
+        })
+        .collect();
+    let effect = s.check_effect(c, &from)?;
     let trace = s.trace_since_mark()?;
     let count = |k: EventKind| trace.iter().filter(|r| r.event == k).count();
     let (replaces, adds, rejects) = (
@@ -364,7 +384,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} fresh_expired=[{}] warmup={:.1}s {fig} {delivery}",
+        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} fresh_expired=[{}] warmup={:.1}s {fig} {delivery} {order} {effect}",
         s.flows.len(),
         had.len() - kept,
         fresh.join(", "),

@@ -18,10 +18,11 @@
 //! check fails on exactly the steered flows, while the device's own hit
 //! and per-queue figures say everything went well.
 
+use super::order::{order_verdict, FlowOrder};
 use super::workload::{fmt_queues, napi_queues, queue_delta};
 use super::{Checks, Session, IFNAME};
 use crate::harness::{wait_for, Result};
-use crate::proto::{Delivery, Request, RxQueueNapi, UdpStats};
+use crate::proto::{Delivery, Late, Request, RxQueueNapi, UdpStats};
 use crate::{bail, ensure};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -86,6 +87,8 @@ pub(super) struct Mark {
     /// Per workload flow: what the agent counted, and what the generator
     /// sent (cumulative).
     delivery: Vec<Delivery>,
+    /// Per workload flow: the agent's log of late datagrams.
+    late: Vec<Vec<Late>>,
     sent: Vec<u64>,
     packets: Vec<u64>,
     by_napi: Vec<Vec<(u32, u64)>>,
@@ -102,6 +105,8 @@ pub(super) struct Mark {
 pub(super) struct Span {
     pub sent: Vec<u64>,
     pub got: Vec<Delivery>,
+    /// The late datagrams the agent logged in the span.
+    pub late: Vec<Vec<Late>>,
     /// Filter hits per flow when the flow had the same filter at both
     /// ends (its rx queue), else None.
     pub hits: Vec<Option<(usize, u64)>>,
@@ -122,6 +127,7 @@ pub(super) fn sub(a: &Delivery, b: &Delivery) -> Delivery {
         reordered: a.reordered.saturating_sub(b.reordered),
         corrupted: a.corrupted.saturating_sub(b.corrupted),
         short: a.short.saturating_sub(b.short),
+        bad_len: a.bad_len.saturating_sub(b.bad_len),
     }
 }
 
@@ -166,10 +172,16 @@ impl Span {
         c.check(g.duplicated == 0, || {
             format!("flow :{port}: {} duplicated datagrams", g.duplicated)
         });
-        c.check(g.corrupted == 0, || {
+        c.check(g.corrupted == g.bad_len, || {
             format!(
                 "flow :{port}: {} of its datagrams had a wrong payload (sequence tag or fill)",
-                g.corrupted
+                g.corrupted - g.bad_len.min(g.corrupted)
+            )
+        });
+        c.check(g.bad_len == 0, || {
+            format!(
+                "flow :{port}: {} of its datagrams had a wrong length (received length != the length they carry)",
+                g.bad_len
             )
         });
         c.check(g.short == 0, || {
@@ -197,12 +209,13 @@ impl Span {
         let s = |f: fn(&Delivery) -> u64| self.got.iter().map(f).sum::<u64>();
         let sent: u64 = self.sent.iter().sum();
         format!(
-            "delivery: sent={sent} arrived={} lost={} dup={} reordered={} corrupted={} snmp_errors={}",
+            "delivery: sent={sent} arrived={} lost={} dup={} reordered={} corrupted={} bad_len={} snmp_errors={}",
             s(|d| d.distinct),
             sent.saturating_sub(s(|d| d.distinct)),
             s(|d| d.duplicated),
             s(|d| d.reordered),
             s(|d| d.corrupted),
+            s(|d| d.bad_len),
             self.snmp_moved.iter().map(|(_, n)| n).sum::<u64>()
         )
     }
@@ -273,6 +286,7 @@ impl Session {
         let stats = self.guest.ctl.stats()?;
         Ok(Mark {
             delivery: a.flows.iter().map(|f| f.delivery).collect(),
+            late: a.flows.iter().map(|f| f.late.clone()).collect(),
             packets: a.flows.iter().map(|f| f.packets).collect(),
             by_napi: a.flows.iter().map(|f| f.by_napi.clone()).collect(),
             napi_unknown: a.flows.iter().map(|f| f.napi_unknown).collect(),
@@ -299,6 +313,7 @@ impl Session {
         let stats = self.guest.ctl.stats()?;
         self.delivery_mark = Some(Mark {
             delivery: vec![Delivery::default(); n],
+            late: vec![Vec::new(); n],
             sent: vec![0; n],
             packets: vec![0; n],
             by_napi: vec![Vec::new(); n],
@@ -328,6 +343,18 @@ impl Session {
                 .collect(),
             got: (0..n)
                 .map(|i| sub(&b.delivery[i], &a.delivery[i]))
+                .collect(),
+            // Every datagram sent before `a` had arrived by then (a quiet
+            // point): one late since carries a sequence number >= a's next.
+            late: (0..n)
+                .map(|i| {
+                    let from = a.delivery[i].next;
+                    b.late[i]
+                        .iter()
+                        .filter(|l| l.seq >= from)
+                        .copied()
+                        .collect()
+                })
                 .collect(),
             hits: (0..n)
                 .map(|i| match (a.filters[i], b.filters[i]) {
@@ -380,9 +407,14 @@ impl Session {
             sp.check_flow(i, f.local_port, 0, c);
         }
         sp.check_snmp(c);
-        Ok(sp.figures())
+        let fig = sp.figures();
+        self.last_span = Some(sp);
+        Ok(fig)
     }
 }
+
+/// A per-flow figure of what the agent counted.
+type PerFlow = fn(&Delivery) -> u64;
 
 /// Which path fault a scenario turns on.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -391,6 +423,8 @@ enum Fault {
     Drop,
     Corrupt,
     BadCsum,
+    Truncate,
+    Reorder,
 }
 
 impl Fault {
@@ -400,14 +434,16 @@ impl Fault {
             Fault::Drop => "drop_rate",
             Fault::Corrupt => "corrupt_rate",
             Fault::BadCsum => "bad_csum_rate",
+            Fault::Truncate => "truncate_rate",
+            Fault::Reorder => "reorder_rate",
         }
     }
     /// The rate the scenario sets: misroute every hit (the knob
-    /// as it was), drop and corrupt 10%.
+    /// as it was), the others 10%.
     fn rate(self) -> f64 {
         match self {
             Fault::Misroute => 1.0,
-            Fault::Drop | Fault::Corrupt | Fault::BadCsum => 0.1,
+            _ => 0.1,
         }
     }
     /// The device's counter of the fault (its name under `peer`, and the field).
@@ -417,16 +453,38 @@ impl Fault {
             Fault::Drop => ("fault_dropped", |s| s.peer.fault_dropped),
             Fault::Corrupt => ("fault_corrupted", |s| s.peer.fault_corrupted),
             Fault::BadCsum => ("fault_bad_csum", |s| s.peer.fault_bad_csum),
+            Fault::Truncate => ("fault_truncated", |s| s.peer.fault_truncated),
+            Fault::Reorder => ("fault_reordered", |s| s.peer.fault_reordered),
+        }
+    }
+    /// What the guest counted of it over the steered flows, when it can
+    /// count every one: (what, per-flow figure).
+    fn guest_count(self) -> Option<(&'static str, PerFlow)> {
+        match self {
+            Fault::Corrupt => Some(("corrupted datagrams", |d| d.corrupted)),
+            Fault::Truncate => Some(("datagrams of a wrong length", |d| d.bad_len)),
+            Fault::Reorder => Some(("late datagrams", |d| d.reordered)),
+            _ => None,
         }
     }
 }
 
 /// The guest-side checks of flow `i` over a span: delivery (nothing
-/// expected lost) and, for a steered flow, every packet on its filter's
-/// queue. Failures go to `c`.
+/// expected lost), order (nothing moves the flow in a fault scenario's
+/// windows: any late datagram fails) and, for a steered flow, every packet
+/// on its filter's queue. Failures go to `c`.
 fn guest_checks(s: &Session, sp: &Span, i: usize, c: &mut Checks) {
     let f = &s.flows[i];
     sp.check_flow(i, f.local_port, 0, c);
+    let order = order_verdict(&[FlowOrder {
+        port: f.local_port,
+        reordered: sp.got[i].reordered,
+        late: &sp.late[i],
+        moves: &[],
+    }]);
+    for l in order.findings {
+        c.check(false, || l);
+    }
     if f.needs_filter() {
         let on_q = sp.by_queue[i].get(&f.rx_q).copied().unwrap_or(0);
         c.check(on_q == sp.packets[i] && sp.packets[i] > 0, || {
@@ -563,6 +621,8 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
                         Fault::Misroute => "filter's queue",
                         Fault::Drop | Fault::BadCsum => "arrived intact",
                         Fault::Corrupt => "wrong payload",
+                        Fault::Truncate => "wrong length",
+                        Fault::Reorder => "after a later one",
                     };
                     let l = probe.failures.iter().find(|l| l.contains(key));
                     lines.push(l.unwrap_or(&probe.failures[0]).clone());
@@ -611,11 +671,16 @@ fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
                 )
             });
         }
-        Fault::Corrupt => {
-            let bad = sum(|d| d.corrupted);
-            c.check(bad == faulted, || {
-                format!("the guest found {bad} corrupted datagrams, the device corrupted {faulted}")
-            });
+        Fault::Corrupt | Fault::Truncate | Fault::Reorder => {
+            if let Some((what, get)) = fault.guest_count() {
+                let bad = sum(get);
+                c.check(bad == faulted, || {
+                    format!(
+                        "the guest found {bad} {what}, the device's {} says {faulted}",
+                        fault.counter().0
+                    )
+                });
+            }
         }
     }
     if fault == Fault::BadCsum {
@@ -677,9 +742,73 @@ pub(super) fn corrupt(s: &mut Session, c: &mut Checks) -> Result<String> {
     path_fault(s, c, Fault::Corrupt)
 }
 
+/// `truncate`: 10% of the filter hits 16 payload bytes short, lengths and
+/// checksums kept consistent: only the length the payload carries tells.
+pub(super) fn truncate(s: &mut Session, c: &mut Checks) -> Result<String> {
+    path_fault(s, c, Fault::Truncate)
+}
+
+/// `reorder`: 10% of the filter hits held back and delivered after their
+/// flow's next frame.
+pub(super) fn reorder(s: &mut Session, c: &mut Checks) -> Result<String> {
+    path_fault(s, c, Fault::Reorder)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (sent, what the agent counted, failure lines expected: a part of
+    /// each): a datagram of a wrong length is named as such, not as a wrong
+    /// payload, and still missing from what arrived intact.
+    #[test]
+    fn a_wrong_length_is_named_on_its_own_line() {
+        let d = |distinct, corrupted, bad_len| Delivery {
+            next: 10,
+            distinct,
+            corrupted,
+            bad_len,
+            ..Delivery::default()
+        };
+        let cases: &[(Delivery, &[&str])] = &[
+            (d(10, 0, 0), &[]),
+            (
+                d(8, 2, 2),
+                &[
+                    "8 of 10 frames sent arrived intact",
+                    "2 of its datagrams had a wrong length",
+                ],
+            ),
+            (
+                d(8, 2, 0),
+                &["8 of 10", "2 of its datagrams had a wrong payload"],
+            ),
+            (
+                d(7, 3, 1),
+                &[
+                    "7 of 10",
+                    "2 of its datagrams had a wrong payload",
+                    "1 of its datagrams had a wrong length",
+                ],
+            ),
+        ];
+        for (i, (got, want)) in cases.iter().enumerate() {
+            let sp = Span {
+                sent: vec![10],
+                got: vec![*got],
+                ..Span::default()
+            };
+            let mut c = Checks::default();
+            sp.check_flow(0, 20000, 0, &mut c);
+            assert_eq!(c.failures.len(), want.len(), "case {i}: {:?}", c.failures);
+            for (line, part) in c.failures.iter().zip(want.iter()) {
+                assert!(
+                    line.contains(part) && line.starts_with("flow :20000:"),
+                    "case {i}: {line}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn snmp_fields_are_found_or_absent() {

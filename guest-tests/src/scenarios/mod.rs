@@ -35,8 +35,10 @@ pub const BASE_PORT: u16 = 20000;
 
 mod basic;
 mod delivery;
+mod effect;
 pub mod experiments;
 mod faults;
+mod order;
 pub mod poke;
 mod ports;
 mod rps;
@@ -93,6 +95,8 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "drop",              boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::drop },
     Scenario { name: "corrupt",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::corrupt },
     Scenario { name: "bad-csum",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::bad_csum },
+    Scenario { name: "truncate",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: true , run: delivery::truncate },
+    Scenario { name: "reorder",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: true , run: delivery::reorder },
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },
     Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout },
     Scenario { name: "relayout-4k",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout_4k },

@@ -158,6 +158,8 @@ pub struct Session {
     /// The workload's last quiet point (issue 23's delivery check starts
     /// from it); None when no workload runs.
     pub(super) delivery_mark: Option<super::delivery::Mark>,
+    /// The span of the last delivery window (`Session::check_order` judges it).
+    pub(super) last_span: Option<super::delivery::Span>,
     /// Trace lines consumed so far (scenarios look at what came after).
     pub(super) trace_mark: usize,
     /// The host network namespace of a tap boot (dropped after the guest).
@@ -291,6 +293,7 @@ impl Session {
             gen_running: false,
             gen_sets: Vec::new(),
             delivery_mark: None,
+            last_span: None,
             trace_mark: 0,
             tapnet,
             kind,

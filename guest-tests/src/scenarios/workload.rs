@@ -368,6 +368,14 @@ impl Session {
 
     /// New trace records since the last call.
     pub(super) fn trace_since_mark(&mut self) -> Result<Vec<TraceRecord>> {
+        let (out, complete) = self.trace_from(self.trace_mark)?;
+        self.trace_mark = complete.max(self.trace_mark);
+        Ok(out)
+    }
+
+    /// The records of the running daemon's trace from line `from` on (0:
+    /// all of them), and how many complete lines it has.
+    pub(super) fn trace_from(&mut self, from: usize) -> Result<(Vec<TraceRecord>, usize)> {
         // The writer flushes when idle: make sure what happened is there.
         self.guest.ctl.trace_flush()?;
         let text = std::fs::read_to_string(&self.guest.vnic.trace).ctx(format!(
@@ -382,18 +390,12 @@ impl Session {
             lines.len().saturating_sub(1)
         };
         let mut out = Vec::new();
-        for (n, l) in lines
-            .iter()
-            .enumerate()
-            .take(complete)
-            .skip(self.trace_mark)
-        {
+        for (n, l) in lines.iter().enumerate().take(complete).skip(from) {
             let r: TraceRecord = serde_json::from_str(l)
                 .ctx(format!("trace line {} is not a trace record: {l}", n + 1))?;
             out.push(r);
         }
-        self.trace_mark = complete.max(self.trace_mark);
-        Ok(out)
+        Ok((out, complete))
     }
 
     /// Device filters by flow: (id, rxq, hits).

@@ -367,6 +367,8 @@ pub struct PeerStats {
     pub fault_dropped: u64,
     pub fault_corrupted: u64,
     pub fault_bad_csum: u64,
+    pub fault_truncated: u64,
+    pub fault_reordered: u64,
     pub gen_sent: u64,
     pub sink_packets: u64,
     pub sink_bytes: u64,
@@ -562,6 +564,8 @@ pub struct Knobs {
     pub drop_rate: f64,
     pub corrupt_rate: f64,
     pub bad_csum_rate: f64,
+    pub truncate_rate: f64,
+    pub reorder_rate: f64,
     pub rogue_responder: bool,
     /// With `rogue_responder`: its CAPS echoes the HELLO's nonce.
     #[serde(default)]

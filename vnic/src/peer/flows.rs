@@ -254,23 +254,30 @@ impl GenControl {
     }
 }
 
-/// Bytes of the checked head of a generated payload: the flow's sequence
-/// number and a tag derived from (flow, sequence number), both u64 big
-/// endian. It starts the UDP payload, or follows the send stamp
-/// ([`super::rtt::STAMP_LEN`] bytes) of a stamped set. The guest agent
-/// verifies both and the fill after them (`vnic_agent::payload`, which
-/// must agree with [`seq_tag`] and [`fill_byte`]).
-pub(crate) const SEQ_LEN: usize = 16;
+/// Bytes of the checked head of a generated payload, four u64 big endian:
+/// the flow's sequence number, a tag derived from (flow, sequence number,
+/// send time, length), the send time (`crate::clock::now_ns`, the clock of
+/// the trace: see [`super::Sink::table_ns`]) and the length of the whole
+/// UDP payload (stamp, head and fill). It starts the UDP payload, or
+/// follows the send stamp ([`super::rtt::STAMP_LEN`] bytes) of a stamped
+/// set. The guest agent verifies the tag, the fill after the head and the
+/// length against what it received (`vnic_agent::payload`, which must
+/// agree with [`seq_tag`] and [`fill_byte`]).
+pub(crate) const SEQ_LEN: usize = 32;
 
 /// The tag of sequence number `seq` of the flow from port `sport` to port
-/// `dport`: a frame of another flow, or with a damaged sequence number,
+/// `dport`, sent at `sent` with `len` bytes of UDP payload: a frame of
+/// another flow, or with a damaged sequence number, send time or length,
 /// does not carry it.
 #[inline]
-pub(crate) fn seq_tag(sport: u16, dport: u16, seq: u64) -> u64 {
-    // One multiply by an odd constant: a bijection, so another sequence
-    // number (below 2^32) or another flow never gives the same tag.
+pub(crate) fn seq_tag(sport: u16, dport: u16, seq: u64, sent: u64, len: u64) -> u64 {
+    // Each term a bijection of its field (a multiply by an odd constant,
+    // a rotation) and xor'ed: for the others fixed, another value of any
+    // one field never gives the same tag.
     (seq ^ ((u64::from(sport) << 48) | (u64::from(dport) << 32)))
         .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ sent.wrapping_mul(0xbf58_476d_1ce4_e5b9).rotate_left(17)
+        ^ len.wrapping_mul(0x94d0_49bb_1331_11eb).rotate_left(41)
 }
 
 /// Byte `k` of a generated UDP payload after its head (`k` counts from
@@ -381,10 +388,10 @@ pub(crate) fn word_sum(x: u64) -> u64 {
 pub(crate) fn fold_sum(frame: &mut [u8], hdr_len: usize, sum: u64) {
     let at = hdr_len - 2;
     let old = u16::from_be_bytes([frame[at], frame[at + 1]]);
-    // `sum` is at most four word_sum totals (each < 2^33), so `s` < 2^36:
+    // `sum` is at most six word_sum totals (each < 2^33), so `s` < 2^36:
     // three 16-bit folds leave at most 0xffff (< 2^16 + 2^20, then
     // < 2^16 + 2^5, then <= 0xffff), with no loop per frame.
-    debug_assert!(sum < 1 << 35);
+    debug_assert!(sum < 6 << 33);
     let mut s = u64::from(!old) + sum;
     s = (s & 0xffff) + (s >> 16);
     s = (s & 0xffff) + (s >> 16);
@@ -643,16 +650,24 @@ mod tests {
                 let mut seqs = vec![0u64, 1, 0xffff_ffff_ffff, u64::MAX];
                 seqs.extend((0..200).map(|_| rng.next_u64()));
                 for seq in seqs {
+                    let sent = seq.rotate_left(7) ^ 0x1234_5678;
+                    let len = (size - hl) as u64;
+                    let tag = seq_tag(10000, 20007, seq, sent, len);
                     let mut head = [0u8; SEQ_LEN];
                     head[..8].copy_from_slice(&seq.to_be_bytes());
-                    head[8..].copy_from_slice(&seq_tag(10000, 20007, seq).to_be_bytes());
+                    head[8..16].copy_from_slice(&tag.to_be_bytes());
+                    head[16..24].copy_from_slice(&sent.to_be_bytes());
+                    head[24..].copy_from_slice(&len.to_be_bytes());
                     let mut g = f.clone();
                     g[hl..hl + SEQ_LEN].copy_from_slice(&head);
                     let mut via_sum = g.clone();
                     fold_head(&mut g, hl, &head);
                     assert!(udp_checksum_ok(&g), "{src} {size} seq {seq}");
-                    let tag = seq_tag(10000, 20007, seq);
-                    fold_sum(&mut via_sum, hl, word_sum(seq) + word_sum(tag));
+                    fold_sum(
+                        &mut via_sum,
+                        hl,
+                        word_sum(seq) + word_sum(tag) + word_sum(sent) + word_sum(len),
+                    );
                     assert_eq!(g, via_sum, "fold_sum agrees with fold_head");
                     let (_, p) = udp_payload(&g).unwrap();
                     assert_eq!(p.len(), size - hl);
@@ -663,6 +678,15 @@ mod tests {
                         .skip(SEQ_LEN)
                         .all(|(k, &b)| b == fill_byte(k)));
                     let before = g.clone();
+                    // Truncated: 16 bytes fewer than the head says, the
+                    // checksum valid.
+                    let mut short = g.clone();
+                    let end = crate::steer::truncate_payload(&mut short).unwrap();
+                    short.truncate(end);
+                    assert!(udp_checksum_ok(&short), "{src} {size} seq {seq}: truncated");
+                    let (_, p) = udp_payload(&short).unwrap();
+                    assert_eq!(p.len() as u64 + 16, len);
+                    assert_eq!(p.get(..SEQ_LEN).unwrap_or(p), &head[..SEQ_LEN.min(p.len())]);
                     let mut bad = g.clone();
                     assert!(crate::steer::corrupt_payload(&mut bad, false));
                     assert!(

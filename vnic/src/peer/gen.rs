@@ -135,6 +135,8 @@ impl GenPeer {
             let seq_at = seq_offset(stamp);
             let with_seq = s.var >= seq_at + SEQ_LEN;
             let unlimited = s.rate == 0.0;
+            let sent = r.table_ns();
+            let len = (size - hl) as u64;
             let want = n;
             n = 0;
             while n < want {
@@ -143,8 +145,9 @@ impl GenPeer {
                 let frame = &mut s.buf[NET_HDR_LEN..NET_HDR_LEN + size];
                 frame[..hl].copy_from_slice(&s.headers[i][..hl]);
                 // The head: the send stamp, then the flow's sequence
-                // number and its tag, written in place; their 16-bit
-                // words' sum is folded into the template's checksum.
+                // number, its tag, the send time and the payload's
+                // length, written in place; their 16-bit words' sum is
+                // folded into the template's checksum.
                 let mut sum = 0u64;
                 if stamp {
                     let now = crate::clock::now_ns();
@@ -158,11 +161,13 @@ impl GenPeer {
                     let next = &s.set.seq[ti];
                     let seq = next.load(Ordering::Relaxed);
                     next.store(seq + 1, Ordering::Relaxed);
-                    let tag = seq_tag(tuple.sport, tuple.dport, seq);
+                    let tag = seq_tag(tuple.sport, tuple.dport, seq, sent, len);
                     let at = hl + seq_at;
                     frame[at..at + 8].copy_from_slice(&seq.to_be_bytes());
                     frame[at + 8..at + 16].copy_from_slice(&tag.to_be_bytes());
-                    sum += word_sum(seq) + word_sum(tag);
+                    frame[at + 16..at + 24].copy_from_slice(&sent.to_be_bytes());
+                    frame[at + 24..at + 32].copy_from_slice(&len.to_be_bytes());
+                    sum += word_sum(seq) + word_sum(tag) + word_sum(sent) + word_sum(len);
                 }
                 if stamp || with_seq {
                     fold_sum(frame, hl, sum);

@@ -100,4 +100,12 @@ pub(crate) trait Sink {
 
     /// Wakes every worker of the connection.
     fn wake_all(&self);
+
+    /// When the steering replica that routes this pair's frames was last
+    /// brought up to date (`crate::clock::now_ns`, taken before it took the
+    /// table's events): the send time the generator stamps on its frames.
+    /// A frame so stamped was routed with every table event published
+    /// before its stamp applied: an event it was routed without was
+    /// published after it.
+    fn table_ns(&self) -> u64;
 }

@@ -63,7 +63,7 @@ pub struct Outcome {
     pub trace: Vec<String>,
 }
 
-const KNOBS: [&str; 15] = [
+const KNOBS: [&str; 17] = [
     "add_fail_rate",
     "mgmt_loss_rate",
     "program_latency",
@@ -74,6 +74,8 @@ const KNOBS: [&str; 15] = [
     "drop_rate",
     "corrupt_rate",
     "bad_csum_rate",
+    "truncate_rate",
+    "reorder_rate",
     "rogue_responder",
     "rogue_nonce",
     "drop_acks",
