@@ -250,7 +250,7 @@ def _count(cfg, rcv):
 class _Receiver(threading.Thread):
     """A TCP or UDP receiver pinned to one CPU, counting what it reads."""
 
-    def __init__(self, cfg, ipver, proto, cpu):
+    def __init__(self, cfg, proto, cpu):
         super().__init__(daemon=True)
         self.cpu = cpu
         self.proto = proto
@@ -260,16 +260,16 @@ class _Receiver(threading.Thread):
         self._done = threading.Event()
         self._ready = threading.Event()
 
-        fam = socket.AF_INET6 if ipver == "6" else socket.AF_INET
+        fam = socket.AF_INET6 if cfg.addr_ipver == "6" else socket.AF_INET
         styp = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
         self.sock = socket.socket(fam, styp)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((cfg.addr_v[ipver], self.port))
+        self.sock.bind((cfg.addr, self.port))
         if proto == "tcp":
             self.sock.listen(1)
         else:
             # RFS records the flows of connected sockets only
-            self.sock.connect((cfg.remote_addr_v[ipver], self.sport))
+            self.sock.connect((cfg.remote_addr, self.sport))
         self.sock.settimeout(0.2)
 
     def run(self):
@@ -314,20 +314,17 @@ class _Receiver(threading.Thread):
         self.sock.close()
 
 
-def _sender(cfg, ipver, rcv):
+def _sender(cfg, rcv):
     """The remote's flow to @rcv, as a bkg() context. It ends when @rcv
        stops (socat fails on the reset or port unreachable), at the latest
        after SEND_MAX seconds."""
     cnt = int(SEND_MAX / SEND_GAP)
-    addr = cfg.addr_v[ipver]
-    if ipver == "6":
-        addr = f"[{addr}]"
     if rcv.proto == "tcp":
-        dst = f"TCP:{addr}:{rcv.port},nodelay"
+        dst = f"TCP:{cfg.baddr}:{rcv.port},nodelay"
     else:
-        dst = f"UDP:{addr}:{rcv.port},sourceport={rcv.sport}"
+        dst = f"UDP:{cfg.baddr}:{rcv.port},sourceport={rcv.sport}"
     send = (f"for i in $(seq {cnt}); do echo msg; sleep {SEND_GAP}; done | "
-            f"socat -{ipver} -u - {dst}")
+            f"socat -{cfg.addr_ipver} -u - {dst}")
     return bkg(send, host=cfg.remote, exit_wait=True, fail=False)
 
 
@@ -352,11 +349,10 @@ def _check_queue(cfg, rcv, qid):
 
 def _flows(cfg, proto):
     cpus = _setup_arfs(cfg)
-    ipver = cfg.addr_ipver
     for cpu, qid in cpus.items():
-        rcv = _Receiver(cfg, ipver, proto, cpu)
+        rcv = _Receiver(cfg, proto, cpu)
         rcv.start()
-        with _sender(cfg, ipver, rcv):
+        with _sender(cfg, rcv):
             try:
                 _wait_first(rcv)
                 time.sleep(STEER_WAIT)
@@ -367,13 +363,12 @@ def _flows(cfg, proto):
 
 def _follow(cfg, proto):
     cpus = _setup_arfs(cfg)
-    ipver = cfg.addr_ipver
     cpu_a, cpu_b, *_ = cpus
     qid_a, qid_b = cpus[cpu_a], cpus[cpu_b]
 
-    rcv = _Receiver(cfg, ipver, proto, cpu_a)
+    rcv = _Receiver(cfg, proto, cpu_a)
     rcv.start()
-    with _sender(cfg, ipver, rcv):
+    with _sender(cfg, rcv):
         try:
             _wait_first(rcv)
             time.sleep(STEER_WAIT)
