@@ -230,7 +230,7 @@ def _settle(cfg):
             coal = cfg.ethnl.coalesce_get({"header": {"dev-index": cfg.ifindex}})
         except NlError:
             coal = {}
-        cfg.settle = 0.025 + coal.get("stats-block-usecs", 0) / 1000000
+        cfg.settle = 1.25 * coal.get("stats-block-usecs", 20000) / 1000000
     time.sleep(cfg.settle)
 
 
