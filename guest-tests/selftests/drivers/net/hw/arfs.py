@@ -41,9 +41,10 @@ from lib.py import bkg, defer, ethtool, rand_port
 SEND_GAP = 0.02
 # The longest a flow lasts (it ends when its receiver closes).
 SEND_MAX = 60
-# Time for the stack to move a flow once its receiver has read from it on a
-# new CPU (ndo_rx_flow_steer() and the device's filter update).
-STEER_WAIT = 1.5
+# The longest wait for the stack to move a flow once its receiver has read
+# from it on a new CPU (ndo_rx_flow_steer() and the device's filter update);
+# polled, the check follows either way.
+STEER_WAIT = 5
 # How long each check counts a flow's packets.
 WINDOW = 2
 # At least this share of a flow's packets must reach the expected queue
@@ -234,13 +235,12 @@ def _settle(cfg):
     time.sleep(cfg.settle)
 
 
-def _count(cfg, rcv):
-    """Count @rcv's flow for WINDOW seconds: (packets the receiver read,
-       per-queue rx-packets deltas); the counters' window holds the
-       receiver's."""
+def _count(cfg, rcv, secs=WINDOW):
+    """Count @rcv's flow for @secs: (packets the receiver read, per-queue
+       rx-packets deltas); the counters' window holds the receiver's."""
     before = _rx_packets(cfg)
     got = rcv.pkts
-    time.sleep(WINDOW)
+    time.sleep(secs)
     got = rcv.pkts - got
     _settle(cfg)
     after = _rx_packets(cfg)
@@ -337,6 +337,15 @@ def _wait_first(rcv, deadline=10):
                            f" from the remote in {deadline} s")
 
 
+def _wait_steered(cfg, rcv, qid):
+    """Wait (STEER_WAIT at most) until @rcv's flow arrives on @qid."""
+    end = time.monotonic() + STEER_WAIT
+    while time.monotonic() < end:
+        pkts, cnts = _count(cfg, rcv, 0.5)
+        if pkts and cnts.get(qid, 0) >= pkts * MIN_SHARE:
+            return
+
+
 def _check_queue(cfg, rcv, qid):
     """@rcv's flow arrives on rx queue @qid."""
     pkts, cnts = _count(cfg, rcv)
@@ -355,7 +364,7 @@ def _flows(cfg, proto):
         with _sender(cfg, rcv):
             try:
                 _wait_first(rcv)
-                time.sleep(STEER_WAIT)
+                _wait_steered(cfg, rcv, qid)
                 _check_queue(cfg, rcv, qid)
             finally:
                 rcv.stop()
@@ -371,10 +380,10 @@ def _follow(cfg, proto):
     with _sender(cfg, rcv):
         try:
             _wait_first(rcv)
-            time.sleep(STEER_WAIT)
+            _wait_steered(cfg, rcv, qid_a)
             _check_queue(cfg, rcv, qid_a)
             rcv.move(cpu_b)
-            time.sleep(STEER_WAIT)
+            _wait_steered(cfg, rcv, qid_b)
             _check_queue(cfg, rcv, qid_b)
         finally:
             rcv.stop()
