@@ -147,6 +147,9 @@ if ! [ -d "$roothome/.ssh" ]; then
     vnic_log "created an empty $roothome/.ssh (a mount point for the run's authorized_keys; it stays empty)"
 fi
 renice -n 19 -p $$ >/dev/null # everything below, the guest included, runs niced
+# virtme-ng into its venv now: scripts/vng runs in the netns below, which has
+# no route to PyPI (on a fresh machine its own install would fail there).
+"$here/vng" --setup >&2 || die "scripts/vng --setup failed (virtme-ng from PyPI, host packages)"
 
 if [ -z "$vnic_bin" ]; then
     vnic_bin=${CARGO_TARGET_DIR:-$root/target}/release/vnic
