@@ -10,7 +10,9 @@ CPU the flow's receiver runs on.
 Receivers are threads of this process, each pinned to one CPU; the remote
 sends, one flow at a time, and the per-queue rx-packets counters (netlink
 qstats, else ethtool -S) must show the flow's packets on the rx queue of its
-receiver's CPU. Then a receiver moves to another CPU and its flow must follow.
+receiver's CPU. Then a receiver moves to another CPU and back, and its flow
+must follow it both times (one of the two moves at least takes the flow off
+its RSS queue).
 
 Which rx queue serves a CPU is read the way the stack builds dev->rx_cpu_rmap
 for a driver that reports its NAPIs' IRQs: the IRQ of the rx queue's NAPI
@@ -382,9 +384,14 @@ def _follow(cfg, proto):
             _wait_first(rcv)
             _wait_steered(cfg, rcv, qid_a)
             _check_queue(cfg, rcv, qid_a)
+            # there and back: at least one of the two moves leaves the
+            # flow's RSS queue, whichever that is
             rcv.move(cpu_b)
             _wait_steered(cfg, rcv, qid_b)
             _check_queue(cfg, rcv, qid_b)
+            rcv.move(cpu_a)
+            _wait_steered(cfg, rcv, qid_a)
+            _check_queue(cfg, rcv, qid_a)
         finally:
             rcv.stop()
 
@@ -400,12 +407,12 @@ def udp_flows(cfg):
 
 
 def tcp_follow(cfg):
-    """A TCP flow follows its receiver to another CPU's rx queue."""
+    """A TCP flow follows its receiver to another CPU's rx queue and back."""
     _follow(cfg, "tcp")
 
 
 def udp_follow(cfg):
-    """A connected UDP flow follows its receiver to another CPU's rx queue."""
+    """A connected UDP flow follows its receiver to another CPU and back."""
     _follow(cfg, "udp")
 
 
