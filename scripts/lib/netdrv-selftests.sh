@@ -24,6 +24,9 @@
 #   --queues N       vnic's queue pairs (default 2, with 2 vCPUs)
 #   --vnic BIN       the daemon (default target/release/vnic under
 #                    $CARGO_TARGET_DIR or the repository; built when missing)
+#   --vnic-arg ARG   one more argument to `vnic serve` (repeatable), e.g.
+#                    --vnic-arg --steer=none: a device that takes filters and
+#                    steers nothing, on which hw/arfs.py must fail
 #   --keep           keep the run dir (logs, per-test KTAP output) even on success
 #
 # Topology (the guest kernel has no CONFIG_NET_NS, so the remote end cannot be
@@ -75,6 +78,7 @@ root=$(cd "$here/.." && pwd)
 expected_pass=(napi_id.py stats.py)
 
 series=7.3 tests="" list_only=0 per_test=360 queues=2 vnic_bin="" keep=0 module=0
+vnic_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --series) series=${2:?--series needs a value}; shift ;;
@@ -85,6 +89,7 @@ while [ $# -gt 0 ]; do
     --vnic) vnic_bin=${2:?--vnic needs a path}; shift ;;
     --keep) keep=1 ;;
     --module) module=1 ;;
+    --vnic-arg) vnic_args+=("${2:?--vnic-arg needs an argument}"); shift ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "netdrv-selftests: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -229,7 +234,7 @@ ip -n "$ns" link set lo up
 
 # vnic, its tap peer in the namespace: the remote end.
 ip netns exec "$ns" "$vnic_bin" serve --socket "$run/vnic.sock" --ctl "$run/vnic.ctl" \
-    --queues "$queues" --peer tap:vnictap0 --trace "$run/trace.jsonl" >"$run/vnic.log" 2>&1 &
+    --queues "$queues" --peer tap:vnictap0 --trace "$run/trace.jsonl" "${vnic_args[@]}" >"$run/vnic.log" 2>&1 &
 vnic_pid=$!
 for _ in $(seq 100); do
     [ -S "$run/vnic.sock" ] && ip -n "$ns" link show vnictap0 >/dev/null 2>&1 && break
