@@ -12,7 +12,9 @@ sends, one flow at a time, and the per-queue rx-packets counters (netlink
 qstats, else ethtool -S) must show the flow's packets on the rx queue of its
 receiver's CPU. Then a receiver moves to another CPU and back, and its flow
 must follow it both times (one of the two moves at least takes the flow off
-its RSS queue).
+its RSS queue). Before the flows, each CPU's XPS map is rotated to another
+tx queue, so that a device that places TCP flows by the queue their ACKs
+leave on (ATR, a tap's automq) does not pass for one that has aRFS.
 
 Which rx queue serves a CPU is read the way the stack builds dev->rx_cpu_rmap
 for a driver that reports its NAPIs' IRQs: the IRQ of the rx queue's NAPI
@@ -165,6 +167,22 @@ def _pick_cpus(cpu_queue):
     return dict(list(picked.items())[:MAX_FLOWS])
 
 
+def _rotate_xps(cfg):
+    """Make each CPU transmit on another tx queue than before (XPS maps
+       rotated by one queue, restored by defer), so not on the queue aRFS
+       should pick for it: a device that places a TCP flow's packets by the
+       queue its ACKs leave on (Intel's ATR, a tap's automq) then fails
+       instead of passing for aRFS."""
+    qdir = f"/sys/class/net/{cfg.ifname}/queues"
+    txqs = sorted(int(q[3:]) for q in os.listdir(qdir) if q.startswith("tx-"))
+    try:
+        masks = [_read(f"{qdir}/tx-{q}/xps_cpus") for q in txqs]
+        for i, q in enumerate(txqs):
+            _set_sysfs(f"{qdir}/tx-{q}/xps_cpus", masks[(i + 1) % len(txqs)])
+    except OSError as e:
+        ksft_pr(f"XPS not rotated ({e}): TCP cases may pass on tx learning")
+
+
 def _setup_arfs(cfg):
     """Turn on RFS and ntuple-filters (restored by defer), map CPUs to
        rx queues; skip where the device or the kernel has no aRFS."""
@@ -195,6 +213,7 @@ def _setup_arfs(cfg):
     if len(cpus) < 2:
         raise KsftSkipEx("Need 2 CPUs that each map to one rx queue, "
                          "and not the same one")
+    _rotate_xps(cfg)
     return cpus
 
 
