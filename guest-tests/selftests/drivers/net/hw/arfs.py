@@ -377,42 +377,34 @@ def _check_queue(cfg, rcv, qid):
             f"{what}: the flow is not on its CPU's queue {cnts}")
 
 
-def _flows(cfg, proto):
-    cpus = _setup_arfs(cfg)
-    for cpu, qid in cpus.items():
-        rcv = _Receiver(cfg, proto, cpu)
-        rcv.start()
-        with _sender(cfg, rcv):
-            try:
-                _wait_first(rcv)
+def _run_flow(cfg, proto, path):
+    """One flow from the remote, its receiver on each (CPU, rx queue) of
+       @path in turn: the flow must arrive on that queue each time."""
+    rcv = _Receiver(cfg, proto, path[0][0])
+    rcv.start()
+    with _sender(cfg, rcv):
+        try:
+            _wait_first(rcv)
+            for cpu, qid in path:
+                rcv.move(cpu)
                 _wait_steered(cfg, rcv, qid)
                 _check_queue(cfg, rcv, qid)
-            finally:
-                rcv.stop()
+        finally:
+            rcv.stop()
+
+
+def _flows(cfg, proto):
+    for cpu, qid in _setup_arfs(cfg).items():
+        _run_flow(cfg, proto, [(cpu, qid)])
 
 
 def _follow(cfg, proto):
     cpus = _setup_arfs(cfg)
     cpu_a, cpu_b, *_ = cpus
-    qid_a, qid_b = cpus[cpu_a], cpus[cpu_b]
-
-    rcv = _Receiver(cfg, proto, cpu_a)
-    rcv.start()
-    with _sender(cfg, rcv):
-        try:
-            _wait_first(rcv)
-            _wait_steered(cfg, rcv, qid_a)
-            _check_queue(cfg, rcv, qid_a)
-            # there and back: at least one of the two moves leaves the
-            # flow's RSS queue, whichever that is
-            rcv.move(cpu_b)
-            _wait_steered(cfg, rcv, qid_b)
-            _check_queue(cfg, rcv, qid_b)
-            rcv.move(cpu_a)
-            _wait_steered(cfg, rcv, qid_a)
-            _check_queue(cfg, rcv, qid_a)
-        finally:
-            rcv.stop()
+    # there and back: at least one of the two moves takes the flow off its
+    # RSS queue, whichever that is
+    _run_flow(cfg, proto, [(cpu_a, cpus[cpu_a]), (cpu_b, cpus[cpu_b]),
+                           (cpu_a, cpus[cpu_a])])
 
 
 def tcp_flows(cfg):
