@@ -10,13 +10,23 @@
 #   --tests LIST     comma-separated tests, as paths under drivers/net
 #                    (ping.py,stats.py,hw/rss_ctx.py); default: every Python
 #                    test of TEST_PROGS in drivers/net/Makefile and
-#                    drivers/net/hw/Makefile
+#                    drivers/net/hw/Makefile, then the project's own
+#                    (guest-tests/selftests/drivers/net: hw/arfs.py)
+#   --module         build aRFS/kmod's vnic_arfs.ko against the kernel (scripts/vng
+#                    --module) and load it in the guest before the tests
+#                    (ifnames=NETIF; set-up fails unless ntuple-filters turns
+#                    on): the NIC then has aRFS (ndo_rx_flow_steer, ntuple),
+#                    which hw/arfs.py needs; without it hw/arfs.py skips.
+#                    hw/ntuple.py then fails (ethtool -N) instead of skipping
 #   --list           print the default test list and exit
 #   --timeout SECS   per test (default 360, drivers/net/settings' value);
 #                    a test past it counts as FAIL (timeout)
 #   --queues N       vnic's queue pairs (default 2, with 2 vCPUs)
 #   --vnic BIN       the daemon (default target/release/vnic under
 #                    $CARGO_TARGET_DIR or the repository; built when missing)
+#   --vnic-arg ARG   one more argument to `vnic serve` (repeatable), e.g.
+#                    --vnic-arg --steer=none: a device that takes filters and
+#                    steers nothing, on which hw/arfs.py must fail
 #   --keep           keep the run dir (logs, per-test KTAP output) even on success
 #
 # Topology (the guest kernel has no CONFIG_NET_NS, so the remote end cannot be
@@ -39,6 +49,8 @@
 #
 # The selftests run from a copy of the tree's drivers/net, net/lib,
 # tools/net/ynl and Documentation/netlink/specs (in $VNIC_CACHE/netdrv-sft/),
+# with the project's own tests (guest-tests/selftests/drivers/net, written for
+# upstream: guest-tests/selftests/README.md) copied in at every run,
 # where the C helpers that need only gcc are built (napi_id_helper, so_txtime,
 # net/lib's gro, csum, xdp_helper); the BPF objects (clang) and the YNL C
 # programs (psp_responder, toeplitz) are not built: those tests fail or skip.
@@ -62,9 +74,11 @@ root=$(cd "$here/.." && pwd)
 # them makes the exit status 1. Only tests with a passing case count: one whose
 # cases all skip shows nothing. (ping.py's v4/v6 cases pass over vnic, but
 # its XDP cases fail on this kernel: no BPF syscall.)
+# hw/arfs.py counts with --module only (without the module it skips).
 expected_pass=(napi_id.py stats.py)
 
-series=7.3 tests="" list_only=0 per_test=360 queues=2 vnic_bin="" keep=0
+series=7.3 tests="" list_only=0 per_test=360 queues=2 vnic_bin="" keep=0 module=0
+vnic_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
     --series) series=${2:?--series needs a value}; shift ;;
@@ -74,6 +88,8 @@ while [ $# -gt 0 ]; do
     --queues) queues=${2:?--queues needs a number}; shift ;;
     --vnic) vnic_bin=${2:?--vnic needs a path}; shift ;;
     --keep) keep=1 ;;
+    --module) module=1 ;;
+    --vnic-arg) vnic_args+=("${2:?--vnic-arg needs an argument}"); shift ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "netdrv-selftests: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -91,6 +107,8 @@ ktree=$(cd "$kdir/build" && pwd -P)
 release=$(cat "$ktree/include/config/kernel.release")
 sft=$ktree/tools/testing/selftests/drivers/net
 [ -f "$sft/Makefile" ] && [ -f "$sft/hw/Makefile" ] || die "$ktree has no tools/testing/selftests/drivers/net{,/hw}/Makefile"
+own=$root/guest-tests/selftests/drivers/net
+[ "$module" = 0 ] || expected_pass+=(hw/arfs.py)
 
 # TEST_PROGS of a selftests Makefile, the Python ones.
 test_progs() {
@@ -98,7 +116,11 @@ test_progs() {
         for (i = 1; i <= NF; i++) if ($i ~ /\.py$/) print $i
         if ($0 !~ /\\$/) on = 0 }' "$1"
 }
-default_tests=$( { test_progs "$sft/Makefile"; test_progs "$sft/hw/Makefile" | sed 's|^|hw/|'; } | tr '\n' ' ')
+default_tests=$( {
+    test_progs "$sft/Makefile"
+    test_progs "$sft/hw/Makefile" | sed 's|^|hw/|'
+    (cd "$own" && find . -name '*.py' -perm -u+x | sed 's|^\./||' | sort)
+} | tr '\n' ' ')
 if [ "$list_only" = 1 ]; then
     printf '%s\n' $default_tests
     exit 0
@@ -108,7 +130,8 @@ if [ -z "$tests" ]; then
 else
     tests=$(printf '%s' "$tests" | tr ',' ' ')
     for t in $tests; do
-        [[ "$t" =~ ^(hw/)?[A-Za-z0-9_.-]+\.py$ ]] && [ -f "$sft/$t" ] || die "--tests: no test $t in $sft"
+        [[ "$t" =~ ^(hw/)?[A-Za-z0-9_.-]+\.py$ ]] || die "--tests: $t is not a test name (name.py or hw/name.py)"
+        [ -f "$sft/$t" ] || [ -f "$own/$t" ] || die "--tests: no test $t in $sft or $own"
     done
 fi
 ntests=$(printf '%s\n' $tests | wc -l)
@@ -129,6 +152,9 @@ if ! [ -d "$roothome/.ssh" ]; then
     vnic_log "created an empty $roothome/.ssh (a mount point for the run's authorized_keys; it stays empty)"
 fi
 renice -n 19 -p $$ >/dev/null # everything below, the guest included, runs niced
+# virtme-ng into its venv now: scripts/vng runs in the netns below, which has
+# no route to PyPI (on a fresh machine its own install would fail there).
+"$here/vng" --setup >&2 || die "scripts/vng --setup failed (virtme-ng from PyPI, host packages)"
 
 if [ -z "$vnic_bin" ]; then
     vnic_bin=${CARGO_TARGET_DIR:-$root/target}/release/vnic
@@ -161,6 +187,9 @@ if ! [ -e "$src/.done" ] || [ "$src/.done" -ot "$ktree/Makefile" ]; then
 fi
 sed 's/^/  helper: /' "$src/.built" >&2
 tsrc=$src/tools/testing/selftests/drivers/net
+# The project's own tests, over the copy (a kernel that gains one of the same
+# name runs ours: the one this repository keeps and posts).
+rsync -a "$own/" "$tsrc/"
 
 # --- the run -------------------------------------------------------------------------
 mkdir -p "$work"
@@ -205,7 +234,7 @@ ip -n "$ns" link set lo up
 
 # vnic, its tap peer in the namespace: the remote end.
 ip netns exec "$ns" "$vnic_bin" serve --socket "$run/vnic.sock" --ctl "$run/vnic.ctl" \
-    --queues "$queues" --peer tap:vnictap0 --trace "$run/trace.jsonl" >"$run/vnic.log" 2>&1 &
+    --queues "$queues" --peer tap:vnictap0 --trace "$run/trace.jsonl" "${vnic_args[@]}" >"$run/vnic.log" 2>&1 &
 vnic_pid=$!
 for _ in $(seq 100); do
     [ -S "$run/vnic.sock" ] && ip -n "$ns" link show vnictap0 >/dev/null 2>&1 && break
@@ -289,6 +318,17 @@ for i in $(seq 30); do ping -q -c 1 -W 1 192.0.2.2 >/dev/null 2>&1 && { ok=1; br
 [ $ok = 1 ] || { echo "setup: 192.0.2.2 (the tap in the host's netns) does not answer ping through vnic" >>"$out/setup.log"; exit 3; }
 ssh root@10.0.2.2 'ip -br addr show dev vnictap0' >>"$out/setup.log" 2>&1 ||
     { echo "setup: ssh to the host netns (10.0.2.2:2222) failed" >>"$out/setup.log"; exit 3; }
+if [ -n "$VNIC_KO" ]; then
+    # --module: aRFS on the NIC; the module attaches once vnic answers its HELLO
+    insmod "$VNIC_KO" ifnames="$VNIC_IF" || { echo "setup: insmod $VNIC_KO failed" >>"$out/setup.log"; exit 3; }
+    on=0
+    for i in $(seq 50); do
+        ethtool -k "$VNIC_IF" | grep -q '^ntuple-filters: on' && { on=1; break; }
+        sleep 0.2
+    done
+    [ $on = 1 ] || { echo "setup: vnic_arfs.ko loaded but ntuple-filters is not on after 10 s (no CAPS from vnic?)" >>"$out/setup.log"; exit 3; }
+    echo "module: vnic_arfs.ko loaded, ntuple-filters on" >>"$out/setup.log"
+fi
 echo "setup: ok" >>"$out/setup.log"
 export NETIF="$VNIC_IF" LOCAL_V4=192.0.2.1 REMOTE_V4=192.0.2.2 LOCAL_V6=2001:db8:1::1 REMOTE_V6=2001:db8:1::2
 export REMOTE_TYPE=ssh REMOTE_ARGS=root@10.0.2.2
@@ -307,13 +347,15 @@ echo done >"$out/guest.done"
 EOF
 
 total=$(( ntests * (per_test + 20) + 300 ))
-vnic_log "netdrv selftests: $ntests tests, kernel $release, netns $ns, run dir $run"
+modarg=()
+[ "$module" = 0 ] || modarg=(--module)
+vnic_log "netdrv selftests: $ntests tests, kernel $release, netns $ns, run dir $run$([ "$module" = 0 ] || echo ", vnic_arfs.ko loaded")"
 t0=$(date +%s)
 set +e
 # In the background, so that INT/TERM reach the trap at once (bash runs a
 # trap only after its foreground command ends).
 ip netns exec "$ns" "$here/vng" --series "$series" --socket "$run/vnic.sock" --queues "$queues" --cpus 2 \
-    --extra-nic user --timeout "$total" --exec "sh $run/guest.sh $run $tsrc $per_test" \
+    "${modarg[@]}" --extra-nic user --timeout "$total" --exec "sh $run/guest.sh $run $tsrc $per_test" \
     -- --rwdir "$out" </dev/null >"$run/vng.out" 2>"$run/vng.err" &
 wait $!
 vrc=$?
@@ -401,7 +443,7 @@ for t in $tests; do
         [ "$e" != "$t" ] || [ "$res" = PASS ] || bad+=("$t")
     done
 done
-echo "summary: $npass pass, $nskip skip, $nfail fail of $ntests; kernel $release; ${elapsed}s in the guest run"
+echo "summary: $npass pass, $nskip skip, $nfail fail of $ntests; kernel $release$([ "$module" = 0 ] || echo ", vnic_arfs.ko loaded"); ${elapsed}s in the guest run"
 if [ ${#bad[@]} -gt 0 ]; then
     keep=1
     echo "expected to pass but did not: ${bad[*]}"
