@@ -861,6 +861,18 @@ mod tests {
         decode(out)
     }
 
+    /// A driver's HELLO (nonce `nonce`) as frame `seq` on pair 0.
+    fn hello(seq: u32, nonce: u32) -> Vec<u8> {
+        frame(
+            seq,
+            &Message::Hello(Hello {
+                driver_version: 1,
+                nonce,
+                mac: GUEST,
+            }),
+        )
+    }
+
     #[test]
     fn go_back_n_sequence() {
         let (sh, c) = setup(Duration::ZERO);
@@ -903,12 +915,7 @@ mod tests {
     #[test]
     fn drop_acks_loses_the_first_reply_only_and_the_duplicate_gets_it() {
         let (sh, _c) = setup(Duration::ZERO);
-        let hello = Message::Hello(Hello {
-            driver_version: 1,
-            nonce: 7,
-            mac: GUEST,
-        });
-        assert_eq!(decode(handle(&sh, 0, &frame(20, &hello))).len(), 1);
+        assert_eq!(decode(handle(&sh, 0, &hello(20, 7))).len(), 1);
         sh.lock_mgmt().set_knob(Knob::DropAcks(1)).unwrap();
         // Applied, its ACK lost; the knob is spent.
         assert!(decode(handle(&sh, 0, &frame(21, &add(7, 1)))).is_empty());
@@ -929,12 +936,7 @@ mod tests {
     fn forge_acks_sends_a_replay_and_a_copy_for_another_host_of_another_generation() {
         let (sh, _c) = setup(Duration::ZERO);
         let gen = sh.generation();
-        let hello = Message::Hello(Hello {
-            driver_version: 1,
-            nonce: 7,
-            mac: GUEST,
-        });
-        assert_eq!(decode(handle(&sh, 0, &frame(30, &hello))).len(), 1);
+        assert_eq!(decode(handle(&sh, 0, &hello(30, 7))).len(), 1);
         sh.lock_mgmt().set_knob(Knob::ForgeAcks(true)).unwrap();
         let out = handle(&sh, 0, &frame(31, &add(7, 1)));
         let frames: Vec<Vec<u8>> = out.iter().map(|r| r.pkt.clone()).collect();
