@@ -367,7 +367,11 @@ pub struct PeerStats {
     pub fault_dropped: u64,
     pub fault_corrupted: u64,
     pub fault_bad_csum: u64,
+    /// Absent from a daemon older than `truncate_rate`: read as 0.
+    #[serde(default)]
     pub fault_truncated: u64,
+    /// Absent from a daemon older than `reorder_rate`: read as 0.
+    #[serde(default)]
     pub fault_reordered: u64,
     pub gen_sent: u64,
     pub sink_packets: u64,
@@ -564,7 +568,9 @@ pub struct Knobs {
     pub drop_rate: f64,
     pub corrupt_rate: f64,
     pub bad_csum_rate: f64,
+    #[serde(default)]
     pub truncate_rate: f64,
+    #[serde(default)]
     pub reorder_rate: f64,
     pub rogue_responder: bool,
     /// With `rogue_responder`: its CAPS echoes the HELLO's nonce.
