@@ -550,10 +550,9 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 			 * The device refused this move lately, or the fate of
 			 * an earlier ADD is open: no ADD per packet, and no
 			 * id the device may not hold. The kernel records
-			 * nothing for a failed
-			 * call, so the filter's RFS slot stays the one of its
-			 * last successful call (what rps_may_expire_flow()
-			 * must be asked about).
+			 * nothing for a failed call, so the filter's RFS slot
+			 * stays the one of its last successful call (what
+			 * rps_may_expire_flow() must be asked about).
 			 */
 			ctx->c.busy++;
 			ctx->c.busy_rejected++;
