@@ -248,8 +248,12 @@ fn every_tx_layout_reaches_the_peer() {
         }
         g.qps[0].tx.ring.notify();
     }
-    let s = wait_stats(&mut c, "150 tx frames", |s| {
+    // tx_packets counts each frame as it is taken; the peer's sink counts
+    // once per TX batch (its counters are shared by every worker), so the
+    // two meet only when the batch has ended.
+    let s = wait_stats(&mut c, "150 tx frames, all sunk", |s| {
         s.queues[0].tx_packets - before.queues[0].tx_packets == 150
+            && s.peer.sink_packets - before.peer.sink_packets == 150
     });
     assert_eq!(s.queues[0].tx_bytes - before.queues[0].tx_bytes, 150 * 300);
     assert_eq!(s.peer.sink_packets - before.peer.sink_packets, 150);
