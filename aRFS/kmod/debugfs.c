@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * vnic_arfs debugfs: /sys/kernel/debug/vnic_arfs/<ifname>/{counters,state,filters,resets}.
+ * vnic_arfs debugfs: /sys/kernel/debug/vnic_arfs/<ifname>/{counters,state,filters,resets,
+ * lock_holds}.
  * Formats in README.md; names may be added, never changed.
  *
  * counters, state and resets copy a snapshot under ctx->lock (resets into
@@ -16,19 +17,53 @@
 
 #include <linux/debugfs.h>
 #include <linux/seq_file.h>
+#include <linux/slab.h>
 
 #include "vnic_arfs.h"
 
 static struct dentry *vnic_dbg_root;
+
+/**
+ * vnic_hold_end - account one hold of ctx->lock, about to be let go
+ * @ctx: the context, ctx->lock held since ctx->hold_t0
+ * @where: the function that lets it go
+ */
+void vnic_hold_end(struct vnic_ctx *ctx, const char *where)
+{
+	u64 ns = local_clock() - ctx->hold_t0;
+	struct vnic_holds *h = &ctx->holds;
+	struct vnic_hold_site *site;
+	bool over = ns > 2 * NSEC_PER_MSEC;
+	unsigned int i;
+
+	h->holds++;
+	if (ns > NSEC_PER_MSEC)
+		h->over_1ms++;
+	h->over_2ms += over;
+	if (ns > h->max_ns) {
+		h->max_ns = ns;
+		h->max_at = where;
+	}
+	for (i = 0; i < VNIC_HOLD_SITES; i++) {
+		site = &h->sites[i];
+		if (site->at != where && site->at)
+			continue;
+		site->at = where;
+		site->holds++;
+		site->over_2ms += over;
+		site->max_ns = max(site->max_ns, ns);
+		break;
+	}
+}
 
 static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 {
 	struct vnic_ctx *ctx = m->private;
 	struct vnic_counters c;
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	c = ctx->c;
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 
 #define P(name, val) seq_printf(m, "%s %llu\n", name, (unsigned long long)(val))
 	P("steer_calls", c.steer_calls);
@@ -95,6 +130,9 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("ack_rtts", c.ack_rtts);
 	P("ack_rtt_min_us", c.ack_rtt_min_us);
 	P("ack_rtt_max_us", c.ack_rtt_max_us);
+	P("reaped", c.reaped);
+	P("reap_batches", c.reap_batches);
+	P("rfs_reset_chunks", c.rfs_reset_chunks);
 #undef P
 	return 0;
 }
@@ -104,7 +142,7 @@ static int vnic_dbg_state_show(struct seq_file *m, void *v)
 {
 	struct vnic_ctx *ctx = m->private;
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	seq_printf(m, "state %s\n", vnic_state_names[ctx->state]);
 	seq_printf(m, "generation %u\n", ctx->gen);
 	seq_printf(m, "max_queue_pairs %u\n", ctx->caps.max_queue_pairs);
@@ -125,10 +163,69 @@ static int vnic_dbg_state_show(struct seq_file *m, void *v)
 	seq_printf(m, "rx_queues %u\n", READ_ONCE(ctx->dev->real_num_rx_queues));
 	seq_printf(m, "rmap_queues %u\n", READ_ONCE(ctx->rmap_nq));
 	seq_printf(m, "rto_ms %u\n", jiffies_to_msecs(vnic_mgmt_rto(ctx)));
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(vnic_dbg_state);
+
+/*
+ * lock_holds: how long ctx->lock was held, since attach or since the last
+ * write to the file (any write resets the figures). Format:
+ *   holds <n>
+ *   over_1ms <n>
+ *   over_2ms <n>
+ *   max_ns <ns>
+ *   max_at <function that ended the longest hold, or ->
+ *   at <function> holds <n> over_2ms <n> max_ns <ns>   (one per function)
+ */
+static int vnic_dbg_lock_holds_show(struct seq_file *m, void *v)
+{
+	struct vnic_ctx *ctx = m->private;
+	struct vnic_holds *h;
+	unsigned int i;
+
+	h = kvmalloc(sizeof(*h), GFP_KERNEL);
+	if (!h)
+		return -ENOMEM;
+	vnic_lock_bh(ctx);
+	*h = ctx->holds;
+	vnic_unlock_bh(ctx);
+	seq_printf(m, "holds %llu\n", h->holds);
+	seq_printf(m, "over_1ms %llu\n", h->over_1ms);
+	seq_printf(m, "over_2ms %llu\n", h->over_2ms);
+	seq_printf(m, "max_ns %llu\n", h->max_ns);
+	seq_printf(m, "max_at %s\n", h->max_at ?: "-");
+	for (i = 0; i < VNIC_HOLD_SITES && h->sites[i].at; i++)
+		seq_printf(m, "at %s holds %llu over_2ms %llu max_ns %llu\n", h->sites[i].at,
+			   h->sites[i].holds, h->sites[i].over_2ms, h->sites[i].max_ns);
+	kvfree(h);
+	return 0;
+}
+
+static int vnic_dbg_lock_holds_open(struct inode *inode, struct file *file)
+{
+	return single_open(file, vnic_dbg_lock_holds_show, inode->i_private);
+}
+
+static ssize_t vnic_dbg_lock_holds_write(struct file *file, const char __user *buf,
+					 size_t len, loff_t *ppos)
+{
+	struct vnic_ctx *ctx = ((struct seq_file *)file->private_data)->private;
+
+	vnic_lock_bh(ctx);
+	memset(&ctx->holds, 0, sizeof(ctx->holds));
+	vnic_unlock_bh(ctx);
+	return len;
+}
+
+static const struct file_operations vnic_dbg_lock_holds_fops = {
+	.owner = THIS_MODULE,
+	.open = vnic_dbg_lock_holds_open,
+	.read = seq_read,
+	.write = vnic_dbg_lock_holds_write,
+	.llseek = seq_lseek,
+	.release = single_release,
+};
 
 /*
  * resets: the window reset log, oldest kept reset first. Format:
@@ -146,9 +243,9 @@ static int vnic_dbg_resets_show(struct seq_file *m, void *v)
 	log = kvmalloc(sizeof(*log), GFP_KERNEL);
 	if (!log)
 		return -ENOMEM;
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	memcpy(log, &ctx->rlog, sizeof(*log));
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 
 	seq_printf(m, "resets %llu\n", log->resets);
 	first = log->resets > VNIC_RESET_LOG ? log->resets - VNIC_RESET_LOG + 1 : 1;
@@ -186,7 +283,7 @@ static void *vnic_dbg_filters_start(struct seq_file *m, loff_t *pos)
 {
 	struct vnic_ctx *ctx = m->private;
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	if (!*pos)
 		return SEQ_START_TOKEN;
 	return vnic_dbg_filters_find(ctx, *pos);
@@ -206,7 +303,7 @@ static void vnic_dbg_filters_stop(struct seq_file *m, void *v)
 {
 	struct vnic_ctx *ctx = m->private;
 
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 }
 
 static int vnic_dbg_filters_show(struct seq_file *m, void *v)
@@ -294,6 +391,7 @@ void vnic_dbg_add(struct vnic_ctx *ctx)
 	debugfs_create_file("state", 0444, ctx->dbg, ctx, &vnic_dbg_state_fops);
 	debugfs_create_file("filters", 0444, ctx->dbg, ctx, &vnic_dbg_filters_fops);
 	debugfs_create_file("resets", 0444, ctx->dbg, ctx, &vnic_dbg_resets_fops);
+	debugfs_create_file("lock_holds", 0644, ctx->dbg, ctx, &vnic_dbg_lock_holds_fops);
 }
 
 /**

@@ -67,6 +67,8 @@ int vnic_flt_init(struct vnic_ctx *ctx)
 	INIT_LIST_HEAD(&ctx->ice_list);
 	INIT_LIST_HEAD(&ctx->flush_list);
 	INIT_LIST_HEAD(&ctx->flush_wait_list);
+	INIT_LIST_HEAD(&ctx->reap_list);
+	INIT_LIST_HEAD(&ctx->reap_del);
 	return rhashtable_init(&ctx->flows, &vnic_flt_params);
 }
 
@@ -95,7 +97,11 @@ void vnic_flt_destroy(struct vnic_ctx *ctx)
 	INIT_LIST_HEAD(&ctx->ice_list);
 	INIT_LIST_HEAD(&ctx->flush_list);
 	INIT_LIST_HEAD(&ctx->flush_wait_list);
+	INIT_LIST_HEAD(&ctx->reap_list);
+	INIT_LIST_HEAD(&ctx->reap_del);
 	ctx->nr_flushing = 0;
+	ctx->nr_flush_wait = 0;
+	ctx->nr_reaping = 0;
 	ctx->nr_ids = 0;
 	ctx->nr_live = 0;
 	ctx->nr_rejected = 0;
@@ -322,7 +328,8 @@ static void vnic_flt_bulk_forget_dev(struct vnic_ctx *ctx, struct vnic_filter *f
 }
 
 /*
- * One lock hold of vnic_flt_bulk(): up to VNIC_BULK_BATCH filters, each
+ * One lock hold of vnic_flt_bulk(): up to VNIC_BULK_BATCH filters (fewer
+ * when the hold has lasted VNIC_HOLD_BUDGET_NS), each
  * taken from the head of live_list and either retired or moved to its tail
  * (the expiry pass rotates the list too; a walk goes by epochs and counts,
  * never by position).
@@ -337,7 +344,8 @@ static bool vnic_flt_bulk_step_locked(struct vnic_ctx *ctx)
 	unsigned int n = 0;
 	bool replay;
 
-	while (n < VNIC_BULK_BATCH && !list_empty(&ctx->live_list) &&
+	while (n < VNIC_BULK_BATCH && !(n && vnic_hold_spent(ctx)) &&
+	       !list_empty(&ctx->live_list) &&
 	       (ctx->layout_left || ctx->replay_left || ntuple_off)) {
 		f = list_first_entry(&ctx->live_list, struct vnic_filter, node);
 		n++;
@@ -395,15 +403,15 @@ void vnic_flt_bulk(struct vnic_ctx *ctx)
 	bool ntuple_off = !(READ_ONCE(ctx->dev->features) & NETIF_F_NTUPLE);
 	bool more;
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	if (ntuple_off && ctx->nr_live)
 		ctx->c.ntuple_flushes++;
 	do {
 		more = vnic_flt_bulk_step_locked(ctx);
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 		if (more)
 			cond_resched();
-		spin_lock_bh(&ctx->lock);
+		vnic_lock_bh(ctx);
 	} while (more);
 	/*
 	 * Filters the NTUPLE-off walk retired (the walk may have ended early:
@@ -415,7 +423,7 @@ void vnic_flt_bulk(struct vnic_ctx *ctx)
 		ctx->flush_pending = true;
 		ctx->flush_reason = VNIC_R_FLUSH;
 	}
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 }
 
 /**
@@ -429,20 +437,71 @@ void vnic_flt_bulk(struct vnic_ctx *ctx)
 void vnic_flt_flush_sent_locked(struct vnic_ctx *ctx, u32 seq)
 {
 	list_splice_tail_init(&ctx->flush_list, &ctx->flush_wait_list);
+	ctx->nr_flush_wait = ctx->nr_flushing;	/* every FLUSHING filter waits now */
 	ctx->flush_wait_seq = seq;
 }
 
-static void vnic_flt_flush_free_locked(struct vnic_ctx *ctx, struct list_head *l,
-				       u64 *counter)
+/* @n FLUSHING filters of @l are gone from the device: to the reaper. */
+static void vnic_flt_flush_reap_locked(struct vnic_ctx *ctx, struct list_head *l,
+				       unsigned int n)
+{
+	list_splice_tail_init(l, &ctx->reap_list);
+	ctx->nr_flushing -= n;
+	ctx->nr_reaping += n;
+	vnic_work_kick_locked(ctx);
+}
+
+/**
+ * vnic_flt_reap - free the filters a FLUSH or a table loss removed
+ * @ctx: an active context (the work item)
+ *
+ * Their ids are released in holds of at most VNIC_BULK_BATCH filters (and
+ * VNIC_HOLD_BUDGET_NS), with
+ * ctx->lock and BHs let go between them, and their memory after each hold:
+ * a 65,535-filter FLUSH costs its ACK a list splice, not 65,535 frees in
+ * softirq under the lock.
+ */
+void vnic_flt_reap(struct vnic_ctx *ctx)
 {
 	struct vnic_filter *f, *tmp;
+	unsigned int n;
+	LIST_HEAD(gone);
+	bool more;
 
-	list_for_each_entry_safe(f, tmp, l, node) {
-		list_del(&f->node);
-		ctx->nr_flushing--;
-		(*counter)++;
-		vnic_flt_free_locked(ctx, f);
-	}
+	vnic_lock_bh(ctx);
+	do {
+		for (n = 0; n < VNIC_BULK_BATCH && !(n && vnic_hold_spent(ctx)); n++) {
+			f = list_first_entry_or_null(&ctx->reap_list,
+						     struct vnic_filter, node);
+			if (f) {
+				list_del(&f->node);
+				ctx->nr_reaping--;
+			} else {
+				f = list_first_entry_or_null(&ctx->reap_del,
+							     struct vnic_filter, pend);
+				if (!f)
+					break;
+				list_del(&f->pend);
+				ctx->c.del_lost++;
+			}
+			xa_erase(&ctx->ids, f->id);
+			ctx->nr_ids--;
+			list_add(&f->node, &gone);
+		}
+		if (n) {
+			ctx->c.reaped += n;
+			ctx->c.reap_batches++;
+		}
+		more = !list_empty(&ctx->reap_list) || !list_empty(&ctx->reap_del);
+		vnic_unlock_bh(ctx);
+		list_for_each_entry_safe(f, tmp, &gone, node)
+			kfree(f);
+		INIT_LIST_HEAD(&gone);
+		if (more)
+			cond_resched();
+		vnic_lock_bh(ctx);
+	} while (more);
+	vnic_unlock_bh(ctx);
 }
 
 /**
@@ -451,28 +510,34 @@ static void vnic_flt_flush_free_locked(struct vnic_ctx *ctx, struct list_head *l
  * @seq: the FLUSH's sequence number
  *
  * When it is the FLUSH that covers the waiting filters, they are gone from
- * the device (ACKed ok or NAKed: a FLUSH is never refused op by op): free
- * their ids and let the work item reset the kernel's RFS records.
+ * the device (ACKed ok or NAKed: a FLUSH is never refused op by op): the
+ * work item frees their ids (vnic_flt_reap()), then resets the kernel's RFS
+ * records when that is due.
  */
 void vnic_flt_flush_acked_locked(struct vnic_ctx *ctx, u32 seq)
 {
 	if (list_empty(&ctx->flush_wait_list) || seq != ctx->flush_wait_seq)
 		return;
-	vnic_flt_flush_free_locked(ctx, &ctx->flush_wait_list, &ctx->c.del[VNIC_R_FLUSH]);
-	if (!ctx->nr_flushing && ctx->rfs_reset_due)
-		vnic_work_kick_locked(ctx);
+	ctx->c.del[VNIC_R_FLUSH] += ctx->nr_flush_wait;
+	vnic_flt_flush_reap_locked(ctx, &ctx->flush_wait_list, ctx->nr_flush_wait);
+	ctx->nr_flush_wait = 0;
 }
 
 /**
  * vnic_flt_flush_lost_locked - the device lost its table (new generation)
  * @ctx: the context
  *
- * Every FLUSHING filter is gone from the device already: free them.
+ * Every FLUSHING filter is gone from the device already, and so is every
+ * filter waiting for its DEL to be sent: the work item frees them all.
  */
 void vnic_flt_flush_lost_locked(struct vnic_ctx *ctx)
 {
-	vnic_flt_flush_free_locked(ctx, &ctx->flush_list, &ctx->c.del_lost);
-	vnic_flt_flush_free_locked(ctx, &ctx->flush_wait_list, &ctx->c.del_lost);
+	ctx->c.del_lost += ctx->nr_flushing;
+	list_splice_tail_init(&ctx->flush_list, &ctx->flush_wait_list);
+	vnic_flt_flush_reap_locked(ctx, &ctx->flush_wait_list, ctx->nr_flushing);
+	ctx->nr_flush_wait = 0;
+	/* still ->pending: no ACK can free them meanwhile (vnic_flt_del_acked_locked()) */
+	list_splice_tail_init(&ctx->del_list, &ctx->reap_del);
 }
 
 /**
@@ -523,7 +588,7 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 	lockdep_assert_in_softirq();
 	ret = vnic_flt_flow_from_skb(skb, &key.flow);
 
-	spin_lock(&ctx->lock);
+	vnic_lock(ctx);
 	ctx->c.steer_calls++;
 	if (ret) {
 		ctx->c.unsupported++;
@@ -587,9 +652,13 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 
 	if (ctx->table_full && !vnic_flt_held_off(now, ctx->table_full_since))
 		ctx->table_full = false;
-	/* FLUSHING ids leave the device before any new ADD (frames are in order) */
+	/*
+	 * FLUSHING ids leave the device before any new ADD (frames are in
+	 * order); reaped ones have left it
+	 */
 	if (ctx->table_full ||
-	    ctx->nr_ids - ctx->nr_flushing >= min_t(u32, ctx->caps.capacity, VNIC_MAX_ID + 1)) {
+	    ctx->nr_ids - ctx->nr_flushing - ctx->nr_reaping >=
+	    min_t(u32, ctx->caps.capacity, VNIC_MAX_ID + 1)) {
 		ctx->c.busy++;
 		/* table pressure: look for expired filters sooner (sfc does) */
 		if (!ctx->expire_extra) {
@@ -651,7 +720,7 @@ int vnic_flt_steer(struct vnic_ctx *ctx, const struct sk_buff *skb,
 	vnic_work_kick_locked(ctx);
 	ret = id;
 out:
-	spin_unlock(&ctx->lock);
+	vnic_unlock(ctx);
 	return ret;
 }
 
@@ -895,25 +964,18 @@ void vnic_flt_reap_rejected_locked(struct vnic_ctx *ctx, unsigned long now)
 }
 
 /**
- * vnic_flt_owns_slot - whether a kernel RFS slot was written for our filter
+ * vnic_flt_owns_slot_locked - whether a kernel RFS slot was written for our filter
  * @ctx: the context
  * @id: the filter id the slot holds
  * @rxq: the slot's rx queue
  * @slot: the slot's index (the flow_id of the steer call)
  *
- * Process context, takes ctx->lock.
- *
  * Return: true when @id is a live filter whose last steer call was for
  * this queue and slot.
  */
-bool vnic_flt_owns_slot(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot)
+bool vnic_flt_owns_slot_locked(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot)
 {
-	struct vnic_filter *f;
-	bool ret;
+	struct vnic_filter *f = xa_load(&ctx->ids, id);
 
-	spin_lock_bh(&ctx->lock);
-	f = xa_load(&ctx->ids, id);
-	ret = f && f->state == VF_LIVE && f->slot_rxq == rxq && f->flow_id == slot;
-	spin_unlock_bh(&ctx->lock);
-	return ret;
+	return f && f->state == VF_LIVE && f->slot_rxq == rxq && f->flow_id == slot;
 }

@@ -267,9 +267,9 @@ static int vnic_mgmt_xmit(struct vnic_ctx *ctx, const u8 *buf, unsigned int len)
 static void vnic_mgmt_xmit_count(struct vnic_ctx *ctx, const u8 *buf, unsigned int len)
 {
 	if (vnic_mgmt_xmit(ctx, buf, len)) {
-		spin_lock_bh(&ctx->lock);
+		vnic_lock_bh(ctx);
 		ctx->c.xmit_errors++;
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 	}
 }
 
@@ -305,7 +305,7 @@ static struct vnic_reset_rec *vnic_mgmt_reset_rec_locked(struct vnic_ctx *ctx, b
 static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 {
 	struct vnic_reset_rec *r = NULL;
-	struct vnic_filter *f, *tmp;
+	struct vnic_filter *f;
 	bool applied;
 	u32 seq;
 
@@ -391,14 +391,9 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 	}
 	ctx->have_acked_hi = false;	/* the window restarts at a new seq */
 	if (table_lost) {
-		list_for_each_entry_safe(f, tmp, &ctx->del_list, pend) {
-			ctx->c.del_lost++;
-			vnic_flt_free_locked(ctx, f);
-		}
+		/* FLUSHING and DEL-queued filters: freed by the work item */
 		vnic_flt_flush_lost_locked(ctx);
 		ctx->flush_pending = false;
-		if (ctx->rfs_reset_due)
-			vnic_work_kick_locked(ctx);
 	}
 }
 
@@ -632,7 +627,7 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 	if (skb->pkt_type == PACKET_OUTGOING || skb->pkt_type == PACKET_LOOPBACK)
 		goto out;
 
-	spin_lock(&ctx->lock);
+	vnic_lock(ctx);
 	if (skb->pkt_type != PACKET_HOST) {
 		/* the device answers our own address: another host's, or a group's */
 		ctx->c.rx_not_host++;
@@ -692,7 +687,7 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 		break;
 	}
 unlock:
-	spin_unlock(&ctx->lock);
+	vnic_unlock(ctx);
 out:
 	consume_skb(skb);
 	return NET_RX_SUCCESS;
@@ -716,16 +711,16 @@ bool vnic_mgmt_probe(struct vnic_ctx *ctx, unsigned long *delay)
 	unsigned long now = jiffies, rto;
 	unsigned int len = 0;
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	rto = vnic_mgmt_rto(ctx);
 	*delay = rto;
 	if (ctx->state != VS_PROBING) {
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 		return true;
 	}
 	if (!vnic_dev_link_ok(ctx->dev)) {
 		ctx->probe_start = 0;	/* NETDEV_UP / CHANGE kick us again */
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 		*delay = MAX_JIFFY_OFFSET;
 		return true;
 	}
@@ -733,7 +728,7 @@ bool vnic_mgmt_probe(struct vnic_ctx *ctx, unsigned long *delay)
 		ctx->probe_start = now;
 	if (time_after(now, ctx->probe_start +
 		       msecs_to_jiffies(READ_ONCE(vnic_hello_timeout_ms)))) {
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 		return false;
 	}
 	if (!ctx->hello_out || time_after_eq(now, ctx->hello_sent_at + rto)) {
@@ -743,7 +738,7 @@ bool vnic_mgmt_probe(struct vnic_ctx *ctx, unsigned long *delay)
 		ctx->hello_sent_at = now;
 		len = vnic_mgmt_build_hello_locked(ctx, ctx->hello_seq);
 	}
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	if (len)
 		vnic_mgmt_xmit_count(ctx, ctx->hello_buf, len);
 	return true;
@@ -770,9 +765,11 @@ unsigned long vnic_mgmt_pass(struct vnic_ctx *ctx)
 
 	/* replay, layout FLUSH, NTUPLE off: before anything is sent */
 	vnic_flt_bulk(ctx);
+	/* ids of filters a FLUSH or a table loss removed */
+	vnic_flt_reap(ctx);
 
 	now = jiffies;
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	rto = vnic_mgmt_rto(ctx);
 
 	vnic_flt_reap_rejected_locked(ctx, now);
@@ -835,7 +832,7 @@ unsigned long vnic_mgmt_pass(struct vnic_ctx *ctx)
 	delay = msecs_to_jiffies(max_t(unsigned int, READ_ONCE(vnic_interval_ms), 1));
 	if (ctx->hello_out || ctx->una != ctx->next_seq)
 		delay = min(delay, rto);
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 
 	/* Only the work item writes the slot buffers: safe to read unlocked. */
 	if (hlen)
@@ -867,9 +864,9 @@ void vnic_mgmt_unload_flush(struct vnic_ctx *ctx)
 
 	might_sleep();
 	for (tries = 0; tries < 3; tries++) {
-		spin_lock_bh(&ctx->lock);
+		vnic_lock_bh(ctx);
 		if (ctx->unload_abort) {
-			spin_unlock_bh(&ctx->lock);
+			vnic_unlock_bh(ctx);
 			return;
 		}
 		seq = ctx->next_seq;
@@ -881,14 +878,14 @@ void vnic_mgmt_unload_flush(struct vnic_ctx *ctx)
 		reinit_completion(&ctx->unload_done);
 		rto = vnic_mgmt_rto(ctx);
 		ctx->c.flushes++;
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 
 		vnic_mgmt_xmit_count(ctx, ctx->hello_buf, hlen);
 		vnic_mgmt_xmit_count(ctx, ctx->flush_buf, flen);
 		/* consumes the completion: its return value is the only witness */
 		acked = wait_for_completion_timeout(&ctx->unload_done, rto);
 
-		spin_lock_bh(&ctx->lock);
+		vnic_lock_bh(ctx);
 		if (acked && !ctx->unload_abort) {
 			/* every filter the device may have had is gone */
 			live = 0;
@@ -898,13 +895,13 @@ void vnic_mgmt_unload_flush(struct vnic_ctx *ctx)
 			ctx->unload_wait = false;
 			ctx->c.flush_acks++;
 			ctx->c.del[VNIC_R_UNLOAD] += live;
-			spin_unlock_bh(&ctx->lock);
+			vnic_unlock_bh(ctx);
 			return;
 		}
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 	}
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	ctx->unload_wait = false;
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	vnic_warn(ctx, "no ACK for the unload FLUSH\n");
 }

@@ -440,10 +440,10 @@ static void vnic_dev_give_up(struct vnic_ctx *ctx, const char *why)
 		dev_remove_pack(&ctx->pt);
 		ctx->pack_added = false;
 	}
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	ctx->state = VS_FAILED;
 	ctx->hello_out = false;
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	vnic_info(ctx, "not attaching: %s\n", why);
 }
 
@@ -488,7 +488,7 @@ static void vnic_dev_work_install(struct vnic_ctx *ctx)
 	}
 	rtnl_unlock();
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	ctx->state = VS_ACTIVE;
 	/* a previous instance of the module may have left filters behind */
 	ctx->flush_pending = true;
@@ -499,7 +499,7 @@ static void vnic_dev_work_install(struct vnic_ctx *ctx)
 		  ctx->caps.capacity, ctx->caps.buckets, ctx->caps.ways,
 		  ctx->caps.max_ops, ctx->caps.latency_us, ctx->rmap_nq);
 	vnic_work_kick_locked(ctx);
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	/* only now: a steer call before VS_ACTIVE fails and RFS would not retry */
 	vnic_rmap_reset_kernel_rfs(ctx);
 }
@@ -528,9 +528,9 @@ static bool vnic_dev_work_layout(struct vnic_ctx *ctx)
 		 * now, every flow would ask while they are held, meet -EBUSY,
 		 * and never ask again.
 		 */
-		spin_lock_bh(&ctx->lock);
+		vnic_lock_bh(ctx);
 		ctx->rfs_reset_due = true;
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 	}
 	ctx->ntuple_on = ntuple;
 	rtnl_unlock();
@@ -544,9 +544,9 @@ static void vnic_dev_work(struct work_struct *work)
 	bool retry;
 	int state;
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	state = ctx->state;
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 
 	switch (state) {
 	case VS_PROBING:
@@ -627,10 +627,10 @@ static int vnic_dev_event(struct notifier_block *nb, unsigned long event, void *
 	if (ctx->unloading) {
 		/* module exit owns the context: only cut its FLUSH wait short */
 		if (event == NETDEV_UNREGISTER) {
-			spin_lock_bh(&ctx->lock);
+			vnic_lock_bh(ctx);
 			ctx->unload_abort = true;
 			complete(&ctx->unload_done);
-			spin_unlock_bh(&ctx->lock);
+			vnic_unlock_bh(ctx);
 		}
 		return NOTIFY_DONE;
 	}
@@ -641,25 +641,25 @@ static int vnic_dev_event(struct notifier_block *nb, unsigned long event, void *
 		vnic_dev_release(ctx);
 		break;
 	case NETDEV_UP:
-		spin_lock_bh(&ctx->lock);
+		vnic_lock_bh(ctx);
 		if (ctx->state == VS_FAILED) {
 			/* try again: the device may have come up since */
 			ctx->state = VS_PROBING;
 			ctx->probe_start = 0;
 			ctx->hello_out = false;
 			ctx->have_gen = false;
-			spin_unlock_bh(&ctx->lock);
+			vnic_unlock_bh(ctx);
 			if (!ctx->pack_added) {
 				dev_add_pack(&ctx->pt);
 				ctx->pack_added = true;
 			}
-			spin_lock_bh(&ctx->lock);
+			vnic_lock_bh(ctx);
 		} else if (ctx->state == VS_ACTIVE) {
 			/* link was down: check the device's generation now */
 			ctx->resync = true;
 		}
 		vnic_work_kick_locked(ctx);
-		spin_unlock_bh(&ctx->lock);
+		vnic_unlock_bh(ctx);
 		break;
 	case NETDEV_CHANGE:
 	case NETDEV_FEAT_CHANGE:

@@ -82,6 +82,39 @@ fail:
 	return NULL;
 }
 
+/* Slots of one rx queue's RFS table one hold of ctx->lock resets at most. */
+#define VNIC_RFS_CHUNK		1024
+
+/*
+ * The rps_dev_flow table of rx queue @i and its slot count, under RCU (NULL
+ * when the queue has none).
+ */
+static struct rps_dev_flow *vnic_rmap_rfs_table(struct net_device *dev, unsigned int i,
+						unsigned int *n)
+{
+	struct netdev_rx_queue *q = dev->_rx + i;
+#ifdef VNIC_HAVE_RPS_TAG_PTR
+	/* after 6.12: a tagged pointer (table | log2 size) */
+	rps_tag_ptr tp = READ_ONCE(q->rps_flow_table);
+
+	if (!tp)
+		return NULL;
+	*n = rps_tag_to_mask(tp) + 1;
+	return rps_tag_to_table(tp);
+#else
+	struct rps_dev_flow_table *t = rcu_dereference(q->rps_flow_table);
+
+	if (!t)
+		return NULL;
+#ifdef VNIC_HAVE_RFS_TABLE_LOG
+	*n = 1U << t->log;	/* 6.15 to 6.x: slot = hash_32(hash, log) */
+#else
+	*n = t->mask + 1;	/* up to 6.14: slot = hash & mask */
+#endif
+	return t->flows;
+#endif
+}
+
 /**
  * vnic_rmap_reset_kernel_rfs - make the kernel ask for every flow again
  * @ctx: an active context
@@ -104,61 +137,60 @@ fail:
  *
  * The tables are read and written by the receive path without a lock
  * (READ_ONCE/WRITE_ONCE) and freed through RCU when rps_flow_cnt is
- * rewritten: RCU read side here; ctx->lock only to look up a filter whose
- * id is allocated (the id xarray is read under RCU first), not once per
- * slot.
+ * rewritten. Each queue's table is done in chunks of VNIC_RFS_CHUNK slots
+ * (fewer when the hold has lasted VNIC_HOLD_BUDGET_NS),
+ * one RCU read section and one hold of ctx->lock each (the filter a slot
+ * names is looked up under the lock, so the answer holds while the slot is
+ * written), with a chance to reschedule between chunks: a table that was
+ * replaced meanwhile is taken up again at the same slot, in the new table.
  */
 void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx)
 {
 	struct net_device *dev = ctx->dev;
-	unsigned int i, j, n;
+	unsigned int i, j, start, end, n;
 
-	rcu_read_lock();
 	for (i = 0; i < dev->num_rx_queues; i++) {
-		struct netdev_rx_queue *q = dev->_rx + i;
-		struct rps_dev_flow *flows;
-#ifdef VNIC_HAVE_RPS_TAG_PTR
-		/* after 6.12: a tagged pointer (table | log2 size) */
-		rps_tag_ptr tp = READ_ONCE(q->rps_flow_table);
+		for (j = 0;; j = end) {
+			struct rps_dev_flow *flows;
 
-		if (!tp)
-			continue;
-		flows = rps_tag_to_table(tp);
-		n = rps_tag_to_mask(tp) + 1;
-#else
-		struct rps_dev_flow_table *t = rcu_dereference(q->rps_flow_table);
-
-		if (!t)
-			continue;
-		flows = t->flows;
-#ifdef VNIC_HAVE_RFS_TABLE_LOG
-		n = 1U << t->log;	/* 6.15 to 6.x: slot = hash_32(hash, log) */
-#else
-		n = t->mask + 1;	/* up to 6.14: slot = hash & mask */
-#endif
-#endif
-		for (j = 0; j < n; j++) {
-			u16 fid = READ_ONCE(flows[j].filter);
-
-			/*
-			 * Only an id that is allocated now can be ours: the
-			 * id xarray answers that under RCU, without ctx->lock
-			 * (6.12 leaves `filter` uninitialised in a fresh
-			 * table, so most slots hold some value). ctx->lock is
-			 * taken only for allocated ids, to see whether the
-			 * filter owns this very slot.
-			 */
-			if (fid != RPS_NO_FILTER) {
-				if (xa_load(&ctx->ids, fid) &&
-				    vnic_flt_owns_slot(ctx, fid, i, j))
-					continue;
-				WRITE_ONCE(flows[j].filter, RPS_NO_FILTER);
+			rcu_read_lock();
+			flows = vnic_rmap_rfs_table(dev, i, &n);
+			if (!flows || j >= n) {
+				rcu_read_unlock();
+				break;
 			}
-			if (READ_ONCE(flows[j].cpu) != RPS_NO_CPU)
-				WRITE_ONCE(flows[j].cpu, RPS_NO_CPU);
+			end = min(n, j + VNIC_RFS_CHUNK);
+			start = j;
+			vnic_lock_bh(ctx);
+			for (; j < end; j++) {
+				u16 fid;
+
+				/* a chunk also ends with the hold's time budget */
+				if (j > start && !(j & 63) && vnic_hold_spent(ctx)) {
+					end = j;
+					break;
+				}
+				fid = READ_ONCE(flows[j].filter);
+
+				/*
+				 * 6.12 leaves `filter` uninitialised in a fresh
+				 * table: most slots hold some value, and only a
+				 * live filter of ours for this very slot is kept.
+				 */
+				if (fid != RPS_NO_FILTER) {
+					if (vnic_flt_owns_slot_locked(ctx, fid, i, j))
+						continue;
+					WRITE_ONCE(flows[j].filter, RPS_NO_FILTER);
+				}
+				if (READ_ONCE(flows[j].cpu) != RPS_NO_CPU)
+					WRITE_ONCE(flows[j].cpu, RPS_NO_CPU);
+			}
+			ctx->c.rfs_reset_chunks++;
+			vnic_unlock_bh(ctx);
+			rcu_read_unlock();
+			cond_resched();
 		}
 	}
-	rcu_read_unlock();
 }
 
 /*
@@ -228,11 +260,11 @@ void vnic_rmap_check(struct vnic_ctx *ctx)
 	synchronize_net();
 	cpu_rmap_put(old);
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	ctx->c.rmap_rebuilds++;
 	vnic_flt_layout_changed_locked(ctx);
 	vnic_work_kick_locked(ctx);
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	vnic_rmap_warn_no_table(ctx, nq);
 }
 
@@ -240,21 +272,23 @@ void vnic_rmap_check(struct vnic_ctx *ctx)
  * vnic_rmap_reset_if_due - reset the kernel's RFS records after a layout change
  * @ctx: an active context (the work item)
  *
- * Once the layout change's FLUSH is acknowledged (no filter is FLUSHING, so
- * their ids are free), or at once when there was nothing to flush.
+ * Once the layout change's FLUSH is acknowledged and its filters reaped (no
+ * filter is FLUSHING or waiting to be freed, so their ids are free), or at
+ * once when there was nothing to flush.
  */
 void vnic_rmap_reset_if_due(struct vnic_ctx *ctx)
 {
 	bool due;
 
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	/* the layout walk is over and its FLUSH acknowledged */
-	due = ctx->rfs_reset_due && !ctx->layout_walk && !ctx->nr_flushing;
+	due = ctx->rfs_reset_due && !ctx->layout_walk && !ctx->nr_flushing &&
+	      !ctx->nr_reaping;
 	if (due) {
 		ctx->rfs_reset_due = false;
 		ctx->c.rfs_resets++;
 	}
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	if (due)
 		vnic_rmap_reset_kernel_rfs(ctx);
 }

@@ -33,6 +33,7 @@
 #include <linux/xarray.h>
 #include <linux/spinlock.h>
 #include <linux/completion.h>
+#include <linux/sched/clock.h>
 
 #include "vnic_proto.h"
 
@@ -99,6 +100,13 @@ enum {
  * CPU go: 65,535 filters take 256 holds of some tens of microseconds each.
  */
 #define VNIC_BULK_BATCH		256
+/*
+ * ... and a hold of a bulk job (the walk, the reaper, the RFS reset) also
+ * ends once it has lasted this long, whatever it has done: a debug kernel
+ * (KASAN, lockdep) under emulation takes hundreds of microseconds per
+ * filter, a native one well under one.
+ */
+#define VNIC_HOLD_BUDGET_NS	(200 * NSEC_PER_USEC)
 
 extern char *vnic_ifnames;
 extern unsigned int vnic_interval_ms;
@@ -231,6 +239,39 @@ struct vnic_counters {
 	u64 steer_walked;		/* flow-table entries compared by steer lookups */
 	/* ADD/DEL requests ACKed ok: first transmission to ACK, in us */
 	u64 ack_rtts, ack_rtt_min_us, ack_rtt_max_us;
+	u64 reaped;			/* filters freed by the work item (FLUSH, table loss) */
+	u64 reap_batches;		/* lock holds of vnic_flt_reap() */
+	u64 rfs_reset_chunks;		/* lock holds of vnic_rmap_reset_kernel_rfs() */
+};
+
+#define VNIC_HOLD_SITES		32
+
+/**
+ * struct vnic_hold_site - the holds of ctx->lock one function ended
+ * @at: the function (__func__), NULL for an unused entry
+ * @holds: holds it ended
+ * @over_2ms: of them, longer than 2 ms
+ * @max_ns: the longest
+ */
+struct vnic_hold_site {
+	const char *at;
+	u64 holds, over_2ms, max_ns;
+};
+
+/**
+ * struct vnic_holds - how long ctx->lock was held (debugfs lock_holds)
+ * @holds: holds timed since the last reset of these figures
+ * @over_1ms: holds longer than 1 ms
+ * @over_2ms: holds longer than 2 ms
+ * @max_ns: the longest hold, in ns (local_clock() of the holding CPU)
+ * @max_at: the function that ended it
+ * @sites: the same by the function that ended the hold (the first
+ *	VNIC_HOLD_SITES functions seen; the module has fewer)
+ */
+struct vnic_holds {
+	u64 holds, over_1ms, over_2ms, max_ns;
+	const char *max_at;
+	struct vnic_hold_site sites[VNIC_HOLD_SITES];
 };
 
 #define VNIC_RESET_LOG		4	/* window resets kept for debugfs */
@@ -381,7 +422,21 @@ struct vnic_ctx {
 	unsigned int layout_left;	/* live filters placed for the old layout */
 	unsigned int replay_left;	/* live filters the device lost */
 	bool layout_walk;		/* a layout change's walk is not over */
+	/*
+	 * Filters gone from the device whose ids and memory the work item
+	 * frees (vnic_flt_reap()), VNIC_BULK_BATCH per lock hold, so that the
+	 * ACK of a FLUSH or a table loss, in softirq, only moves lists:
+	 * reap_list (by ->node) holds FLUSHING filters (nr_reaping of them),
+	 * reap_del (by ->pend, ->pending still set) the DELETING filters a
+	 * table loss made moot. Until then they keep their ids.
+	 */
+	struct list_head reap_list;
+	struct list_head reap_del;
+	unsigned int nr_reaping;
+	unsigned int nr_flush_wait;	/* FLUSHING filters on flush_wait_list */
 	struct vnic_counters c;
+	u64 hold_t0;			/* local_clock() when ctx->lock was taken */
+	struct vnic_holds holds;
 	struct vnic_reset_log rlog;	/* debugfs resets */
 
 	u8 hello_buf[ETH_HLEN + VNIC_HDR_LEN + VNIC_HELLO_BODY];
@@ -390,6 +445,45 @@ struct vnic_ctx {
 };
 
 extern const char * const vnic_state_names[];
+
+/*
+ * ctx->lock, timed: every hold is measured from the moment it is taken to
+ * the moment it is let go (debugfs lock_holds), with local_clock() of the
+ * holding CPU (the lock disables preemption, so the CPU does not change).
+ * A bulk job must keep its holds short: these figures show that it does.
+ */
+void vnic_hold_end(struct vnic_ctx *ctx, const char *where);
+
+/* Whether the current hold of ctx->lock has used up VNIC_HOLD_BUDGET_NS. */
+static inline bool vnic_hold_spent(const struct vnic_ctx *ctx)
+{
+	return local_clock() - ctx->hold_t0 > VNIC_HOLD_BUDGET_NS;
+}
+
+#define vnic_lock_bh(ctx) do {				\
+		struct vnic_ctx *__c = (ctx);		\
+		spin_lock_bh(&__c->lock);		\
+		__c->hold_t0 = local_clock();		\
+	} while (0)
+#define vnic_unlock_bh(ctx) do {			\
+		struct vnic_ctx *__c = (ctx);		\
+		vnic_hold_end(__c, __func__);		\
+		spin_unlock_bh(&__c->lock);		\
+	} while (0)
+/*
+ * Where BHs are already off (softirq: steer calls, the packet handler;
+ * aRFS/kmod/check wants lockdep_assert_in_softirq() beside each).
+ */
+#define vnic_lock(ctx) do {				\
+		struct vnic_ctx *__c = (ctx);		\
+		spin_lock(&__c->lock);			\
+		__c->hold_t0 = local_clock();		\
+	} while (0)
+#define vnic_unlock(ctx) do {				\
+		struct vnic_ctx *__c = (ctx);		\
+		vnic_hold_end(__c, __func__);		\
+		spin_unlock(&__c->lock);		\
+	} while (0)
 
 /* ------------------------------------------------------------------------ */
 /* The work item: queue, kick, disable (compat for kernels before 6.10).     */
@@ -431,24 +525,24 @@ static inline void vnic_work_kick_locked(struct vnic_ctx *ctx)
 
 static inline void vnic_work_kick(struct vnic_ctx *ctx)
 {
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	vnic_work_kick_locked(ctx);
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 }
 
 static inline void vnic_work_queue(struct vnic_ctx *ctx, unsigned long delay)
 {
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	if (!ctx->work_off)
 		queue_delayed_work(vnic_wq, &ctx->work, delay);
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 }
 
 static inline void vnic_work_disable(struct vnic_ctx *ctx)
 {
-	spin_lock_bh(&ctx->lock);
+	vnic_lock_bh(ctx);
 	ctx->work_off = true;
-	spin_unlock_bh(&ctx->lock);
+	vnic_unlock_bh(ctx);
 	cancel_delayed_work_sync(&ctx->work);
 }
 #endif
@@ -477,6 +571,7 @@ void vnic_flt_queue_add_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
 void vnic_flt_free_locked(struct vnic_ctx *ctx, struct vnic_filter *f);
 void vnic_flt_layout_changed_locked(struct vnic_ctx *ctx);
 void vnic_flt_bulk(struct vnic_ctx *ctx);
+void vnic_flt_reap(struct vnic_ctx *ctx);
 void vnic_flt_flush_sent_locked(struct vnic_ctx *ctx, u32 seq);
 void vnic_flt_flush_acked_locked(struct vnic_ctx *ctx, u32 seq);
 void vnic_flt_flush_lost_locked(struct vnic_ctx *ctx);
@@ -485,7 +580,7 @@ void vnic_flt_add_acked_locked(struct vnic_ctx *ctx, u16 id, u16 rxq, u32 seq, i
 void vnic_flt_del_acked_locked(struct vnic_ctx *ctx, u16 id, u32 seq, int st);
 void vnic_flt_expire_locked(struct vnic_ctx *ctx, unsigned long now);
 void vnic_flt_reap_rejected_locked(struct vnic_ctx *ctx, unsigned long now);
-bool vnic_flt_owns_slot(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot);
+bool vnic_flt_owns_slot_locked(struct vnic_ctx *ctx, u16 id, unsigned int rxq, u32 slot);
 
 /* rmap.c */
 struct cpu_rmap *vnic_rmap_build(struct vnic_ctx *ctx, unsigned int nq,

@@ -467,7 +467,7 @@ fn main() -> ExitCode {
     // A kernel left out of --debug-kernel (or a custom kernel) runs the
     // debug-kind scenarios in its default boot.
     let kind_for = |s: &str, label: &str, custom: bool| match scenarios::boot_kind(s) {
-        BootKind::Debug
+        BootKind::Debug | BootKind::Timed
             if custom
                 || label.ends_with(build::DISTRO_SUFFIX)
                 || !args.debug_kernels.iter().any(|k| k == label) =>

@@ -25,6 +25,11 @@ pub struct QemuOptions {
     /// Ctrl-A escapes: Ctrl-A x quits) instead of `console.log`: for a
     /// shell in the guest (`vnic-guest-suite run --shell`).
     pub console_stdio: bool,
+    /// Under TCG, count instructions (`-icount shift=0`: the guest's
+    /// clocks advance 1 ns per instruction its vCPUs execute, one vCPU at
+    /// a time): guest time then measures work done, not the host's load.
+    /// No effect under KVM.
+    pub icount: bool,
 }
 
 impl Default for QemuOptions {
@@ -37,6 +42,7 @@ impl Default for QemuOptions {
             accel: std::env::var("VNIC_ACCEL").unwrap_or_else(|_| "auto".into()),
             reconnect_ms: Some(250),
             console_stdio: false,
+            icount: false,
         }
     }
 }
@@ -72,7 +78,19 @@ impl Qemu {
             "tcg" => super::accel::Accel::Tcg,
             _ => super::accel::resolve(&qemu_bin, bzimage),
         };
-        let accel: Vec<String> = accel.qemu_args().map(String::from).to_vec();
+        let accel: Vec<String> = match accel {
+            super::accel::Accel::Tcg if opts.icount => [
+                "-accel",
+                "tcg,thread=single",
+                "-icount",
+                "shift=0,sleep=on",
+                "-cpu",
+                "max",
+            ]
+            .map(String::from)
+            .to_vec(),
+            a => a.qemu_args().map(String::from).to_vec(),
+        };
         let mem = format!("{}M", opts.mem_mb);
         let q = opts.queues;
         let mut args: Vec<String> = vec!["-name".into(), "vnic-guest-test".into()];

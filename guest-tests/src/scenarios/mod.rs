@@ -108,6 +108,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::unload_rtnl },
     Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::stacked_ops },
     Scenario { name: "debugfs-65k",       boot: BootKind::Debug,   setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: stress::bigtable::debugfs_65k },
+    Scenario { name: "lock-holds",        boot: BootKind::Timed,   setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: stress::bigtable::lock_holds },
 ];
 
 /// Any number of queue pairs in use.
@@ -191,6 +192,11 @@ pub enum BootKind {
     Tap,
     /// The debug kernel variant (KASAN, lockdep, kmemleak) on the gen peer.
     Debug,
+    /// The debug kernel variant with instruction counting under TCG
+    /// (`QemuOptions::icount`): the guest's clock measures the work its
+    /// CPUs did, so a time the module measures (a lock hold) does not
+    /// include the host preempting a vCPU thread.
+    Timed,
 }
 
 impl BootKind {
@@ -198,7 +204,7 @@ impl BootKind {
     pub fn variant(self) -> &'static str {
         match self {
             BootKind::Default | BootKind::Tap => "default",
-            BootKind::Debug => "debug",
+            BootKind::Debug | BootKind::Timed => "debug",
         }
     }
 
@@ -208,6 +214,7 @@ impl BootKind {
             BootKind::Default => "",
             BootKind::Tap => "-tap",
             BootKind::Debug => "-debug",
+            BootKind::Timed => "-debug-icount",
         }
     }
 }

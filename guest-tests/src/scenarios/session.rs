@@ -202,6 +202,16 @@ impl Session {
         art: Artifacts,
         kind: BootKind,
     ) -> Result<Self, BootError> {
+        // One vCPU: under instruction counting the vCPUs take turns, and a
+        // lock held on one would be charged the others' turns.
+        let settings = if kind == BootKind::Timed {
+            Settings {
+                cpus: 1,
+                ..settings
+            }
+        } else {
+            settings
+        };
         let (kos, module_error) = match build::module(&kernel.kdir, &art.path("kmod-build")) {
             Ok(kos) => (kos, None),
             Err(e) => (Vec::new(), Some(e.0)),
@@ -231,14 +241,14 @@ impl Session {
             queues: settings.queues,
             ..VnicOptions::default()
         };
-        if kind == BootKind::Debug {
-            // debugfs-65k fills the protocol's whole id space.
+        if matches!(kind, BootKind::Debug | BootKind::Timed) {
+            // debugfs-65k and lock-holds fill the protocol's whole id space.
             vnic.extra
                 .extend(["--table-capacity".to_string(), "65535".to_string()]);
         }
         let tapnet = match kind {
             BootKind::Tap => Some(stress::TapNet::create(&mut vnic)?),
-            BootKind::Default | BootKind::Debug => None,
+            BootKind::Default | BootKind::Debug | BootKind::Timed => None,
         };
         let spec = BootSpec {
             kernel: &kernel,
@@ -250,6 +260,7 @@ impl Session {
                 queues: settings.queues,
                 append,
                 console_stdio: settings.shell,
+                icount: kind == BootKind::Timed,
                 ..QemuOptions::default()
             },
             boot_timeout: settings.boot_timeout,

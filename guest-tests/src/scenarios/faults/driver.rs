@@ -126,7 +126,7 @@ impl Session {
         Ok(r.stdout)
     }
 
-    fn set_ntuple(&mut self, on: bool) -> Result<bool> {
+    pub(in crate::scenarios) fn set_ntuple(&mut self, on: bool) -> Result<bool> {
         self.guest.agent.req(Request::SetFeature {
             ifname: IFNAME.into(),
             feature: "rx-ntuple-filter".into(),

@@ -13,8 +13,16 @@
 //! the same number of filters, every dump lists each of them once, traffic
 //! keeps flowing during the dumps, and the kernel reports nothing (the
 //! session's log check: lockdep, KASAN, RCU stalls).
+//!
+//! `lock-holds`: the same full table, then the module's bulk jobs on it —
+//! a table loss (the daemon restarted: every filter replayed), NTUPLE off
+//! (one FLUSH of every filter; its ACK hands them to the work item, which
+//! frees them in batches) and NTUPLE on (the kernel's RFS tables reset in
+//! chunks) — each with no hold of the module's lock over [`HOLD_MAX`], by
+//! the module's own figure (debugfs `lock_holds`, reset before each job).
 
 use super::{light_workload, Checks, Session, IFNAME};
+use crate::ensure;
 use crate::harness::{wait_for, Context, Result};
 use crate::module::{DEBUGFS_DIR, PARAMS_DIR};
 use crate::proto::Request;
@@ -34,6 +42,13 @@ const DUMPS: usize = 3;
 const MIN_WINDOW: Duration = Duration::from_millis(500);
 /// but never more than this many.
 const MAX_DUMPS: usize = 64;
+
+/// The longest hold of the module's lock a bulk job may take (issue 46:
+/// "without a lock hold over 2 ms"). The figure is the guest's own clock
+/// around each hold, so a vCPU the host preempts inside a hold counts
+/// against it: the batches are sized to stay far below it (the holds'
+/// maximum is printed with the function that ended it).
+const HOLD_MAX: Duration = Duration::from_millis(2);
 
 /// A `name value` line of a debugfs file.
 fn field(text: &str, name: &str) -> Option<u64> {
@@ -181,4 +196,193 @@ pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<S
         dump_ms.iter().min().unwrap_or(&0),
         dump_ms.iter().max().unwrap_or(&0)
     ))
+}
+
+/// What debugfs `lock_holds` says.
+struct Holds {
+    count: u64,
+    over_2ms: u64,
+    max_ns: u64,
+    max_at: String,
+    /// `function holds/over_2ms/max_us` of each function that ended holds
+    /// over 2 ms.
+    long_at: Vec<String>,
+}
+
+fn read_holds(s: &mut Session, dir: &str) -> Result<Holds> {
+    let text = s.guest.agent.read_file(&format!("{dir}/lock_holds"))?;
+    let num =
+        |k: &str| field(&text, k).ok_or_else(|| format!("no `{k}` in {dir}/lock_holds: {text}"));
+    Ok(Holds {
+        count: num("holds")?,
+        over_2ms: num("over_2ms")?,
+        max_ns: num("max_ns")?,
+        max_at: text
+            .lines()
+            .find_map(|l| l.strip_prefix("max_at "))
+            .unwrap_or("?")
+            .to_string(),
+        long_at: text
+            .lines()
+            .filter_map(|l| {
+                let words: Vec<&str> = l.split(' ').collect();
+                match words[..] {
+                    ["at", func, "holds", holds, "over_2ms", over, "max_ns", max]
+                        if over != "0" =>
+                    {
+                        Some(format!(
+                            "{func} {over}/{holds} max {}us",
+                            max.parse::<u64>().unwrap_or(0) / 1000
+                        ))
+                    }
+                    _ => None,
+                }
+            })
+            .collect(),
+    })
+}
+
+/// One bulk job between a reset of `lock_holds` and a read of it: no hold
+/// over [`HOLD_MAX`]. Returns the job's figure.
+fn timed_job(
+    s: &mut Session,
+    c: &mut Checks,
+    dir: &str,
+    what: &str,
+    job: impl FnOnce(&mut Session, &mut Checks) -> Result<String>,
+) -> Result<String> {
+    s.guest
+        .agent
+        .write_file(&format!("{dir}/lock_holds"), "0")?;
+    let t = Instant::now();
+    let done = job(s, c)?;
+    let took = t.elapsed();
+    let h = read_holds(s, dir)?;
+    let max = Duration::from_nanos(h.max_ns);
+    c.check(h.over_2ms == 0 && max <= HOLD_MAX, || {
+        format!(
+            "{what}: {} of {} holds of the module's lock over {HOLD_MAX:?}, the longest {max:?} (ended in {}); by function: {}",
+            h.over_2ms,
+            h.count,
+            h.max_at,
+            h.long_at.join(", ")
+        )
+    });
+    Ok(format!(
+        "{what}: {done} in {:.1}s, {} holds, max {}us ({})",
+        took.as_secs_f64(),
+        h.count,
+        h.max_ns / 1000,
+        h.max_at
+    ))
+}
+
+/// A number of the module's `counters` or `state` file.
+fn module_field(s: &mut Session, dir: &str, file: &str, name: &str) -> Result<u64> {
+    let text = s.guest.agent.read_file(&format!("{dir}/{file}"))?;
+    field(&text, name).ok_or_else(|| format!("no `{name}` in {dir}/{file}: {text}").into())
+}
+
+pub(in super::super) fn lock_holds(s: &mut Session, c: &mut Checks) -> Result<String> {
+    let target = s.boot_capacity.min(MAX_FILTERS);
+    let want = u64::from(target);
+    s.ensure_module()?;
+    s.guest
+        .agent
+        .write_file(&format!("{PARAMS_DIR}/expire_quota"), "0")?;
+    // Traffic meanwhile (on the timed boot's one CPU the kernel steers
+    // nothing: the table is the helper's).
+    light_workload(s)?;
+    let dir = format!("{DEBUGFS_DIR}/{IFNAME}");
+    let flowgen = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
+    s.guest
+        .agent
+        .call_value(
+            &Request::ModuleLoad {
+                path: flowgen,
+                params: format!("ifname={IFNAME} count={target}"),
+            },
+            Duration::from_mins(5),
+        )
+        .ctx("loading vnic_flowgen.ko")?;
+    let ctl = &mut s.guest.ctl;
+    wait_for(
+        Duration::from_mins(5),
+        &format!("the device to hold {want} filters"),
+        || Ok((ctl.stats()?.table.live >= want).then_some(())),
+    )?;
+    let mut figures = Vec::new();
+
+    // Table loss: a new daemon, a new generation, every filter replayed.
+    figures.push(timed_job(s, c, &dir, "table loss", |s, _| {
+        let replays = module_field(s, &dir, "counters", "replays")?;
+        s.guest.restart_vnic(Duration::from_millis(500))?;
+        s.gen_running = false;
+        s.gen_sets.clear();
+        s.trace_mark = 0;
+        let mut live = 0;
+        wait_for(
+            Duration::from_mins(5),
+            &format!("the new daemon to hold the {want} replayed filters"),
+            || {
+                live = s.guest.ctl.stats()?.table.live;
+                Ok(
+                    (live >= want && module_field(s, &dir, "counters", "replays")? > replays)
+                        .then_some(()),
+                )
+            },
+        )?;
+        Ok(format!("{live} filters replayed"))
+    })?);
+    // The restart took the generator's flow sets: a new light workload
+    // (and delivery mark) for the rest.
+    light_workload(s)?;
+
+    // NTUPLE off: one FLUSH of the whole table; its ACK hands every
+    // filter to the work item, which frees them in batches.
+    figures.push(timed_job(s, c, &dir, "ntuple off", |s, c| {
+        let reaped = module_field(s, &dir, "counters", "reaped")?;
+        ensure!(
+            !s.set_ntuple(false)?,
+            "rx-ntuple-filter still on after turning it off"
+        );
+        wait_for(
+            Duration::from_mins(2),
+            "the FLUSH to be acknowledged and every id freed",
+            || Ok((module_field(s, &dir, "state", "ids")? == 0).then_some(())),
+        )?;
+        let n = module_field(s, &dir, "counters", "reaped")? - reaped;
+        let batches = module_field(s, &dir, "counters", "reap_batches")?;
+        c.check(n >= want, || {
+            format!("the work item freed {n} filters after the FLUSH, want >= {want}")
+        });
+        Ok(format!(
+            "{n} filters flushed and freed ({batches} batches in all)"
+        ))
+    })?);
+
+    // NTUPLE on: the kernel's RFS tables reset, in chunks.
+    figures.push(timed_job(s, c, &dir, "ntuple on", |s, _| {
+        let resets = module_field(s, &dir, "counters", "rfs_resets")?;
+        let chunks = module_field(s, &dir, "counters", "rfs_reset_chunks")?;
+        ensure!(
+            s.set_ntuple(true)?,
+            "rx-ntuple-filter did not turn on again"
+        );
+        wait_for(
+            Duration::from_secs(30),
+            "the RFS tables to be reset",
+            || Ok((module_field(s, &dir, "counters", "rfs_resets")? > resets).then_some(())),
+        )?;
+        let n = module_field(s, &dir, "counters", "rfs_reset_chunks")? - chunks;
+        Ok(format!("RFS tables reset in {n} chunks"))
+    })?);
+
+    let _ = s.guest.agent.call_value(
+        &Request::ModuleUnload {
+            name: "vnic_flowgen".into(),
+        },
+        Duration::from_secs(30),
+    );
+    Ok(format!("filters={want}; {}", figures.join("; ")))
 }
