@@ -115,6 +115,30 @@ static struct rps_dev_flow *vnic_rmap_rfs_table(struct net_device *dev, unsigned
 #endif
 }
 
+/*
+ * One slot of the reset, ctx->lock held. A slot that names a live filter of
+ * ours for this very queue and slot is kept. Otherwise the first sweep
+ * clears its filter id, the second its CPU: 6.12 leaves `filter`
+ * uninitialised in a fresh table (most slots hold some value), and on 7.x
+ * a flow asks again only when its arrival slot's CPU differs, and is then
+ * skipped (for good: its CPU is recorded) if the slot of its target queue
+ * still names an active-looking filter, which must therefore be gone first.
+ */
+static void vnic_rmap_reset_slot(struct vnic_ctx *ctx, struct rps_dev_flow *slot,
+				 unsigned int rxq, unsigned int j, unsigned int sweep)
+{
+	u16 fid = READ_ONCE(slot->filter);
+
+	if (fid != RPS_NO_FILTER && vnic_flt_owns_slot_locked(ctx, fid, rxq, j))
+		return;
+	if (sweep == 0) {
+		if (fid != RPS_NO_FILTER)
+			WRITE_ONCE(slot->filter, RPS_NO_FILTER);
+	} else if (READ_ONCE(slot->cpu) != RPS_NO_CPU) {
+		WRITE_ONCE(slot->cpu, RPS_NO_CPU);
+	}
+}
+
 /**
  * vnic_rmap_reset_kernel_rfs - make the kernel ask for every flow again
  * @ctx: an active context
@@ -137,58 +161,48 @@ static struct rps_dev_flow *vnic_rmap_rfs_table(struct net_device *dev, unsigned
  *
  * The tables are read and written by the receive path without a lock
  * (READ_ONCE/WRITE_ONCE) and freed through RCU when rps_flow_cnt is
- * rewritten. Each queue's table is done in chunks of VNIC_RFS_CHUNK slots
- * (fewer when the hold has lasted VNIC_HOLD_BUDGET_NS),
- * one RCU read section and one hold of ctx->lock each (the filter a slot
- * names is looked up under the lock, so the answer holds while the slot is
- * written), with a chance to reschedule between chunks: a table that was
- * replaced meanwhile is taken up again at the same slot, in the new table.
+ * rewritten. The tables are swept twice, filter ids first, then CPUs (see
+ * vnic_rmap_reset_slot(): a flow that asks again must not meet a stale
+ * filter id on its target queue that a later chunk would have cleared).
+ * Each queue's table is done in chunks of VNIC_RFS_CHUNK slots (fewer when
+ * the hold has lasted VNIC_HOLD_BUDGET_NS), one RCU read section and one
+ * hold of ctx->lock each (the filter a slot names is looked up under the
+ * lock, so the answer holds while the slot is written), with a chance to
+ * reschedule between chunks: a table that was replaced meanwhile is taken
+ * up again at the same slot, in the new table.
  */
 void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx)
 {
 	struct net_device *dev = ctx->dev;
-	unsigned int i, j, start, end, n;
+	unsigned int i, j, start, end, n, sweep;
 
-	for (i = 0; i < dev->num_rx_queues; i++) {
-		for (j = 0;; j = end) {
-			struct rps_dev_flow *flows;
+	for (sweep = 0; sweep < 2; sweep++) {
+		for (i = 0; i < dev->num_rx_queues; i++) {
+			for (j = 0;; j = end) {
+				struct rps_dev_flow *flows;
 
-			rcu_read_lock();
-			flows = vnic_rmap_rfs_table(dev, i, &n);
-			if (!flows || j >= n) {
-				rcu_read_unlock();
-				break;
-			}
-			end = min(n, j + VNIC_RFS_CHUNK);
-			start = j;
-			vnic_lock_bh(ctx);
-			for (; j < end; j++) {
-				u16 fid;
-
-				/* a chunk also ends with the hold's time budget */
-				if (j > start && !(j & 63) && vnic_hold_spent(ctx)) {
-					end = j;
+				rcu_read_lock();
+				flows = vnic_rmap_rfs_table(dev, i, &n);
+				if (!flows || j >= n) {
+					rcu_read_unlock();
 					break;
 				}
-				fid = READ_ONCE(flows[j].filter);
-
-				/*
-				 * 6.12 leaves `filter` uninitialised in a fresh
-				 * table: most slots hold some value, and only a
-				 * live filter of ours for this very slot is kept.
-				 */
-				if (fid != RPS_NO_FILTER) {
-					if (vnic_flt_owns_slot_locked(ctx, fid, i, j))
-						continue;
-					WRITE_ONCE(flows[j].filter, RPS_NO_FILTER);
+				end = min(n, j + VNIC_RFS_CHUNK);
+				start = j;
+				vnic_lock_bh(ctx);
+				for (; j < end; j++) {
+					/* a chunk also ends with the hold's time budget */
+					if (j > start && !(j & 63) && vnic_hold_spent(ctx)) {
+						end = j;
+						break;
+					}
+					vnic_rmap_reset_slot(ctx, &flows[j], i, j, sweep);
 				}
-				if (READ_ONCE(flows[j].cpu) != RPS_NO_CPU)
-					WRITE_ONCE(flows[j].cpu, RPS_NO_CPU);
+				ctx->c.rfs_reset_chunks++;
+				vnic_unlock_bh(ctx);
+				rcu_read_unlock();
+				cond_resched();
 			}
-			ctx->c.rfs_reset_chunks++;
-			vnic_unlock_bh(ctx);
-			rcu_read_unlock();
-			cond_resched();
 		}
 	}
 }

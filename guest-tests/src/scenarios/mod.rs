@@ -104,6 +104,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::hostile::hostile_mgmt },
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::device_restart },
     Scenario { name: "tcp-tap",           boot: BootKind::Tap,     setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::tap::tcp_tap },
+    Scenario { name: "spoof-tap",         boot: BootKind::Tap,     setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::spoof::spoof_tap },
     Scenario { name: "unload-reload",     boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::unload_reload },
     Scenario { name: "unload-rtnl",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::unload_rtnl },
     Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::stacked_ops },

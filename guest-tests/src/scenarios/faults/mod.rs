@@ -88,7 +88,11 @@ pub(super) fn table_of(t: &Table) -> Result<DevTable> {
     Ok(m)
 }
 
-fn delta(after: &ModuleCounters, before: &ModuleCounters, name: &str) -> u64 {
+pub(in crate::scenarios) fn delta(
+    after: &ModuleCounters,
+    before: &ModuleCounters,
+    name: &str,
+) -> u64 {
     after.get(name).saturating_sub(before.get(name))
 }
 

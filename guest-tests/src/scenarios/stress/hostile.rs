@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use vnic_ctl_proto::Stats;
 
 /// The guest NIC's MAC as bytes.
-fn guest_mac() -> [u8; 6] {
+pub(super) fn guest_mac() -> [u8; 6] {
     let mut m = [0u8; 6];
     for (i, p) in crate::harness::qemu::GUEST_MAC
         .split(':')

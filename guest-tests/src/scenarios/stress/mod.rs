@@ -14,8 +14,12 @@
 //! - `debugfs-65k`: on the debug kernel, 65,535 filters dumped through
 //!   debugfs under traffic.
 //!
+//! - `spoof-tap`: forged management frames from the tap peer's side (in
+//!   802.1ad, QinQ, VID-0 or 0x9100 tags, bare, to another station): the
+//!   device drops and counts each, the module never sees one.
+//!
 //! `hostile-mgmt` is in `hostile.rs`, `tcp-tap` in `tap.rs`, `debugfs-65k`
-//! in `bigtable.rs`; this file has
+//! and `lock-holds` in `bigtable.rs`, `spoof-tap` in `spoof.rs`; this file has
 //! the group's helpers, `device-restart` and `unload-reload`.
 
 use super::faults::{table_of, DevTable};
@@ -31,6 +35,7 @@ use vnic_ctl_proto::Stats;
 
 pub(super) mod bigtable;
 pub(super) mod hostile;
+pub(super) mod spoof;
 pub(super) mod tap;
 
 pub(super) use tap::TapNet;
