@@ -47,6 +47,7 @@ pub mod shard;
 pub mod slots;
 mod stress;
 pub mod topology;
+mod tracecheck;
 mod workload;
 
 use session::Checks;
