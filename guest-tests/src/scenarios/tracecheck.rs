@@ -17,7 +17,8 @@
 //!   of a REPLACE, the `flow`/`rxq` of a DEL and an evict name the entry
 //!   the earlier lines installed; an `unknown_del` names no live id; a
 //!   `reset` counts the evicts before it and leaves nothing live; each
-//!   `gen_change`'s `prev_gen` is the generation the one before set; an
+//!   `gen_change`'s `prev_gen` is the generation the one before set, and
+//!   every table, ack and bad_frame line carries that generation; an
 //!   `ack`'s `count` and `statuses` (in op order) agree with its request's
 //!   lines.
 //! - [`counts_verdict`]: the `gen_change` and `mgmt_drop` lines against the
@@ -266,6 +267,22 @@ pub(super) fn replay_verdict(records: &[TraceRecord]) -> Verdict {
     let mut last_gen: Option<u32> = None;
     for (i, r) in records.iter().enumerate() {
         let entry = |id: Option<u16>| id.and_then(|id| live.get(&id).copied());
+        // A table line is written under the management lock, as is a
+        // generation change: it carries the generation of the last one.
+        // (A worker's mgmt_drop line reads it without the lock.)
+        if let (Some(g), false) = (
+            last_gen,
+            matches!(r.event, EventKind::GenChange | EventKind::MgmtDrop),
+        ) {
+            v.judged("gen");
+            if r.gen != g {
+                v.findings.push(format!(
+                    "line {i}: {} carries gen {}; the last gen_change set {g}",
+                    kind(r.event),
+                    r.gen
+                ));
+            }
+        }
         match r.event {
             EventKind::Add => {
                 if let Some(id) = r.id {
@@ -811,8 +828,9 @@ mod tests {
         ];
         let v = replay_verdict(&good);
         assert!(v.findings.is_empty(), "{v:?}");
-        assert_eq!(v.checked.len(), 4, "{v:?}");
-        let planted: [(usize, fn(&mut TraceRecord)); 5] = [
+        assert_eq!(v.checked.len(), 5, "{v:?}");
+        let planted: [(usize, fn(&mut TraceRecord)); 6] = [
+            (1, |r| r.gen = 2),
             (4, |r| r.prev_gen = Some(7)),
             (6, |r| r.count = Some(2)),
             (3, |r| {
