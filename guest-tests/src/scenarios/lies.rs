@@ -12,7 +12,7 @@
 //!   the trace checks (`tracecheck.rs`) must name every flow whose filter
 //!   moved, and no other.
 
-use super::{Checks, Session};
+use super::{Checks, Flow, Session};
 use crate::harness::Result;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -52,17 +52,20 @@ fn exactly(c: &mut Checks, check: &str, named: &BTreeSet<u16>, want: &BTreeSet<u
     )
 }
 
-/// The steering workload of a fault scenario, warmed up: every flow that
-/// needs a filter has it (the device's table), plus a second.
-fn steered_workload(s: &mut Session) -> Result<()> {
-    s.ensure_module()?;
-    let flows = s.steering_flows(s.settings.flows)?;
-    s.udp_start(&flows)?;
-    s.flows = flows;
-    s.start_mark()?;
-    s.start_gen_per_flow(s.settings.rate)?;
-    s.wait_steered(&BTreeSet::new())?;
-    std::thread::sleep(Duration::from_secs(1));
+/// The device's table has every flow `which` picks on its receiver's
+/// queue: failures to `c`.
+fn filters_in_place(s: &mut Session, c: &mut Checks, which: impl Fn(&Flow) -> bool) -> Result<()> {
+    let table = s.device_filters()?;
+    for f in s.flows.iter().filter(|f| which(f)) {
+        c.check(table.get(&f.key).is_some_and(|t| t.1 == f.rx_q), || {
+            format!(
+                "flow :{}: the device's table has {:?}, not a filter to q{}",
+                f.local_port,
+                table.get(&f.key),
+                f.rx_q
+            )
+        });
+    }
     Ok(())
 }
 
@@ -70,7 +73,7 @@ fn steered_workload(s: &mut Session) -> Result<()> {
 pub(super) fn delay_effect(s: &mut Session, c: &mut Checks) -> Result<String> {
     let before = s.guest.ctl.stats()?;
     s.guest.ctl.set("delay_effect_ms", DELAY_MS)?;
-    let run = steered_workload(s);
+    let run = s.fault_workload();
     let off = s.guest.ctl.set("delay_effect_ms", 0);
     run?;
     off?;
@@ -89,6 +92,7 @@ pub(super) fn delay_effect(s: &mut Session, c: &mut Checks) -> Result<String> {
 
     // The device's own figures: every filter where it should be, every
     // hit counted as delivered by a filter.
+    filters_in_place(s, c, Flow::needs_filter)?;
     let table = s.device_filters()?;
     let want: BTreeSet<u16> = s
         .flows
@@ -96,16 +100,6 @@ pub(super) fn delay_effect(s: &mut Session, c: &mut Checks) -> Result<String> {
         .filter(|f| f.needs_filter())
         .map(|f| f.local_port)
         .collect();
-    for f in s.flows.iter().filter(|f| f.needs_filter()) {
-        c.check(table.get(&f.key).is_some_and(|t| t.1 == f.rx_q), || {
-            format!(
-                "flow :{}: the device's table has {:?}, not a filter to q{}",
-                f.local_port,
-                table.get(&f.key),
-                f.rx_q
-            )
-        });
-    }
     let d = |g: fn(&vnic_ctl_proto::Stats) -> u64| g(&after).saturating_sub(g(&before));
     let hits: u64 = table.values().map(|t| t.2).sum();
     let rx_filter: u64 = after
@@ -130,7 +124,7 @@ pub(super) fn delay_effect(s: &mut Session, c: &mut Checks) -> Result<String> {
 
 /// `wrong-trace`: see the module's doc.
 pub(super) fn wrong_trace(s: &mut Session, c: &mut Checks) -> Result<String> {
-    steered_workload(s)?;
+    s.fault_workload()?;
     let before = s.device_filters()?;
     let had: BTreeSet<arfs::FlowKey> = before.keys().copied().collect();
     let traced0 = s.guest.ctl.stats()?.mgmt.wrong_traced;
@@ -153,17 +147,7 @@ pub(super) fn wrong_trace(s: &mut Session, c: &mut Checks) -> Result<String> {
         .map(|f| f.local_port)
         .collect();
     // The device's own figures: every filter where the guest wants it.
-    let table = s.device_filters()?;
-    for f in s.flows.iter().filter(|f| had.contains(&f.key)) {
-        c.check(table.get(&f.key).is_some_and(|t| t.1 == f.rx_q), || {
-            format!(
-                "flow :{}: the device's table has {:?}, not a filter to q{}",
-                f.local_port,
-                table.get(&f.key),
-                f.rx_q
-            )
-        });
-    }
+    filters_in_place(s, c, |f| had.contains(&f.key))?;
     c.check(falsified as usize >= want.len() && !want.is_empty(), || {
         format!(
             "mgmt.wrong_traced +{falsified} for {} flows re-steered to another queue",

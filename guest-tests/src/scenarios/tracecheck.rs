@@ -246,7 +246,7 @@ pub(super) fn guest_verdict(records: &[TraceRecord], flows: &[GuestFlow]) -> Ver
 }
 
 /// A flow's port for messages (its destination port: the guest's side).
-fn port(k: &Option<FlowKey>) -> String {
+fn port(k: Option<&FlowKey>) -> String {
     k.map_or("?".into(), |k| format!(":{}", k.dst_port()))
 }
 
@@ -254,7 +254,7 @@ fn port(k: &Option<FlowKey>) -> String {
 fn entry_text(id: Option<u16>, e: Option<(Option<FlowKey>, Option<u16>)>) -> String {
     let opt = |x: Option<u16>| x.map_or("?".into(), |x| x.to_string());
     match e {
-        Some((f, q)) => format!("id {} flow {} on q{}", opt(id), port(&f), opt(q)),
+        Some((f, q)) => format!("id {} flow {} on q{}", opt(id), port(f.as_ref()), opt(q)),
         None => format!("no live id {}", opt(id)),
     }
 }
@@ -294,7 +294,7 @@ pub(super) fn replay_verdict(records: &[TraceRecord]) -> Verdict {
                 if entry(r.prev_id) != Some((r.prev_flow, r.prev_rxq)) {
                     v.findings.push(format!(
                         "line {i}: REPLACE of flow {} names its predecessor {} (prev_rxq); the trace's own history has {}",
-                        port(&r.flow),
+                        port(r.flow.as_ref()),
                         entry_text(r.prev_id, Some((r.prev_flow, r.prev_rxq))),
                         entry_text(r.prev_id, entry(r.prev_id))
                     ));
@@ -485,6 +485,10 @@ impl Counts {
     }
 }
 
+/// One row of [`counts_verdict`]: (lines of a kind, their count, the
+/// device's counter for them).
+type CountRow = (&'static str, u64, fn(&Counts) -> u64);
+
 /// See the module's doc. `records`: the whole trace, read after `before`
 /// and before `after` (so each count lies between the two readings);
 /// `module_gen`: the module's `generation_changes` since it was loaded,
@@ -514,33 +518,14 @@ pub(super) fn counts_verdict(
         .iter()
         .filter(|r| r.event == EventKind::GenChange && r.reason.as_deref() != Some("start"))
         .count() as u64;
-    let rows: [(&'static str, u64, fn(&Counts) -> u64); 6] = [
+    #[rustfmt::skip]
+    let rows: [CountRow; 6] = [
         ("gen_change", gens, |c| c.gen_changes),
-        (
-            "mgmt_drop to_device loss",
-            drops(Direction::ToDevice, "loss"),
-            |c| c.loss_to_device,
-        ),
-        (
-            "mgmt_drop to_driver loss",
-            drops(Direction::ToDriver, "loss"),
-            |c| c.loss_to_driver,
-        ),
-        (
-            "mgmt_drop out_of_order",
-            drops(Direction::ToDevice, "out_of_order"),
-            |c| c.out_of_order,
-        ),
-        (
-            "mgmt_drop duplicate",
-            drops(Direction::ToDevice, "duplicate"),
-            |c| c.duplicate,
-        ),
-        (
-            "mgmt_drop spoofed",
-            drops(Direction::ToDriver, "spoofed"),
-            |c| c.spoofed,
-        ),
+        ("mgmt_drop to_device loss", drops(Direction::ToDevice, "loss"), |c| c.loss_to_device),
+        ("mgmt_drop to_driver loss", drops(Direction::ToDriver, "loss"), |c| c.loss_to_driver),
+        ("mgmt_drop out_of_order", drops(Direction::ToDevice, "out_of_order"), |c| c.out_of_order),
+        ("mgmt_drop duplicate", drops(Direction::ToDevice, "duplicate"), |c| c.duplicate),
+        ("mgmt_drop spoofed", drops(Direction::ToDriver, "spoofed"), |c| c.spoofed),
     ];
     for (what, lines, get) in rows {
         v.judged(what);
@@ -705,46 +690,17 @@ mod tests {
     #[test]
     fn each_wrong_field_is_named_with_its_flow() {
         type Plant = fn(&mut Vec<TraceRecord>);
+        #[rustfmt::skip]
         let cases: &[(&str, Plant, usize, usize, &str)] = &[
             ("nothing", |_| {}, 0, 0, ""),
             // wrong_trace: the new queue as prev_rxq (its hits are then
             // read on the wrong queue too).
-            (
-                "prev_rxq",
-                |v| v[2].prev_rxq = Some(2),
-                2,
-                1,
-                "prev_rxq q2; the guest saw the flow on q1",
-            ),
-            (
-                "add rxq",
-                |v| v[1].rxq = Some(3),
-                1,
-                1,
-                "ADD at 500.0 ms gives rxq q3",
-            ),
-            (
-                "replace rxq",
-                |v| v[2].rxq = Some(0),
-                1,
-                1,
-                "REPLACE at 1500.0 ms gives rxq q0",
-            ),
+            ("prev_rxq", |v| v[2].prev_rxq = Some(2), 2, 1, "prev_rxq q2; the guest saw the flow on q1"),
+            ("add rxq", |v| v[1].rxq = Some(3), 1, 1, "ADD at 500.0 ms gives rxq q3"),
+            ("replace rxq", |v| v[2].rxq = Some(0), 1, 1, "REPLACE at 1500.0 ms gives rxq q0"),
             ("del hits", |v| v[3].hits = Some(10), 1, 0, "had 10 hits"),
-            (
-                "del rxq",
-                |v| v[3].rxq = Some(1),
-                1,
-                1,
-                "filter 5 on q1 had 46 hits",
-            ),
-            (
-                "replace hits",
-                |v| v[2].hits = Some(90),
-                1,
-                0,
-                "had 90 hits",
-            ),
+            ("del rxq", |v| v[3].rxq = Some(1), 1, 1, "filter 5 on q1 had 46 hits"),
+            ("replace hits", |v| v[2].hits = Some(90), 1, 0, "had 90 hits"),
             // Within the datagrams in flight: 31/s, 2 x (2 + 1).
             ("hits in flight", |v| v[3].hits = Some(52), 0, 0, ""),
         ];
@@ -791,6 +747,9 @@ mod tests {
         assert_eq!(g.checked.get("hits"), Some(&1), "{g:?}");
     }
 
+    /// A change to one trace line.
+    type LinePlant = fn(&mut TraceRecord);
+
     #[test]
     fn the_replay_checks_generations_resets_and_acks() {
         let k = key(20001);
@@ -829,12 +788,12 @@ mod tests {
         let v = replay_verdict(&good);
         assert!(v.findings.is_empty(), "{v:?}");
         assert_eq!(v.checked.len(), 5, "{v:?}");
-        let planted: [(usize, fn(&mut TraceRecord)); 6] = [
+        let planted: [(usize, LinePlant); 6] = [
             (1, |r| r.gen = 2),
             (4, |r| r.prev_gen = Some(7)),
             (6, |r| r.count = Some(2)),
             (3, |r| {
-                r.statuses = Some(vec![OpStatus::TableFull, OpStatus::Ok])
+                r.statuses = Some(vec![OpStatus::TableFull, OpStatus::Ok]);
             }),
             (3, |r| r.count = Some(3)),
             (5, |r| r.rxq = Some(0)),
