@@ -39,8 +39,8 @@ use std::collections::BTreeMap;
 
 /// One run of a flow's datagrams on one rx queue (the agent's `PathSeg`
 /// with its NAPI id mapped to the queue).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Seg {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Seg {
     pub q: usize,
     pub first: u64,
     pub last: u64,
