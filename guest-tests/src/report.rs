@@ -194,6 +194,14 @@ fn fmt_us(v: Option<f64>) -> String {
     out
 }
 
+/// ACK->guest: median / p99 ms of a point's "ACK to first steered frame".
+fn ack_cell(p: Option<&CollisionPoint>) -> String {
+    match p.and_then(|p| p.ack_to_first.as_ref()).filter(|a| a.n > 0) {
+        Some(a) => format!("{:.1} / {:.1}", a.p50_ms, a.p99_ms),
+        None => "-".into(),
+    }
+}
+
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 && a / b < 10.0 => format!("{:.1}x", a / b),
@@ -258,7 +266,10 @@ pub fn write_report(
          (patch: {:.0}-{:.0} us old, {:.0}-{:.0} us new); ours is the mean round trip of the \
          workload's own datagrams, stamped and timed by the device and echoed by the guest's \
          receivers, under TCG emulation: compare old against new at the same rps_flow_cnt, \
-         not against the patch's microseconds.\n",
+         not against the patch's microseconds. ACK->guest (ours only): Latency's guest-side \
+         twin, from each ADD's or REPLACE's trace time (its ACK) to the first frame of the \
+         flow the guest got on the queue it names, median and p99 in ms over the point's \
+         lines (`-` for runs before it).\n",
         PATCH
             .iter()
             .filter(|r| !r.new_code)
@@ -294,11 +305,11 @@ pub fn write_report(
         let _ = writeln!(md, "## {title}\n");
         let _ = writeln!(
             md,
-            "| RPS | Latency old | Latency new | Add old | Add new | Add old/new | Del old | Del new | Steer-C old | Steer-C new | Steer-C/Add old | Steer-L old | Steer-L new |"
+            "| RPS | Latency old | Latency new | ACK->guest old | ACK->guest new | Add old | Add new | Add old/new | Del old | Del new | Steer-C old | Steer-C new | Steer-C/Add old | Steer-L old | Steer-L new |"
         );
         let _ = writeln!(
             md,
-            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         let mut cnts: Vec<u32> = points
             .iter()
@@ -317,9 +328,11 @@ pub fn write_report(
             let [lat, add, del, sc, sl] = &COLUMNS;
             let _ = writeln!(
                 md,
-                "| {rps} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+                "| {rps} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} / {} | {} | {} |",
                 cell(lat, po, ro),
                 cell(lat, pn, rn),
+                ack_cell(po),
+                ack_cell(pn),
                 cell(add, po, ro),
                 cell(add, pn, rn),
                 ratio(po.and_then(add.ours), pn.and_then(add.ours)),
@@ -445,11 +458,21 @@ mod tests {
     #[test]
     fn the_page_puts_ours_beside_the_patch() {
         let dir = std::env::temp_dir().join(format!("vnic-report-{}", std::process::id()));
-        let pts = [point("6.12", 256, 13148), point("7.3", 256, 217)];
+        let mut pts = [point("6.12", 256, 13148), point("7.3", 256, 217)];
+        // ACK->guest: unknown for the old point, measured for the new.
+        pts[1].ack_to_first = Some(crate::scenarios::experiments::AckToFirst {
+            n: 217,
+            unmeasured: 0,
+            p50_ms: 12.5,
+            p99_ms: 31.0,
+            max_ms: 40.0,
+        });
         let files = write_report(&pts, "test run", &dir).unwrap();
         let md = std::fs::read_to_string(&files[0]).unwrap();
         assert!(
-            md.contains("| 256 | - / 229 | - / 202 | 13.1 K / 3.5 M | 217 / 12.1 K | 61x / 289x |"),
+            md.contains(
+                "| 256 | - / 229 | - / 202 | - | 12.5 / 31.0 | 13.1 K / 3.5 M | 217 / 12.1 K | 61x / 289x |"
+            ),
             "{md}"
         );
         assert!(

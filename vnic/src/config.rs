@@ -452,6 +452,16 @@ pub(crate) fn parse_bool(s: &str) -> Result<bool, InvalidValue> {
 
 /// Parses `drop_acks`: how many of the next replies to requests to lose
 /// (0..=65535).
+/// `delay_effect_ms`: milliseconds, at most a minute.
+pub(crate) fn parse_delay_ms(s: &str) -> Result<u32, InvalidValue> {
+    match s.trim().parse::<u32>() {
+        Ok(n) if n <= 60_000 => Ok(n),
+        _ => Err(invalid(format!(
+            "invalid delay {s:?}: expected milliseconds, 0..=60000"
+        ))),
+    }
+}
+
 pub(crate) fn parse_drop_acks(s: &str) -> Result<u32, InvalidValue> {
     match s.trim().parse::<u32>() {
         Ok(n) if n <= 65535 => Ok(n),
@@ -486,6 +496,11 @@ pub(crate) struct PathFaults {
     /// A hit is held back and delivered after its flow's next frame
     /// (`peer.fault_reordered`).
     pub reorder: std::sync::atomic::AtomicU64,
+    /// Not a rate: nanoseconds for which a filter an ADD installed or
+    /// re-steered, though applied, traced and acknowledged, leaves its
+    /// hits where they went before (RSS's queue, or the replaced entry's);
+    /// the hits are counted as the filter's (`peer.fault_delayed`).
+    pub delay_effect_ns: std::sync::atomic::AtomicU64,
 }
 
 impl PathFaults {
@@ -536,12 +551,14 @@ pub(crate) enum Knob {
     BadCsumRate(f64),
     TruncateRate(f64),
     ReorderRate(f64),
+    DelayEffectMs(u32),
+    WrongTrace(bool),
 }
 
 impl Knob {
     /// The knob names, as `set` takes them.
     pub(crate) const NAMES: &'static str =
-        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate, truncate_rate, reorder_rate, rogue_responder, rogue_nonce, drop_acks or forge_acks";
+        "add_fail_rate, mgmt_loss_rate, program_latency, table_capacity, buckets, misroute, misroute_rate, drop_rate, corrupt_rate, bad_csum_rate, truncate_rate, reorder_rate, delay_effect_ms, rogue_responder, rogue_nonce, drop_acks, forge_acks or wrong_trace";
 
     pub(crate) fn parse(key: &str, value: &str) -> Result<Self, KnobError> {
         let bad = |err| KnobError::Value {
@@ -565,6 +582,8 @@ impl Knob {
             "bad_csum_rate" => Self::BadCsumRate(parse_rate(value).map_err(bad)?),
             "truncate_rate" => Self::TruncateRate(parse_rate(value).map_err(bad)?),
             "reorder_rate" => Self::ReorderRate(parse_rate(value).map_err(bad)?),
+            "delay_effect_ms" => Self::DelayEffectMs(parse_delay_ms(value).map_err(bad)?),
+            "wrong_trace" => Self::WrongTrace(parse_bool(value).map_err(bad)?),
             _ => return Err(KnobError::Unknown(key.to_string())),
         })
     }

@@ -146,6 +146,9 @@ pub(crate) fn handle_line(sh: &Shared, line: &str) -> Value {
                 Knob::BadCsumRate(p) => Some((&sh.faults.bad_csum, rate_threshold(p))),
                 Knob::TruncateRate(p) => Some((&sh.faults.truncate, rate_threshold(p))),
                 Knob::ReorderRate(p) => Some((&sh.faults.reorder, rate_threshold(p))),
+                Knob::DelayEffectMs(ms) => {
+                    Some((&sh.faults.delay_effect_ns, u64::from(ms) * 1_000_000))
+                }
                 _ => None,
             };
             let r = if let Some((f, t)) = path {
@@ -374,6 +377,8 @@ fn knobs(sh: &Shared, s: &Snapshot) -> wire::Knobs {
         bad_csum_rate: threshold_rate(sh.faults.bad_csum.load(Ordering::Relaxed)),
         truncate_rate: threshold_rate(sh.faults.truncate.load(Ordering::Relaxed)),
         reorder_rate: threshold_rate(sh.faults.reorder.load(Ordering::Relaxed)),
+        delay_effect_ms: sh.faults.delay_effect_ns.load(Ordering::Relaxed) / 1_000_000,
+        wrong_trace: s.wrong_trace,
         rogue_responder: s.rogue,
         rogue_nonce: s.rogue_nonce,
         drop_acks: s.drop_acks,
@@ -412,6 +417,7 @@ fn mgmt(sh: &Shared, s: &Snapshot) -> wire::MgmtStats {
         caps_sent: c.caps_sent,
         rogue_sent: c.rogue_sent,
         forged_sent: c.forged_sent,
+        wrong_traced: c.wrong_traced,
         dst: wire::MgmtDst {
             hello_to_group: c.dst.hello_to_group,
             to_device: c.dst.to_device,
@@ -763,6 +769,7 @@ mod tests {
             &p.fault_bad_csum,
             &p.fault_truncated,
             &p.fault_reordered,
+            &p.fault_delayed,
             &p.gen_sent,
             &p.sink_packets,
             &p.sink_bytes,
@@ -810,6 +817,7 @@ mod tests {
         c.caps_sent = next();
         c.rogue_sent = next();
         c.forged_sent = next();
+        c.wrong_traced = next();
         c.dst.hello_to_group = next();
         c.dst.to_device = next();
         c.dst.to_broadcast = next();
@@ -901,6 +909,7 @@ mod tests {
             rogue_nonce: false,
             drop_acks: 0,
             forge_acks: false,
+            wrong_trace: false,
             filters: vec![
                 (entry(7, 1, f4, 1_206_565_407, None), 120),
                 (entry(9, 0, f6, 1_206_600_000, Some(33)), 0),

@@ -84,6 +84,7 @@ impl Shared {
                 bad_csum: AtomicU64::new(rate_threshold(cfg.fault_rates[3])),
                 truncate: AtomicU64::new(rate_threshold(cfg.fault_rates[4])),
                 reorder: AtomicU64::new(rate_threshold(cfg.fault_rates[5])),
+                delay_effect_ns: AtomicU64::new(0),
             }),
             generation,
             connected: AtomicBool::new(false),

@@ -24,8 +24,8 @@ use crate::pairs::Pairs;
 use crate::peer::Sink;
 use crate::stats::{add, Hits, HitsOwner, QueueOwner, QueueWriter, SharedCounter, Stats};
 use crate::steer::{
-    corrupt_payload, truncate_payload, Decision, Steer, FAULT_BAD_CSUM, FAULT_CORRUPT, FAULT_DROP,
-    FAULT_REORDER, FAULT_TRUNCATE, MISROUTED, UNPARSABLE,
+    corrupt_payload, truncate_payload, Decision, Steer, DELAYED, FAULT_BAD_CSUM, FAULT_CORRUPT,
+    FAULT_DROP, FAULT_REORDER, FAULT_TRUNCATE, MISROUTED, UNPARSABLE,
 };
 use crate::trace::Tracer;
 use crate::virtq::rx::{RxBatch, RxOutcome};
@@ -240,6 +240,10 @@ impl Router {
         // Read before the events are taken: a frame routed with this
         // replica was stamped no later than any event it missed was published.
         self.synced_ns = crate::clock::now_ns();
+        steer.set_delay(
+            self.faults.delay_effect_ns.load(Ordering::Relaxed),
+            self.synced_ns,
+        );
         self.lanes.apply_updates(self.id, |e| steer.apply(e));
         self.steer.set_faults(self.faults.thresholds());
         self.steer.set_mask(self.pairs.mask());
@@ -317,6 +321,9 @@ impl Router {
         }
         if d.flags & MISROUTED != 0 {
             add(&self.stats.peer.misrouted, 1);
+        }
+        if d.flags & DELAYED != 0 {
+            add(&self.stats.peer.fault_delayed, 1);
         }
         let drop = d.flags & FAULT_DROP != 0;
         if drop {

@@ -31,7 +31,6 @@ use crate::trace::Tracer;
 use crate::virtq::NET_HDR_LEN;
 
 mod faults;
-use faults::rogue_copy;
 #[cfg(test)]
 use faults::OTHER_HOST_MAC;
 
@@ -50,6 +49,8 @@ pub(crate) struct MgmtCounters {
     pub rogue_sent: u64,
     /// Frames sent as the `forge_acks` knob's forgeries.
     pub forged_sent: u64,
+    /// `replace` trace lines the `wrong_trace` knob falsified.
+    pub wrong_traced: u64,
     /// Destinations of the driver's frames.
     pub dst: DstCounters,
     pub naks_sent: u64,
@@ -136,6 +137,10 @@ pub(crate) struct Mgmt {
     /// ACK addressed to another host ([`OTHER_HOST_MAC`]). A driver must
     /// take neither as news of a device restart.
     forge_acks: bool,
+    /// `wrong_trace`: each `replace` line that moves a flow to another
+    /// queue names the new queue as `prev_rxq` (the table, the replicas
+    /// and the ACK are right; only the trace lies).
+    wrong_trace: bool,
 }
 
 impl Mgmt {
@@ -172,6 +177,7 @@ impl Mgmt {
             rogue_nonce: false,
             drop_acks: 0,
             forge_acks: false,
+            wrong_trace: false,
         })
     }
 
@@ -529,6 +535,7 @@ impl Mgmt {
             }
             TableEvent::Replaced { id, prev_id, .. } => {
                 rec.hits = Some(self.hits(*prev_id));
+                self.falsify(&mut rec);
                 self.rebase(*id);
             }
             TableEvent::Deleted { id, .. } | TableEvent::Evicted { id, .. } => {
@@ -564,14 +571,7 @@ impl Mgmt {
             return;
         }
         if self.rogue {
-            if let Some(fake) = rogue_copy(&pkt, self.rogue_nonce) {
-                self.c.rogue_sent += 1;
-                if let Some(c) = &self.conn {
-                    if let Some(r) = c.lanes.reply(route.worker, fake, self.caller) {
-                        self.own.push(r);
-                    }
-                }
-            }
+            self.send_rogue(route, &pkt);
         }
         if let Some(c) = &self.conn {
             if let Some(r) = c.lanes.reply(route.worker, pkt, self.caller) {
@@ -643,7 +643,9 @@ impl Mgmt {
             | Knob::CorruptRate(_)
             | Knob::BadCsumRate(_)
             | Knob::TruncateRate(_)
-            | Knob::ReorderRate(_) => {}
+            | Knob::ReorderRate(_)
+            | Knob::DelayEffectMs(_) => {}
+            Knob::WrongTrace(on) => self.wrong_trace = on,
             Knob::RogueResponder(on) => self.rogue = on,
             Knob::RogueNonce(on) => self.rogue_nonce = on,
             Knob::DropAcks(n) => self.drop_acks = n,
@@ -668,6 +670,7 @@ impl Mgmt {
             rogue_nonce: self.rogue_nonce,
             drop_acks: self.drop_acks,
             forge_acks: self.forge_acks,
+            wrong_trace: self.wrong_trace,
             filters: if filters {
                 self.table
                     .entries()
@@ -709,6 +712,7 @@ pub(crate) struct Snapshot {
     pub rogue_nonce: bool,
     pub drop_acks: u32,
     pub forge_acks: bool,
+    pub wrong_trace: bool,
     /// Live filters and their hits (when asked for).
     pub filters: Vec<(arfs::table::Entry, u64)>,
 }
@@ -966,6 +970,43 @@ mod tests {
             (GUEST.to_vec(), DEVICE_MAC.to_vec(), 31, gen)
         );
         assert_eq!(sh.lock_mgmt().c.forged_sent, 2);
+    }
+
+    /// `wrong_trace`: a REPLACE line that moves its flow names the new
+    /// queue as `prev_rxq`, counted; one that keeps the queue, and every
+    /// line with the knob off, is left as it was.
+    #[test]
+    fn wrong_trace_names_the_new_queue_as_the_previous_one() {
+        let (sh, _c) = setup(Duration::ZERO);
+        let k = FlowKey::v4(
+            L4Proto::Udp,
+            Ipv4Addr::new(10, 0, 2, 1),
+            1,
+            Ipv4Addr::new(10, 0, 2, 15),
+            5001,
+        );
+        let line = |m: &mut Mgmt, prev_rxq: u16| {
+            let e = TableEvent::Replaced {
+                seq: 3,
+                id: 7,
+                rxq: 1,
+                flow: k,
+                prev_id: 7,
+                prev_rxq,
+                prev_flow: k,
+                prev_hits: 0,
+            };
+            let mut rec = TraceRecord::from_event(0, 1, &e);
+            m.falsify(&mut rec);
+            rec.prev_rxq
+        };
+        let mut m = sh.lock_mgmt();
+        assert_eq!(line(&mut m, 0), Some(0));
+        m.set_knob(Knob::WrongTrace(true)).unwrap();
+        assert!(m.snapshot(false).wrong_trace);
+        assert_eq!(line(&mut m, 0), Some(1));
+        assert_eq!(line(&mut m, 1), Some(1));
+        assert_eq!(m.c.wrong_traced, 1);
     }
 
     #[test]

@@ -276,6 +276,9 @@ pub(crate) struct PeerStats {
     /// Frames that hit a filter, were held back and delivered after their
     /// flow's next frame (the `reorder_rate` fault; counted when released).
     pub fault_reordered: SharedCounter,
+    /// Filter hits the `delay_effect_ms` fault sent where the flow went
+    /// before its filter was added or re-steered (counted as the filter's).
+    pub fault_delayed: SharedCounter,
     /// Generator: UDP frames generated.
     pub gen_sent: SharedCounter,
     /// Generator: frames from the guest sunk (not answered).
@@ -308,6 +311,7 @@ impl PeerStats {
             fault_bad_csum: get(&self.fault_bad_csum),
             fault_truncated: get(&self.fault_truncated),
             fault_reordered: get(&self.fault_reordered),
+            fault_delayed: get(&self.fault_delayed),
             gen_sent: get(&self.gen_sent),
             sink_packets: get(&self.sink_packets),
             sink_bytes: get(&self.sink_bytes),

@@ -31,6 +31,9 @@ pub(crate) const UNPARSABLE: u8 = 16;
 pub(crate) const FAULT_TRUNCATE: u8 = 32;
 /// [`Decision::flags`]: the `reorder_rate` fault chose the frame.
 pub(crate) const FAULT_REORDER: u8 = 64;
+/// [`Decision::flags`]: the `delay_effect_ms` fault kept the hit on the
+/// queue its flow had before the filter was added or re-steered.
+pub(crate) const DELAYED: u8 = 128;
 /// Payload bytes the `truncate_rate` fault cuts off.
 pub(crate) const TRUNCATE_BYTES: usize = 16;
 
@@ -42,7 +45,8 @@ pub(crate) struct Decision {
     /// The filter it hit (its id), or None: RSS chose the queue.
     pub hit: Option<u16>,
     /// [`FAULT_DROP`], [`FAULT_CORRUPT`], [`FAULT_BAD_CSUM`],
-    /// [`FAULT_TRUNCATE`], [`FAULT_REORDER`], [`MISROUTED`], [`UNPARSABLE`].
+    /// [`FAULT_TRUNCATE`], [`FAULT_REORDER`], [`MISROUTED`], [`DELAYED`],
+    /// [`UNPARSABLE`].
     pub flags: u8,
 }
 
@@ -60,6 +64,13 @@ pub(crate) struct Steer {
     faults_on: bool,
     /// The fault draws' state (xorshift64*, seeded per worker).
     rng: u64,
+    /// The `delay_effect_ms` fault (ns; 0: off) and the time of the last
+    /// [`Steer::set_delay`] (the replica's sync, the clock of the trace).
+    delay_ns: u64,
+    now_ns: u64,
+    /// Filters applied under the delay: (id, until, queue meanwhile; None:
+    /// RSS's). Short: only filters of the last `delay_ns`.
+    delayed: Vec<(u16, u64, Option<u16>)>,
     /// `--steer none`: no parse, no lookup (see [`Steer::new`]).
     off: bool,
     /// The worker's own pair.
@@ -81,6 +92,9 @@ impl Steer {
             fault: [0; 6],
             faults_on: false,
             rng: 0x9e37_79b9_7f4a_7c15 ^ ((id as u64 + 1) << 32),
+            delay_ns: 0,
+            now_ns: 0,
+            delayed: Vec::new(),
             off,
             own: id,
         }
@@ -90,6 +104,43 @@ impl Steer {
     #[inline]
     pub(crate) fn apply(&mut self, e: &TableEvent) {
         self.index.apply(e);
+        if self.delay_ns == 0 && self.delayed.is_empty() {
+            return;
+        }
+        let (id, old) = match *e {
+            TableEvent::Added { id, .. } => (id, Some(None)),
+            // A re-steer keeps its hits on the queue it had; an id given
+            // to another flow starts from RSS's.
+            TableEvent::Replaced {
+                id,
+                flow,
+                prev_flow,
+                prev_rxq,
+                ..
+            } => (id, Some((flow == prev_flow).then_some(prev_rxq))),
+            TableEvent::Deleted { id, .. } | TableEvent::Evicted { id, .. } => (id, None),
+            TableEvent::Cleared { .. } => {
+                self.delayed.clear();
+                return;
+            }
+            _ => return,
+        };
+        self.delayed.retain(|d| d.0 != id);
+        if let (Some(old), true) = (old, self.delay_ns > 0) {
+            self.delayed
+                .push((id, self.now_ns.saturating_add(self.delay_ns), old));
+        }
+    }
+
+    /// The `delay_effect_ms` fault (ns) and the time now: filters the
+    /// next [`Steer::apply`] installs take effect `delay_ns` from `now_ns`;
+    /// those whose delay is over (all of them once it is 0) take effect.
+    pub(crate) fn set_delay(&mut self, delay_ns: u64, now_ns: u64) {
+        self.delay_ns = delay_ns;
+        self.now_ns = now_ns;
+        if !self.delayed.is_empty() {
+            self.delayed.retain(|d| delay_ns > 0 && d.1 > now_ns);
+        }
     }
 
     /// The enabled pairs (bit i: pair i); RSS spreads over them.
@@ -168,6 +219,12 @@ impl Steer {
         };
         let mut q = usize::from(q);
         let mut flags = 0;
+        if !self.delayed.is_empty() {
+            if let Some(&(_, _, old)) = self.delayed.iter().find(|d| d.0 == id) {
+                q = old.map_or_else(|| usize::from(self.rss.queue_for_key(k)), usize::from);
+                flags |= DELAYED;
+            }
+        }
         if self.faults_on {
             if self.draw(self.fault[0]) {
                 let to = self.misroute(q);
@@ -554,6 +611,59 @@ mod tests {
             Decision {
                 q: 0,
                 hit: Some(1),
+                flags: 0
+            }
+        );
+    }
+
+    /// `delay_effect_ms`: a filter added (or re-steered) under the delay
+    /// is hit, yet its frames go where they went before (RSS's queue, the
+    /// replaced entry's) until the delay is over, flagged [`DELAYED`]; a
+    /// filter applied with the knob at 0 takes effect at once, and turning
+    /// the knob off ends every delay.
+    #[test]
+    fn delay_effect_keeps_the_old_queue_for_its_time() {
+        const MS: u64 = 1_000_000;
+        let rss = Rss::new(4);
+        let flow = key(1000, 2000);
+        let rss_q = rss.queue_for_key(&flow);
+        let (qa, qb) = ((rss_q + 1) % 4, (rss_q + 2) % 4);
+        let mut s = Steer::new(0, 64, false);
+        s.set_mask(0b1111);
+        s.set_delay(300 * MS, 1000 * MS);
+        add(&mut s, 7, flow, qa);
+        let at = |s: &mut Steer, t: u64| {
+            s.set_delay(300 * MS, t * MS);
+            let d = s.decide(&udp4(1000, 2000)).unwrap();
+            (d.q, d.hit, d.flags)
+        };
+        assert_eq!(at(&mut s, 1000), (usize::from(rss_q), Some(7), DELAYED));
+        assert_eq!(at(&mut s, 1299), (usize::from(rss_q), Some(7), DELAYED));
+        assert_eq!(at(&mut s, 1300), (usize::from(qa), Some(7), 0));
+        // A re-steer of the same flow keeps the old filter's queue.
+        s.apply(&TableEvent::Replaced {
+            seq: 1,
+            id: 7,
+            rxq: qb,
+            flow,
+            prev_id: 7,
+            prev_rxq: qa,
+            prev_flow: flow,
+            prev_hits: 5,
+        });
+        assert_eq!(at(&mut s, 1400), (usize::from(qa), Some(7), DELAYED));
+        assert_eq!(at(&mut s, 1700), (usize::from(qb), Some(7), 0));
+        // Other flows are not touched; the knob at 0 ends the delay.
+        add(&mut s, 8, key(1001, 2000), qa);
+        assert_eq!(s.decide(&udp4(1001, 2000)).unwrap().flags, DELAYED);
+        s.set_delay(0, 1701 * MS);
+        assert_eq!(s.decide(&udp4(1001, 2000)).unwrap().flags, 0);
+        add(&mut s, 9, key(1002, 2000), qa);
+        assert_eq!(
+            s.decide(&udp4(1002, 2000)).unwrap(),
+            Decision {
+                q: usize::from(qa),
+                hit: Some(9),
                 flags: 0
             }
         );

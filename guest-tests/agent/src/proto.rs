@@ -293,6 +293,24 @@ pub struct FlowCounters {
     /// (napi id, first sent, last sent).
     #[serde(default)]
     pub napi_sent: Vec<(u32, u64, u64)>,
+    /// The flow's way through the NAPI instances, in arrival order: one
+    /// segment per run of datagrams under the same NAPI id, with the first
+    /// and last send stamp and the datagrams of the run (the newest
+    /// [`PATH_SEGMENTS`] runs).
+    #[serde(default)]
+    pub path: Vec<PathSeg>,
+}
+
+/// Runs of a flow's path kept (`FlowCounters::path`).
+pub const PATH_SEGMENTS: usize = 64;
+
+/// One run of a flow's datagrams under one NAPI id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathSeg {
+    pub napi: u32,
+    pub first: u64,
+    pub last: u64,
+    pub n: u64,
 }
 
 /// One flow's datagrams accounted by what they carry (cumulative since

@@ -8,6 +8,7 @@ use crate::rawtx::RawTxError;
 use crate::sys;
 use serde::Serialize;
 use serde_json::Value;
+use std::collections::VecDeque;
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{
     AddrParseError, IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream,
@@ -20,8 +21,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vnic_agent::payload::{self, SeqTrack};
 use vnic_agent::proto::{
-    Delivery, DirContents, ExecResult, FlowCounters, Info, Late, Request, TcpConnCounters,
-    TcpStats, UdpSpec, UdpStats, PROTOCOL_VERSION,
+    Delivery, DirContents, ExecResult, FlowCounters, Info, Late, PathSeg, Request, TcpConnCounters,
+    TcpStats, UdpSpec, UdpStats, PATH_SEGMENTS, PROTOCOL_VERSION,
 };
 
 /// Receiver threads need little stack.
@@ -545,6 +546,8 @@ struct Counters {
     delivery: [AtomicU64; 7],
     /// Its late datagrams, mirrored after each late one.
     late: Mutex<Vec<Late>>,
+    /// Its path through the NAPI instances ([`PathSeg`] runs).
+    path: Mutex<VecDeque<PathSeg>>,
     by_cpu: Vec<AtomicU64>,
     /// CPU the receiver is pinned to now.
     cpu: AtomicUsize,
@@ -564,6 +567,7 @@ impl Counters {
             echo_errors: AtomicU64::new(0),
             delivery: std::array::from_fn(|_| AtomicU64::new(0)),
             late: Mutex::new(Vec::new()),
+            path: Mutex::new(VecDeque::new()),
             by_cpu: (0..ncpu).map(|_| AtomicU64::new(0)).collect(),
             cpu: AtomicUsize::new(cpu),
         }
@@ -661,6 +665,34 @@ impl Counters {
                 hi.store(sent, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Extends the path with a datagram sent at `sent` counted under `id`.
+    fn path_step(&self, id: u32, sent: u64) {
+        let mut p = self.path.lock().unwrap_or_else(PoisonError::into_inner);
+        match p.back_mut() {
+            Some(seg) if seg.napi == id => {
+                seg.first = seg.first.min(sent);
+                seg.last = seg.last.max(sent);
+                seg.n += 1;
+            }
+            _ => {
+                if p.len() == PATH_SEGMENTS {
+                    p.pop_front();
+                }
+                p.push_back(PathSeg {
+                    napi: id,
+                    first: sent,
+                    last: sent,
+                    n: 1,
+                });
+            }
+        }
+    }
+
+    fn path(&self) -> Vec<PathSeg> {
+        let p = self.path.lock().unwrap_or_else(PoisonError::into_inner);
+        p.iter().copied().collect()
     }
 
     fn by_napi_sent(&self) -> Vec<(u32, u64, u64)> {
@@ -806,6 +838,7 @@ impl UdpRun {
                         delivery: c.delivery(),
                         late: c.late(),
                         napi_sent: c.by_napi_sent(),
+                        path: c.path(),
                     }
                 })
                 .collect(),
@@ -894,6 +927,7 @@ fn udp_receiver(
                 c.count(inc, napi, pinned);
                 if let (payload::Verdict::Seq { sent, .. }, Some(id)) = (v, napi) {
                     c.napi_sent(id, sent);
+                    c.path_step(id, sent);
                 }
                 n_recv += 1;
                 if echo > 0 && n_recv.is_multiple_of(echo) {

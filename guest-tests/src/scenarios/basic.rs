@@ -220,6 +220,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
         .map(|f| f.needs_filter().then_some(f.rss_q))
         .collect();
     let effect = s.check_effect(c, &from)?;
+    let traced = s.check_trace(c)?;
     let trace = s.trace_since_mark()?;
     let steered: Vec<&Flow> = s.flows.iter().filter(|f| f.needs_filter()).collect();
     let adds: Vec<&TraceRecord> = trace.iter().filter(|r| r.event == EventKind::Add).collect();
@@ -279,7 +280,7 @@ pub(super) fn steer(s: &mut Session, c: &mut Checks) -> Result<String> {
     s.guest.collect("steer", Some(module::DEBUGFS_DIR));
     let v6 = |f: &Flow| f.key.src_ip().is_ipv6();
     Ok(format!(
-        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} fresh_expired=[{}] warmup={:.1}s {fig} pkts/flow~{} {delivery} {order} {effect}",
+        "flows={} (ipv6 {}) steered={} (ipv6 {}) adds={} replaces={replaces} rejects={} fresh_expired=[{}] warmup={:.1}s {fig} pkts/flow~{} {delivery} {order} {effect} {traced}",
         s.flows.len(),
         s.flows.iter().filter(|f| v6(f)).count(),
         steered.len(),
@@ -322,6 +323,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         })
         .collect();
     let effect = s.check_effect(c, &from)?;
+    let traced = s.check_trace(c)?;
     let trace = s.trace_since_mark()?;
     let count = |k: EventKind| trace.iter().filter(|r| r.event == k).count();
     let (replaces, adds, rejects) = (
@@ -384,7 +386,7 @@ pub(super) fn migrate(s: &mut Session, c: &mut Checks) -> Result<String> {
         format!("{dels} filters of live flows were deleted during migrate")
     });
     Ok(format!(
-        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} fresh_expired=[{}] warmup={:.1}s {fig} {delivery} {order} {effect}",
+        "moved={} re-steered={} kept={kept} replaces={replaces} adds={adds} rejects={rejects} fresh_expired=[{}] warmup={:.1}s {fig} {delivery} {order} {effect} {traced}",
         s.flows.len(),
         had.len() - kept,
         fresh.join(", "),

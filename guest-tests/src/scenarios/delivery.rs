@@ -499,17 +499,27 @@ fn guest_checks(s: &Session, sp: &Span, i: usize, c: &mut Checks) {
     }
 }
 
+impl Session {
+    /// The steering workload of a fault scenario, warmed up: fresh flows
+    /// (`steering_flows`), a delivery mark, the generator running, every
+    /// flow that needs a filter has it (the device's table), plus a second.
+    pub(super) fn fault_workload(&mut self) -> Result<()> {
+        self.ensure_module()?;
+        let flows = self.steering_flows(self.settings.flows)?;
+        self.udp_start(&flows)?;
+        self.flows = flows;
+        self.start_mark()?;
+        self.start_gen_per_flow(self.settings.rate)?;
+        self.wait_steered(&std::collections::BTreeSet::new())?;
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(())
+    }
+}
+
 /// One path fault over a window between two quiet points, after a control
 /// window without it.
 fn path_fault(s: &mut Session, c: &mut Checks, fault: Fault) -> Result<String> {
-    s.ensure_module()?;
-    let flows = s.steering_flows(s.settings.flows)?;
-    s.udp_start(&flows)?;
-    s.flows = flows;
-    s.start_mark()?;
-    s.start_gen_per_flow(s.settings.rate)?;
-    s.wait_steered(&std::collections::BTreeSet::new())?;
-    std::thread::sleep(Duration::from_secs(1));
+    s.fault_workload()?;
     let steered: Vec<usize> = (0..s.flows.len())
         .filter(|&i| s.flows[i].needs_filter())
         .collect();

@@ -111,6 +111,24 @@ pub(super) fn effect_verdict(flows: &[FlowEffect]) -> EffectVerdict {
     v
 }
 
+/// "ACK to first steered frame" from a flow's path (the agent's runs, see
+/// `tracecheck::Seg`): for a move at `t` to queue `q`, the first send stamp
+/// of the first run on `q` that starts no earlier than the slack before
+/// `t`, less `t` (ns; negative when a frame sent just before `t` was
+/// steered there). None when the path has no such run, or starts after `t`
+/// (it cannot tell whether an earlier run was this move's).
+pub(super) fn ack_to_first(path: &[super::tracecheck::Seg], q: usize, t: u64) -> Option<i64> {
+    if path.iter().map(|s| s.first).min()? > t {
+        return None;
+    }
+    let first = path
+        .iter()
+        .filter(|s| s.q == q && s.first + MOVE_SLACK_NS >= t)
+        .map(|s| s.first)
+        .min()?;
+    Some(i64::try_from(first).ok()? - i64::try_from(t).ok()?)
+}
+
 impl Session {
     /// The effect check after a window: `from[i]` is the queue workload
     /// flow `i` left by its ADD or REPLACE to its receiver's queue in the
@@ -216,6 +234,18 @@ mod tests {
                 assert!(v.findings[0].starts_with("flow :20001:"), "{v:?}");
             }
         }
+        // The experiments' twin, from the path: q1, then q2 from 1004 ms.
+        let seg = |q, a: u64, b: u64| super::super::tracecheck::Seg {
+            q,
+            first: a * MS,
+            last: b * MS,
+            n: 1,
+        };
+        let path = [seg(1, 0, 999), seg(2, 1004, 2000), seg(1, 2001, 3000)];
+        assert_eq!(ack_to_first(&path, 2, 1000 * MS), Some(4_000_000));
+        assert_eq!(ack_to_first(&path, 1, 1990 * MS), Some(11_000_000));
+        assert_eq!(ack_to_first(&path, 3, 1000 * MS), None);
+        assert_eq!(ack_to_first(&path[1..], 2, 900 * MS), None);
         let v = effect_verdict(&[flow(&[(1, 0, 999), (2, 1004, 5000)], 0)]);
         assert_eq!(v.ack_to_first, vec![4_000_000i64]);
         assert!(v.figures().contains("4.0/4.0/4.0"), "{}", v.figures());

@@ -11,6 +11,7 @@
 //! the only verdicts are the acceptance check of the binary.
 
 use super::slots::{self, AtEnd, SlotCounts, SlotRule};
+use super::tracecheck::Seg;
 use super::workload::{napi_queues, queue_delta, Flow};
 use super::{Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use crate::harness::{wait_for, Result};
@@ -136,6 +137,10 @@ pub struct CollisionPoint {
     /// Latency: round trips of the stamped datagrams the guest echoed
     /// (`None` without `--latency`, or in points from before it).
     pub latency: Option<Latency>,
+    /// Latency's guest-side twin: from each ADD's or REPLACE's trace time
+    /// to the first frame the guest got on the queue it names (`None` in
+    /// points from before it).
+    pub ack_to_first: Option<AckToFirst>,
     /// Add: new filters programmed (device counter `table/adds`).
     pub adds: u64,
     /// Del: filters deleted (device counters `table/deletes/*`), and by reason.
@@ -514,6 +519,7 @@ pub fn collision_point(
     let mut iteration_ends = Vec::new();
     let (mut end_window_s, mut end_window_half) = (None, false);
     let mut filters = Vec::new();
+    let mut paths: HashMap<FlowKey, Vec<Seg>> = HashMap::new();
     for k in 0..w.iterations {
         let base = COLLISION_PORT + (k as usize * w.flows) as u16;
         let flows = s.flows_at(base, w.flows);
@@ -558,6 +564,19 @@ pub fn collision_point(
         let t_win = Instant::now();
         std::thread::sleep(win);
         let a1 = s.udp_stats()?;
+        let qmap = napi_queues(&napi);
+        for f in &flows {
+            let Some(c) = a1.flows.iter().find(|c| c.local_port == f.local_port) else {
+                continue;
+            };
+            let path = c.path.iter().map(|p| Seg {
+                q: qmap.get(&p.napi).copied().unwrap_or(usize::MAX),
+                first: p.first,
+                last: p.last,
+                n: p.n,
+            });
+            paths.insert(f.key, path.collect());
+        }
         let live = s.device_filters()?;
         end_window_s = Some(t_win.elapsed().as_secs_f64());
         end_window_half = half;
@@ -622,6 +641,7 @@ pub fn collision_point(
         } else {
             None
         },
+        ack_to_first: Some(AckToFirst::of(&trace, &paths)),
         ..CollisionPoint::default()
     };
     let mut programs: HashMap<FlowKey, u64> = HashMap::new();
@@ -704,6 +724,55 @@ fn at_end<'a>(
         }
     }
     Ok(end)
+}
+
+/// "ACK to first steered frame" as the guest saw it, over a point's ADD
+/// and REPLACE lines (`effect::ack_to_first` on each flow's path; a line
+/// the path does not cover is not counted).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct AckToFirst {
+    /// Lines measured, and those of the point's flows not measured.
+    pub n: u64,
+    pub unmeasured: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl AckToFirst {
+    /// Over the lines of `trace` that install or move a filter of one of
+    /// `paths`' flows: (flow, its path with queues).
+    pub(crate) fn of(trace: &[arfs::TraceRecord], paths: &HashMap<FlowKey, Vec<Seg>>) -> Self {
+        let mut v = Vec::new();
+        let mut unmeasured = 0;
+        for r in trace
+            .iter()
+            .filter(|r| matches!(r.event, EventKind::Add | EventKind::Replace))
+        {
+            let (Some(k), Some(q)) = (r.flow, r.rxq) else {
+                continue;
+            };
+            let Some(path) = paths.get(&k) else { continue };
+            match super::effect::ack_to_first(path, usize::from(q), r.ts_ns) {
+                Some(d) => v.push(d as f64 / 1e6),
+                None => unmeasured += 1,
+            }
+        }
+        v.sort_by(f64::total_cmp);
+        let pct = |p: usize| {
+            v.get(v.len().saturating_sub(1) * p / 100)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        AckToFirst {
+            n: v.len() as u64,
+            unmeasured,
+            p50_ms: pct(50),
+            p99_ms: pct(99),
+            max_ms: pct(100),
+        }
+    }
 }
 
 /// Round-trip times over a window, from two snapshots of the device's

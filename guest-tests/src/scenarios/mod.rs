@@ -38,6 +38,7 @@ mod delivery;
 mod effect;
 pub mod experiments;
 mod faults;
+mod lies;
 mod order;
 pub mod poke;
 mod ports;
@@ -47,6 +48,7 @@ pub mod shard;
 pub mod slots;
 mod stress;
 pub mod topology;
+mod tracecheck;
 mod workload;
 
 use session::Checks;
@@ -97,6 +99,8 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "bad-csum",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: true , v6: true , run: delivery::bad_csum },
     Scenario { name: "truncate",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: true , run: delivery::truncate },
     Scenario { name: "reorder",           boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: true , run: delivery::reorder },
+    Scenario { name: "delay-effect",      boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: true , run: lies::delay_effect },
+    Scenario { name: "wrong-trace",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: true , run: lies::wrong_trace },
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },
     Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout },
     Scenario { name: "relayout-4k",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout_4k },

@@ -279,6 +279,9 @@ pub struct MgmtStats {
     /// Frames sent as the `forge_acks` knob's forgeries.
     #[serde(default)]
     pub forged_sent: u64,
+    /// `replace` trace lines the `wrong_trace` knob falsified.
+    #[serde(default)]
+    pub wrong_traced: u64,
     pub naks_sent: u64,
     pub dst: MgmtDst,
     pub dropped_by_loss: u64,
@@ -373,6 +376,10 @@ pub struct PeerStats {
     /// Absent from a daemon older than `reorder_rate`: read as 0.
     #[serde(default)]
     pub fault_reordered: u64,
+    /// Hits the `delay_effect_ms` fault left on the flow's previous queue
+    /// (absent from an older daemon: read as 0).
+    #[serde(default)]
+    pub fault_delayed: u64,
     pub gen_sent: u64,
     pub sink_packets: u64,
     pub sink_bytes: u64,
@@ -572,6 +579,12 @@ pub struct Knobs {
     pub truncate_rate: f64,
     #[serde(default)]
     pub reorder_rate: f64,
+    /// A new or re-steered filter takes effect this long after its ACK.
+    #[serde(default)]
+    pub delay_effect_ms: u64,
+    /// Each `replace` trace line names the new queue as `prev_rxq`.
+    #[serde(default)]
+    pub wrong_trace: bool,
     pub rogue_responder: bool,
     /// With `rogue_responder`: its CAPS echoes the HELLO's nonce.
     #[serde(default)]

@@ -1,6 +1,7 @@
 //! The management fault knobs' frames (vnic/CTL.md): what a second station
 //! (`rogue_responder`, `rogue_nonce`) and a forger (`forge_acks`) send, and
-//! the replies the channel loses (`mgmt_loss_rate`, `drop_acks`).
+//! the replies the channel loses (`mgmt_loss_rate`, `drop_acks`); the
+//! trace lines `wrong_trace` falsifies.
 
 use arfs::proto::{self, Direction};
 use arfs::{DropCause, TraceRecord};
@@ -34,6 +35,29 @@ impl Mgmt {
                     self.own.push(r);
                 }
             }
+        }
+    }
+
+    /// The second responder's copy of the reply `pkt` (`rogue_responder`),
+    /// sent ahead of it.
+    pub(super) fn send_rogue(&mut self, route: Route, pkt: &[u8]) {
+        let Some(fake) = rogue_copy(pkt, self.rogue_nonce) else {
+            return;
+        };
+        self.c.rogue_sent += 1;
+        if let Some(c) = &self.conn {
+            if let Some(r) = c.lanes.reply(route.worker, fake, self.caller) {
+                self.own.push(r);
+            }
+        }
+    }
+
+    /// `wrong_trace`: a `replace` line that moves a flow to another queue
+    /// names the new queue as `prev_rxq` (counted in `mgmt.wrong_traced`).
+    pub(super) fn falsify(&mut self, rec: &mut TraceRecord) {
+        if self.wrong_trace && rec.prev_rxq.is_some() && rec.prev_rxq != rec.rxq {
+            rec.prev_rxq = rec.rxq;
+            self.c.wrong_traced += 1;
         }
     }
 

@@ -180,6 +180,8 @@ impl Session {
             "rogue_nonce",
             "drop_acks",
             "forge_acks",
+            "delay_effect_ms",
+            "wrong_trace",
         ] {
             if let Err(e) = self.guest.ctl.set(k, 0) {
                 errs.push(crate::harness::Error::from(e).0);

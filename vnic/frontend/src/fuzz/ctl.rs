@@ -63,7 +63,7 @@ pub struct Outcome {
     pub trace: Vec<String>,
 }
 
-const KNOBS: [&str; 17] = [
+const KNOBS: [&str; 19] = [
     "add_fail_rate",
     "mgmt_loss_rate",
     "program_latency",
@@ -76,6 +76,8 @@ const KNOBS: [&str; 17] = [
     "bad_csum_rate",
     "truncate_rate",
     "reorder_rate",
+    "delay_effect_ms",
+    "wrong_trace",
     "rogue_responder",
     "rogue_nonce",
     "drop_acks",
