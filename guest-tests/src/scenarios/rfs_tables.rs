@@ -220,7 +220,7 @@ pub(super) fn rfs_unequal_tables(s: &mut Session, c: &mut Checks) -> Result<Stri
         count(Reach::PastAlloc),
     );
     let show = |r: Reach| {
-        by_reach.get(&r).map_or(String::new(), |v| {
+        by_reach.get(&r).map_or("none".into(), |v| {
             v.iter()
                 .map(|(q, id)| format!("rx-{q}:{id}"))
                 .collect::<Vec<_>>()
@@ -240,7 +240,7 @@ pub(super) fn rfs_unequal_tables(s: &mut Session, c: &mut Checks) -> Result<Stri
     if expect_oob {
         c.check(report.is_some(), || {
             format!(
-                "pre-fix kernel: no KASAN out-of-bounds report in the RFS code (filters' flow_id past the target table: {} {})",
+                "--expect-rfs-oob: no KASAN out-of-bounds report in the RFS code (filters' flow_id past the target table: {}; past its allocation: {})",
                 show(Reach::PastTable),
                 show(Reach::PastAlloc)
             )
@@ -254,7 +254,7 @@ pub(super) fn rfs_unequal_tables(s: &mut Session, c: &mut Checks) -> Result<Stri
         });
         c.check(past_table + past_alloc == 0, || {
             format!(
-                "flow_id past the target queue's table (rx-q:flow_id): {} {}",
+                "flow_id past the target queue's table (rx-q:flow_id): {}; past its allocation: {}",
                 show(Reach::PastTable),
                 show(Reach::PastAlloc)
             )
