@@ -169,6 +169,13 @@ struct Opts {
     #[arg(long, value_name = "MS", value_parser = |v: &str| num(v, "--idle-ms", 1, 600_000).map(|n| n as u32),
           verbatim_doc_comment)]
     idle_ms: Option<u32>,
+    /// The kernel under test has the pre-fix set_rps_cpu()
+    /// (images/patches/7.3-set-rps-cpu-prefix-flow-id.patch, built with
+    /// images/build-kernel --variant debug --patch): rfs-unequal-tables
+    /// asserts the out-of-bounds slot and KASAN's report instead of their
+    /// absence
+    #[arg(long, verbatim_doc_comment)]
+    expect_rfs_oob: bool,
     /// Where logs, traces and snapshots go (default
     /// target/guest-tests/<UTC time>)
     #[arg(long, value_name = "DIR", verbatim_doc_comment)]
@@ -330,6 +337,7 @@ fn settle(demo: bool, o: Opts) -> Result<Args, UsageError> {
         a.settings.module.idle_timeout_ms = n;
     }
     a.artifacts = o.artifacts;
+    a.settings.expect_rfs_oob = o.expect_rfs_oob;
     match (image, kdir) {
         (Some(i), Some(k)) => a.custom = Some((i, k)),
         (None, None) => {}
@@ -963,6 +971,17 @@ mod tests {
         ] {
             assert!(run(bad).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn expect_rfs_oob_is_off_unless_asked() {
+        assert!(!args("--kernel 7.3").unwrap().settings.expect_rfs_oob);
+        let a = args(
+            "--kernel-image /p/bzImage --kdir /p/build --debug-kernel none --topology 4x4 \
+             --scenario rfs-unequal-tables --expect-rfs-oob",
+        )
+        .unwrap();
+        assert!(a.settings.expect_rfs_oob && a.custom.is_some());
     }
 
     #[test]

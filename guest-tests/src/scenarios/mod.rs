@@ -1,7 +1,9 @@
 //! The guest scenarios of the suite, all in one table ([`SCENARIOS`]): the
 //! issue-4 ones (link, steer, migrate, expiry: `basic.rs`), plain RPS on
-//! one queue (`rps.rs`), the faults group (`faults/`) and the stress group
-//! (`stress/`). Topologies (queue pairs x vCPUs) are in `topology.rs`. `experiments.rs`
+//! one queue (`rps.rs`), the faults group (`faults/`), the stress group
+//! (`stress/`) and unequal per-queue RFS tables (`rfs_tables.rs`, the
+//! out-of-bounds slot of pre-7.0 `set_rps_cpu()`). Topologies (queue
+//! pairs x vCPUs) are in `topology.rs`. `experiments.rs`
 //! holds the experiment workloads of `vnic-experiment`, which are not
 //! scenarios of the suite; `shard.rs` cuts its collision sweep into shards
 //! and merges their results.
@@ -42,6 +44,7 @@ mod lies;
 mod order;
 pub mod poke;
 mod ports;
+mod rfs_tables;
 mod rps;
 mod session;
 pub mod shard;
@@ -114,6 +117,8 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "stacked-ops",       boot: BootKind::Debug,   setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::stacked_ops },
     Scenario { name: "debugfs-65k",       boot: BootKind::Debug,   setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: stress::bigtable::debugfs_65k },
     Scenario { name: "lock-holds",        boot: BootKind::Timed,   setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: stress::bigtable::lock_holds },
+    // issue 47, an RFS bug caught by KASAN (rfs_tables.rs)
+    Scenario { name: "rfs-unequal-tables", boot: BootKind::Debug,  setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: rfs_tables::rfs_unequal_tables },
 ];
 
 /// Any number of queue pairs in use.

@@ -61,6 +61,11 @@ pub struct Settings {
     /// A shell on the guest's console, which is this terminal (the agent
     /// runs beside it: `vnic-guest-suite run --shell`).
     pub shell: bool,
+    /// The kernel under test has the pre-fix `set_rps_cpu()`
+    /// (images/patches/7.3-set-rps-cpu-prefix-flow-id.patch):
+    /// rfs-unequal-tables asserts the out-of-bounds slot and KASAN's report
+    /// instead of their absence.
+    pub expect_rfs_oob: bool,
 }
 
 impl Settings {
@@ -97,6 +102,7 @@ impl Default for Settings {
             module: ModuleParams::default(),
             boot_timeout: Duration::from_mins(3),
             shell: false,
+            expect_rfs_oob: false,
         }
     }
 }
