@@ -21,9 +21,9 @@
 //! chunks) — each with no hold of the module's lock over [`HOLD_MAX`], by
 //! the module's own figure (debugfs `lock_holds`, reset before each job).
 
-use super::{light_workload, BootKind, Checks, Session, IFNAME};
+use super::{flowgen_load, flowgen_unload, light_workload, BootKind, Checks, Session, IFNAME};
 use crate::ensure;
-use crate::harness::{wait_for, Context, Result};
+use crate::harness::{wait_for, Result};
 use crate::module::{DEBUGFS_DIR, PARAMS_DIR};
 use crate::proto::Request;
 use std::collections::HashSet;
@@ -86,18 +86,8 @@ pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<S
         Ok((ctl.stats()?.table.live > 0).then_some(()))
     })?;
 
-    let flowgen = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
     let t = Instant::now();
-    s.guest
-        .agent
-        .call_value(
-            &Request::ModuleLoad {
-                path: flowgen,
-                params: format!("ifname={IFNAME} count={target}"),
-            },
-            Duration::from_mins(5),
-        )
-        .ctx("loading vnic_flowgen.ko")?;
+    flowgen_load(s, target, Duration::from_mins(5))?;
     let inject_s = t.elapsed().as_secs_f64();
     let param = |s: &mut Session, p: &str| -> Result<u64> {
         let v = s
@@ -301,17 +291,7 @@ pub(in super::super) fn lock_holds(s: &mut Session, c: &mut Checks) -> Result<St
     // nothing: the table is the helper's).
     light_workload(s)?;
     let dir = format!("{DEBUGFS_DIR}/{IFNAME}");
-    let flowgen = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
-    s.guest
-        .agent
-        .call_value(
-            &Request::ModuleLoad {
-                path: flowgen,
-                params: format!("ifname={IFNAME} count={target}"),
-            },
-            Duration::from_mins(5),
-        )
-        .ctx("loading vnic_flowgen.ko")?;
+    flowgen_load(s, target, Duration::from_mins(5))?;
     let ctl = &mut s.guest.ctl;
     wait_for(
         Duration::from_mins(5),
@@ -385,11 +365,6 @@ pub(in super::super) fn lock_holds(s: &mut Session, c: &mut Checks) -> Result<St
         Ok(format!("RFS tables reset in {n} chunks"))
     })?);
 
-    let _ = s.guest.agent.call_value(
-        &Request::ModuleUnload {
-            name: "vnic_flowgen".into(),
-        },
-        Duration::from_secs(30),
-    );
+    flowgen_unload(s);
     Ok(format!("filters={want}; {}", figures.join("; ")))
 }

@@ -42,6 +42,33 @@ pub(super) use tap::TapNet;
 
 // ---- shared helpers --------------------------------------------------------
 
+/// Load the test helper `vnic_flowgen.ko`: `count` synthetic steer calls
+/// on eth0 (aRFS/kmod/tests), made while it loads.
+fn flowgen_load(s: &mut Session, count: u32, timeout: Duration) -> Result<()> {
+    let path = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
+    s.guest
+        .agent
+        .call_value(
+            &Request::ModuleLoad {
+                path,
+                params: format!("ifname={IFNAME} count={count}"),
+            },
+            timeout,
+        )
+        .ctx("loading vnic_flowgen.ko")?;
+    Ok(())
+}
+
+/// Unload `vnic_flowgen.ko` (best effort: its filters stay the module's).
+fn flowgen_unload(s: &mut Session) {
+    let _ = s.guest.agent.call_value(
+        &Request::ModuleUnload {
+            name: "vnic_flowgen".into(),
+        },
+        Duration::from_secs(30),
+    );
+}
+
 fn ping(s: &mut Session, count: u32) -> Result<PingResult> {
     s.guest.agent.call(
         &Request::Ping {

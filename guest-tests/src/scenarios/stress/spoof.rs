@@ -13,7 +13,6 @@ use super::hostile::guest_mac;
 use super::{Checks, Session, IFNAME};
 use crate::bail;
 use crate::harness::{wait_for, Context, Result};
-use crate::proto::Request;
 use arfs::proto as wire;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::Duration;
@@ -187,17 +186,7 @@ pub(in crate::scenarios) fn spoof_tap(s: &mut Session, c: &mut Checks) -> Result
     let quota = s.guest.agent.read_file(&quota_param)?;
     s.guest.agent.write_file(&quota_param, "0")?;
     let live0 = s.guest.ctl.stats()?.table.live;
-    let flowgen = s.module_path.replace("vnic_arfs.ko", "vnic_flowgen.ko");
-    s.guest
-        .agent
-        .call_value(
-            &Request::ModuleLoad {
-                path: flowgen,
-                params: format!("ifname={IFNAME} count={AFTER}"),
-            },
-            Duration::from_mins(1),
-        )
-        .ctx("loading vnic_flowgen.ko")?;
+    super::flowgen_load(s, AFTER, Duration::from_mins(1))?;
     let ctl = &mut s.guest.ctl;
     let got = wait_for(
         Duration::from_secs(30),
@@ -207,12 +196,7 @@ pub(in crate::scenarios) fn spoof_tap(s: &mut Session, c: &mut Checks) -> Result
             Ok((live >= live0 + u64::from(AFTER)).then_some(live))
         },
     );
-    let _ = s.guest.agent.call_value(
-        &Request::ModuleUnload {
-            name: "vnic_flowgen".into(),
-        },
-        Duration::from_secs(30),
-    );
+    super::flowgen_unload(s);
     s.guest.agent.write_file(&quota_param, quota.trim())?;
     let live = got?;
     let acks = super::super::faults::delta(&s.module_counters()?, &m1, RX_COUNTERS[0]);
