@@ -178,6 +178,11 @@ pub(in crate::scenarios) fn spoof_tap(s: &mut Session, c: &mut Checks) -> Result
     c.check(moved.is_empty(), || {
         format!("forged frames reached the module: {}", moved.join(", "))
     });
+    let module_saw = if moved.is_empty() {
+        "module receive counters still".to_string()
+    } else {
+        format!("module receive counters moved: {}", moved.join(", "))
+    };
 
     // Programming goes on. The helper's filters are named by no RFS slot:
     // the module's expiry would take them (as in debugfs-65k), so it is off
@@ -201,7 +206,7 @@ pub(in crate::scenarios) fn spoof_tap(s: &mut Session, c: &mut Checks) -> Result
     let live = got?;
     let acks = super::super::faults::delta(&s.module_counters()?, &m1, RX_COUNTERS[0]);
     Ok(format!(
-        "sent {want} ({COPIES} x {}), device dropped {dropped}, module receive counters still; then {} filters programmed ({acks} ACKs)",
+        "sent {want} ({COPIES} x {}), device dropped {dropped}, {module_saw}; then {} filters programmed ({acks} ACKs)",
         kinds.join(" "),
         live - live0
     ))
