@@ -51,7 +51,7 @@ const MAX_DUMPS: usize = 64;
 const HOLD_MAX: Duration = Duration::from_millis(2);
 
 /// A `name value` line of a debugfs file.
-fn field(text: &str, name: &str) -> Option<u64> {
+pub(super) fn field(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(' ')?;
         (k == name).then(|| v.trim().parse().ok()).flatten()
@@ -71,13 +71,21 @@ fn dump_ids(text: &str) -> (HashSet<u32>, Vec<String>) {
     (ids, bad)
 }
 
-pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<String> {
-    let target = s.boot_capacity.min(MAX_FILTERS);
+/// The table's size for this boot (the protocol's limit on a debug boot),
+/// the module loaded, its expiry off (the helper's filters are named by no
+/// RFS slot: `rps_may_expire_flow()` would let it delete them), the light
+/// workload running.
+fn big_table_start(s: &mut Session) -> Result<u32> {
     s.ensure_module()?;
     s.guest
         .agent
         .write_file(&format!("{PARAMS_DIR}/expire_quota"), "0")?;
     light_workload(s)?;
+    Ok(s.boot_capacity.min(MAX_FILTERS))
+}
+
+pub(in super::super) fn debugfs_65k(s: &mut Session, c: &mut Checks) -> Result<String> {
+    let target = big_table_start(s)?;
     let dir = format!("{DEBUGFS_DIR}/{IFNAME}");
     let state = |s: &mut Session| s.guest.agent.read_file(&format!("{dir}/state"));
     // The real flows first: their filters take a few ids of the table.
@@ -217,11 +225,11 @@ fn read_holds(s: &mut Session, dir: &str) -> Result<Holds> {
             .filter_map(|l| {
                 let words: Vec<&str> = l.split(' ').collect();
                 match words[..] {
-                    ["at", func, "holds", holds, "over_2ms", over, "max_ns", max]
+                    ["at", func, "over_1ms", over1, "over_2ms", over, "max_ns", max]
                         if over != "0" =>
                     {
                         Some(format!(
-                            "{func} {over}/{holds} max {}us",
+                            "{func} {over} over 2 ms ({over1} over 1 ms), max {}us",
                             max.parse::<u64>().unwrap_or(0) / 1000
                         ))
                     }
@@ -275,21 +283,16 @@ fn timed_job(
 }
 
 /// A number of the module's `counters` or `state` file.
-fn module_field(s: &mut Session, dir: &str, file: &str, name: &str) -> Result<u64> {
+pub(super) fn module_field(s: &mut Session, dir: &str, file: &str, name: &str) -> Result<u64> {
     let text = s.guest.agent.read_file(&format!("{dir}/{file}"))?;
     field(&text, name).ok_or_else(|| format!("no `{name}` in {dir}/{file}: {text}").into())
 }
 
 pub(in super::super) fn lock_holds(s: &mut Session, c: &mut Checks) -> Result<String> {
-    let target = s.boot_capacity.min(MAX_FILTERS);
-    let want = u64::from(target);
-    s.ensure_module()?;
-    s.guest
-        .agent
-        .write_file(&format!("{PARAMS_DIR}/expire_quota"), "0")?;
     // Traffic meanwhile (on the timed boot's one CPU the kernel steers
     // nothing: the table is the helper's).
-    light_workload(s)?;
+    let target = big_table_start(s)?;
+    let want = u64::from(target);
     let dir = format!("{DEBUGFS_DIR}/{IFNAME}");
     flowgen_load(s, target, Duration::from_mins(5))?;
     let ctl = &mut s.guest.ctl;

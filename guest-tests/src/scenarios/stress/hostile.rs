@@ -27,7 +27,14 @@ pub(super) fn guest_mac() -> [u8; 6] {
 }
 
 /// A management frame with every header field chosen by the caller.
-fn raw_frame(ty: u8, seq: u32, gen: u32, count: u16, body_len: u16, body: &[u8]) -> Vec<u8> {
+pub(super) fn raw_frame(
+    ty: u8,
+    seq: u32,
+    gen: u32,
+    count: u16,
+    body_len: u16,
+    body: &[u8],
+) -> Vec<u8> {
     let mut f = Vec::with_capacity(30 + body.len());
     f.extend_from_slice(&wire::BROADCAST_MAC);
     f.extend_from_slice(&guest_mac());

@@ -9,7 +9,8 @@
 //! no stall), and programming goes on afterwards (a batch of filters from
 //! the test helper `vnic_flowgen.ko` reaches the device).
 
-use super::hostile::guest_mac;
+use super::bigtable::module_field;
+use super::hostile::{guest_mac, raw_frame};
 use super::{Checks, Session, IFNAME};
 use crate::bail;
 use crate::harness::{wait_for, Context, Result};
@@ -41,15 +42,16 @@ const RX_COUNTERS: [&str; 10] = [
 /// from another generation: through, it would start a resync on a module
 /// that trusts it.
 fn forged(seq: u32, gen: u32) -> Vec<(&'static str, Vec<u8>)> {
-    let mut mgmt = Vec::new();
-    mgmt.extend_from_slice(&wire::ETHERTYPE_MGMT.to_be_bytes());
-    mgmt.extend_from_slice(&wire::MAGIC.to_be_bytes());
-    mgmt.push(wire::VERSION);
-    mgmt.push(wire::MsgType::Ack.code());
-    mgmt.extend_from_slice(&seq.to_be_bytes());
-    mgmt.extend_from_slice(&gen.wrapping_add(1).to_be_bytes());
-    mgmt.extend_from_slice(&0u16.to_be_bytes()); // count
-    mgmt.extend_from_slice(&0u16.to_be_bytes()); // body_len
+    // hostile.rs's frame, from the EtherType on: addresses and tags below
+    let ack = raw_frame(
+        wire::MsgType::Ack.code(),
+        seq,
+        gen.wrapping_add(1),
+        0,
+        0,
+        &[],
+    );
+    let mgmt = &ack[12..];
     let frame = |dst: [u8; 6], tags: &[(u16, u16)]| {
         let mut f = Vec::with_capacity(64);
         f.extend_from_slice(&dst);
@@ -58,7 +60,7 @@ fn forged(seq: u32, gen: u32) -> Vec<(&'static str, Vec<u8>)> {
             f.extend_from_slice(&tpid.to_be_bytes());
             f.extend_from_slice(&vid.to_be_bytes());
         }
-        f.extend_from_slice(&mgmt);
+        f.extend_from_slice(mgmt);
         f.resize(f.len().max(60), 0);
         f
     };
@@ -133,13 +135,10 @@ pub(in crate::scenarios) fn spoof_tap(s: &mut Session, c: &mut Checks) -> Result
     };
     s.ensure_module()?;
     let dir = format!("{}/{IFNAME}", crate::module::DEBUGFS_DIR);
-    let st = s.guest.agent.read_file(&format!("{dir}/state"))?;
-    let num = |k: &str| -> u32 {
-        st.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let frames = forged(num("seq_next").wrapping_sub(1), num("generation"));
+    let seq = module_field(s, &dir, "state", "seq_next")?;
+    let gen = module_field(s, &dir, "state", "generation")?;
+    #[allow(clippy::cast_possible_truncation)] // both are u32 in the module
+    let frames = forged((seq as u32).wrapping_sub(1), gen as u32);
     let kinds: Vec<&str> = frames.iter().map(|f| f.0).collect();
     let want = COPIES * frames.len() as u64;
     let d0 = s.guest.ctl.stats()?;
