@@ -4,8 +4,8 @@
 # NIC, from the guest kernel's own source (issue 27, item 3). As root.
 #
 # Usage: scripts/lib/netdrv-selftests.sh [options]
-#   --series S       the cached vng kernel to boot and whose selftests run
-#                    (default 7.3; images/build-kernel --series S --variant vng
+#   --series S       the cached kernel to boot and whose selftests run
+#                    (default 7.3; images/build-kernel --series S
 #                    must have built it: this script builds no kernel)
 #   --tests LIST     comma-separated tests, as paths under drivers/net
 #                    (ping.py,stats.py,hw/rss_ctx.py); default: every Python
@@ -100,9 +100,9 @@ die() { vnic_log "error: $*"; exit 2; }
 [[ "$queues" =~ ^[1-9][0-9]*$ ]] && [ "$queues" -le 16 ] || die "--queues must be 1..16"
 
 cache=$(vnic_cache)
-kdir=$cache/kernels/$series-vng
+kdir=$cache/kernels/$series-default
 [ -e "$kdir/done" ] && [ -f "$kdir/build/.config" ] ||
-    die "no cached $series vng kernel in $kdir; build it first: images/build-kernel --series $series --variant vng"
+    die "no cached $series kernel in $kdir; build it first: images/build-kernel --series $series"
 ktree=$(cd "$kdir/build" && pwd -P)
 release=$(cat "$ktree/include/config/kernel.release")
 sft=$ktree/tools/testing/selftests/drivers/net
