@@ -20,10 +20,17 @@
 //!   `gen_change`'s `prev_gen` is the generation the one before set, and
 //!   every table, ack and bad_frame line carries that generation; an
 //!   `ack`'s `count` and `statuses` (in op order) agree with its request's
-//!   lines.
+//!   lines; a `flush` counts the `del` lines of its seq and gives their
+//!   reason; an `unknown_del`'s reason is a DEL reason; a `mgmt_drop`
+//!   carries the generation of the last `gen_change` (or, within
+//!   [`GEN_RACE_NS`] of it, the one before: a worker reads it unlocked).
 //! - [`counts_verdict`]: the `gen_change` and `mgmt_drop` lines against the
-//!   device's counters read before and after the trace, and the module's
-//!   count of generation changes.
+//!   device's counters read before and after the trace; the module's count
+//!   of generation changes, and its DELs the device acknowledged by reason
+//!   and as unknown ids, against the lines the device wrote for them.
+//! - [`planted_verdict`]: the `bad_frame` lines and the `mgmt_drop` lines
+//!   of the malformed frames the guest sent (hostile-mgmt) against what
+//!   each frame planted: reason, field, op, type and seq.
 //!
 //! Time tolerance: [`MOVE_SLACK_NS`] (the chance table's order row) around
 //! each line's time, as in the order and effect checks.
@@ -32,8 +39,9 @@ use super::order::MOVE_SLACK_NS;
 use super::workload::napi_queues;
 use super::{Checks, Session, IFNAME};
 use crate::harness::Result;
+use crate::module::ModuleCounters;
 use crate::proto::{Request, RxQueueNapi};
-use arfs::proto::Direction;
+use arfs::proto::{DelReason, Direction};
 use arfs::{EventKind, FlowKey, OpStatus, TraceRecord};
 use std::collections::BTreeMap;
 
@@ -265,6 +273,8 @@ pub(super) fn replay_verdict(records: &[TraceRecord]) -> Verdict {
     let mut live: BTreeMap<u16, (Option<FlowKey>, Option<u16>)> = BTreeMap::new();
     let mut evicts = 0u32;
     let mut last_gen: Option<u32> = None;
+    // The generation before the last change, and the change's time.
+    let mut before_change: Option<(u32, u64)> = None;
     for (i, r) in records.iter().enumerate() {
         let entry = |id: Option<u16>| id.and_then(|id| live.get(&id).copied());
         // A table line is written under the management lock, as is a
@@ -329,6 +339,32 @@ pub(super) fn replay_verdict(records: &[TraceRecord]) -> Verdict {
                         r.id
                     ));
                 }
+                v.judged("unknown_del reason");
+                if !is_del_reason(r.reason.as_deref()) {
+                    v.findings.push(format!(
+                        "line {i}: unknown_del of id {:?} gives reason {:?}, no DEL reason",
+                        r.id, r.reason
+                    ));
+                }
+            }
+            EventKind::Flush => flush_check(records, i, &mut v),
+            EventKind::MgmtDrop => {
+                if let Some(g) = last_gen {
+                    v.judged("mgmt_drop gen");
+                    let raced =
+                        before_change.is_some_and(|(p, t)| r.gen == p && r.ts_ns < t + GEN_RACE_NS);
+                    if r.gen != g && !raced {
+                        v.findings.push(format!(
+                            "line {i}: mgmt_drop ({:?}) carries gen {}; the last gen_change set {g}{}",
+                            r.reason,
+                            r.gen,
+                            before_change.map_or(String::new(), |(p, t)| format!(
+                                " at {:.1} ms (gen {p} before it)",
+                                ms(t)
+                            ))
+                        ));
+                    }
+                }
             }
             EventKind::Reset => {
                 v.judged("reset count");
@@ -352,6 +388,7 @@ pub(super) fn replay_verdict(records: &[TraceRecord]) -> Verdict {
                         ));
                     }
                 }
+                before_change = last_gen.map(|g| (g, r.ts_ns));
                 last_gen = Some(r.gen);
                 evicts = 0;
             }
@@ -360,6 +397,47 @@ pub(super) fn replay_verdict(records: &[TraceRecord]) -> Verdict {
         }
     }
     v
+}
+
+/// A `mgmt_drop` line written by a worker (a reply dropped for want of
+/// buffers, a spoofed frame from the peer) reads the generation without
+/// the management lock: within this long after a `gen_change` it may still
+/// carry the generation before (a worker's pass over one batch takes
+/// microseconds; 50 ms is the order check's slack, far above it).
+pub(super) const GEN_RACE_NS: u64 = MOVE_SLACK_NS;
+
+fn is_del_reason(r: Option<&str>) -> bool {
+    (1..=6).any(|c| DelReason::from_code(c).map(DelReason::name) == r)
+}
+
+/// A `flush` line against the `del` lines of its seq right before it: its
+/// `count` is their number and its `reason` theirs.
+fn flush_check(records: &[TraceRecord], i: usize, v: &mut Verdict) {
+    let r = &records[i];
+    let dels: Vec<&TraceRecord> = records[..i]
+        .iter()
+        .rev()
+        .filter(|l| !matches!(l.event, EventKind::MgmtDrop | EventKind::BadFrame))
+        .take_while(|l| l.seq == r.seq && l.event == EventKind::Del)
+        .collect();
+    v.judged("flush count/reason");
+    let wrong_reason = dels.iter().find(|l| l.reason != r.reason);
+    if r.count != Some(dels.len() as u32)
+        || wrong_reason.is_some()
+        || !is_del_reason(r.reason.as_deref())
+    {
+        v.findings.push(format!(
+            "line {i}: flush seq {:?} says {:?} filters, reason {:?}; its seq has {} del lines{}",
+            r.seq,
+            r.count,
+            r.reason,
+            dels.len(),
+            wrong_reason.map_or(String::new(), |l| format!(
+                ", one with reason {:?}",
+                l.reason
+            ))
+        ));
+    }
 }
 
 /// An ADD's or DEL's `ack` line against its request's lines (those with
@@ -466,6 +544,8 @@ pub(super) struct Counts {
     pub duplicate: u64,
     /// `peer.spoofed_mgmt_dropped`: to the driver, `spoofed`.
     pub spoofed: u64,
+    /// `mgmt.replies_dropped_no_buffers`: to the driver, `no_buffer`.
+    pub no_buffer: u64,
     /// `trace.dropped`: lines the writer could not take (then nothing is
     /// judged).
     pub trace_dropped: u64,
@@ -480,7 +560,39 @@ impl Counts {
             out_of_order: s.mgmt.out_of_order,
             duplicate: s.mgmt.duplicates,
             spoofed: s.peer.spoofed_mgmt_dropped,
+            no_buffer: s.mgmt.replies_dropped_no_buffers,
             trace_dropped: s.trace.dropped,
+        }
+    }
+}
+
+/// The module's own account, read after the trace: what it saw since it
+/// was loaded (the trace covers more: the daemon's whole life).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct ModuleView {
+    /// `generation_changes`.
+    pub gen_changes: u64,
+    /// `deletes_<reason>` for the reasons of a DEL op (the module counts
+    /// one when the device acknowledged it `ok`, so the device applied it
+    /// and wrote its `del` line; FLUSHes are counted differently).
+    pub deletes: BTreeMap<&'static str, u64>,
+    /// `deletes_unknown_id`: DEL ops the device answered `unknown_id`
+    /// (each an `unknown_del` line).
+    pub unknown_id: u64,
+}
+
+/// The DEL-op reasons [`ModuleView::deletes`] holds.
+const DEL_OP_REASONS: [&str; 3] = ["expired", "idle", "aged"];
+
+impl ModuleView {
+    pub(super) fn of(m: &ModuleCounters) -> Self {
+        Self {
+            gen_changes: m.get("generation_changes"),
+            deletes: DEL_OP_REASONS
+                .iter()
+                .map(|r| (*r, m.get(&format!("deletes_{r}"))))
+                .collect(),
+            unknown_id: m.get("deletes_unknown_id"),
         }
     }
 }
@@ -491,13 +603,15 @@ type CountRow = (&'static str, u64, fn(&Counts) -> u64);
 
 /// See the module's doc. `records`: the whole trace, read after `before`
 /// and before `after` (so each count lies between the two readings);
-/// `module_gen`: the module's `generation_changes` since it was loaded,
-/// read after `after`: it can only have seen changes the device made.
+/// `module`: the module's account since it was loaded, read after
+/// `after`: it can only have seen generation changes the device made, and
+/// every DEL it counted as acknowledged by reason (or as an unknown id)
+/// has its line, with that reason, in the trace.
 pub(super) fn counts_verdict(
     records: &[TraceRecord],
     before: &Counts,
     after: &Counts,
-    module_gen: Option<u64>,
+    module: Option<&ModuleView>,
 ) -> Verdict {
     let mut v = Verdict::default();
     if after.trace_dropped > 0 {
@@ -519,13 +633,14 @@ pub(super) fn counts_verdict(
         .filter(|r| r.event == EventKind::GenChange && r.reason.as_deref() != Some("start"))
         .count() as u64;
     #[rustfmt::skip]
-    let rows: [CountRow; 6] = [
+    let rows: [CountRow; 7] = [
         ("gen_change", gens, |c| c.gen_changes),
         ("mgmt_drop to_device loss", drops(Direction::ToDevice, "loss"), |c| c.loss_to_device),
         ("mgmt_drop to_driver loss", drops(Direction::ToDriver, "loss"), |c| c.loss_to_driver),
         ("mgmt_drop out_of_order", drops(Direction::ToDevice, "out_of_order"), |c| c.out_of_order),
         ("mgmt_drop duplicate", drops(Direction::ToDevice, "duplicate"), |c| c.duplicate),
         ("mgmt_drop spoofed", drops(Direction::ToDriver, "spoofed"), |c| c.spoofed),
+        ("mgmt_drop no_buffer", drops(Direction::ToDriver, "no_buffer"), |c| c.no_buffer),
     ];
     for (what, lines, get) in rows {
         v.judged(what);
@@ -537,14 +652,171 @@ pub(super) fn counts_verdict(
             ));
         }
     }
-    if let Some(seen) = module_gen {
-        v.judged("module generation_changes");
-        if seen > after.gen_changes || seen > gens {
+    let Some(m) = module else {
+        return v;
+    };
+    v.judged("module generation_changes");
+    if m.gen_changes > after.gen_changes || m.gen_changes > gens {
+        v.findings.push(format!(
+            "the module counted {} generation changes since it was loaded; the device made {} and traced {gens} in all",
+            m.gen_changes, after.gen_changes
+        ));
+    }
+    let lines = |k: EventKind, reason: Option<&str>| {
+        records
+            .iter()
+            .filter(|r| r.event == k && reason.is_none_or(|x| r.reason.as_deref() == Some(x)))
+            .count() as u64
+    };
+    for (reason, n) in &m.deletes {
+        v.judged("module deletes by reason");
+        let traced = lines(EventKind::Del, Some(reason));
+        if *n > traced {
             v.findings.push(format!(
-                "the module counted {seen} generation changes since it was loaded; the device made {} and traced {gens} in all",
-                after.gen_changes
+                "the module counted {n} DELs with reason {reason} acknowledged; the trace has {traced} del lines with that reason"
             ));
         }
+    }
+    v.judged("module deletes_unknown_id");
+    let traced = lines(EventKind::UnknownDel, None);
+    if m.unknown_id > traced {
+        v.findings.push(format!(
+            "the module counted {} DELs answered unknown_id; the trace has {traced} unknown_del lines",
+            m.unknown_id
+        ));
+    }
+    v
+}
+
+/// A malformed frame the guest sent `sent` times (hostile-mgmt), and what
+/// its `bad_frame` line must say: the values it planted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Planted<'a> {
+    pub reason: &'a str,
+    pub field: &'a str,
+    pub op: Option<u16>,
+    /// The header's type (None: no readable header).
+    pub msg_type: Option<&'a str>,
+    /// The header's seq for an error the protocol NAKs (the device
+    /// trusts that header); such a frame outside the device's window is
+    /// also dropped as `out_of_order`, with this seq and type.
+    pub seq: Option<u32>,
+    pub sent: u64,
+}
+
+/// `bad_frame` and `out_of_order` `mgmt_drop` lines of the frames in
+/// `planted` (the lines of the guest's own session are not theirs: a
+/// planted NAK-able frame's seq is far from the session's): every
+/// `bad_frame` line matches a planted frame field for field; per planted
+/// kind no more lines than frames sent, and no fewer than sent less the
+/// lines the trace writer dropped (`trace_dropped`); each planted NAK-able
+/// frame has its `out_of_order` line with its seq and type.
+pub(crate) fn planted_verdict(
+    records: &[TraceRecord],
+    planted: &[Planted<'_>],
+    trace_dropped: u64,
+) -> Verdict {
+    type Key<'a> = (&'a str, &'a str, Option<u16>, Option<&'a str>, Option<u32>);
+    let mut v = Verdict::default();
+    let mut want: BTreeMap<Key<'_>, (u64, u64)> = BTreeMap::new();
+    let mut drops: BTreeMap<(u32, &str), (u64, u64)> = BTreeMap::new();
+    for p in planted {
+        want.entry((p.reason, p.field, p.op, p.msg_type, p.seq))
+            .or_default()
+            .0 += p.sent;
+        if let (Some(seq), Some(t)) = (p.seq, p.msg_type) {
+            drops.entry((seq, t)).or_default().0 += p.sent;
+        }
+    }
+    let mut strays = 0usize;
+    for (i, r) in records.iter().enumerate() {
+        match r.event {
+            EventKind::BadFrame => {
+                v.judged("bad_frame reason/field/op/msg_type/seq");
+                let k = (
+                    r.reason.as_deref().unwrap_or("-"),
+                    r.field.as_deref().unwrap_or("-"),
+                    r.op,
+                    r.msg_type.as_deref(),
+                    r.seq,
+                );
+                if let Some(n) = want.get_mut(&k) {
+                    n.1 += 1;
+                } else {
+                    strays += 1;
+                    if strays <= 5 {
+                        v.findings.push(format!(
+                            "line {i}: bad_frame reason {:?} field {:?} op {:?} msg_type {:?} seq {:?}: no frame the guest sent planted that",
+                            k.0, k.1, k.2, k.3, k.4
+                        ));
+                    }
+                }
+            }
+            EventKind::MgmtDrop if r.reason.as_deref() == Some("out_of_order") => {
+                let Some(seq) = r.seq else { continue };
+                let t = r.msg_type.as_deref().unwrap_or("-");
+                if let Some(n) = drops.get_mut(&(seq, t)) {
+                    v.judged("mgmt_drop out_of_order seq/msg_type/dir");
+                    n.1 += 1;
+                    if r.dir != Some(Direction::ToDevice) {
+                        v.findings.push(format!(
+                            "line {i}: out_of_order drop of seq {seq} ({t}) gives dir {:?}",
+                            r.dir
+                        ));
+                    }
+                } else if planted.iter().any(|p| p.seq == Some(seq)) {
+                    v.findings.push(format!(
+                        "line {i}: out_of_order drop of seq {seq} gives type {t}; no NAK-able frame of that type was sent"
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    if strays > 5 {
+        v.findings.push(format!(
+            "{} more bad_frame lines planted by nobody",
+            strays - 5
+        ));
+    }
+    let mut missing = 0u64;
+    for (what, rows) in [
+        (
+            "bad_frame",
+            want.iter()
+                .map(|(k, n)| (format!("{k:?}"), *n))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "out_of_order mgmt_drop",
+            drops.iter().map(|(k, n)| (format!("{k:?}"), *n)).collect(),
+        ),
+    ] {
+        for (k, (sent, got)) in rows {
+            if got > sent {
+                v.findings
+                    .push(format!("{got} {what} lines for {k}; the guest sent {sent}"));
+            }
+            missing += sent.saturating_sub(got);
+        }
+    }
+    if missing > trace_dropped {
+        let short: Vec<String> = want
+            .iter()
+            .filter(|(_, (s, g))| g < s)
+            .map(|(k, (s, g))| format!("{k:?} {g}/{s}"))
+            .chain(
+                drops
+                    .iter()
+                    .filter(|(_, (s, g))| g < s)
+                    .map(|(k, (s, g))| format!("drop {k:?} {g}/{s}")),
+            )
+            .take(6)
+            .collect();
+        v.findings.push(format!(
+            "{missing} planted frames have no line (the writer dropped {trace_dropped}): {}",
+            short.join(", ")
+        ));
     }
     v
 }
@@ -557,7 +829,7 @@ impl Session {
         let before = Counts::of(&self.guest.ctl.stats()?);
         let (trace, _) = self.trace_from(0)?;
         let after = Counts::of(&self.guest.ctl.stats()?);
-        let module_gen = self.module_counters()?.get("generation_changes");
+        let module = ModuleView::of(&self.module_counters()?);
         let napi: RxQueueNapi = self.guest.agent.req(Request::RxQueueNapi {
             ifname: IFNAME.into(),
         })?;
@@ -586,7 +858,7 @@ impl Session {
             .collect();
         let g = guest_verdict(&trace, &flows);
         let r = replay_verdict(&trace);
-        let n = counts_verdict(&trace, &before, &after, Some(module_gen));
+        let n = counts_verdict(&trace, &before, &after, Some(&module));
         for l in g.findings.iter().chain(&r.findings).chain(&n.findings) {
             c.check(false, || l.clone());
         }
@@ -807,6 +1079,237 @@ mod tests {
         }
     }
 
+    /// A FLUSH's line against its del lines; an unknown_del's reason; a
+    /// worker's mgmt_drop generation, raced or stale.
+    #[test]
+    fn flushes_unknown_dels_and_drop_generations_are_replayed() {
+        let k = key(20001);
+        let del = |id, reason| {
+            ev(
+                30,
+                &TableEvent::Deleted {
+                    seq: 9,
+                    id,
+                    rxq: 1,
+                    flow: k,
+                    reason,
+                    hits: 0,
+                },
+            )
+        };
+        let add = |id| {
+            ev(
+                10,
+                &TableEvent::Added {
+                    seq: 8,
+                    id,
+                    rxq: 1,
+                    flow: k,
+                },
+            )
+        };
+        let flush = ev(
+            30,
+            &TableEvent::Flushed {
+                seq: 9,
+                reason: DelReason::Flush,
+                count: 2,
+            },
+        );
+        let unknown = ev(
+            40,
+            &TableEvent::UnknownDelete {
+                seq: 10,
+                id: 3,
+                reason: DelReason::Idle,
+            },
+        );
+        let spoofed = |t_ms, gen| {
+            TraceRecord::mgmt_drop(
+                t_ms * MS,
+                gen,
+                Direction::ToDriver,
+                None,
+                None,
+                arfs::DropCause::Spoofed,
+            )
+        };
+        let good = vec![
+            TraceRecord::gen_change(0, 0, 1, "start"),
+            add(1),
+            add(2),
+            del(1, DelReason::Flush),
+            del(2, DelReason::Flush),
+            flush,
+            unknown,
+            TraceRecord::gen_change(50 * MS, 1, 2, "reset"),
+            // written by a worker that read the generation just before
+            spoofed(60, 1),
+            spoofed(200, 2),
+        ];
+        let v = replay_verdict(&good);
+        assert!(v.findings.is_empty(), "{v:?}");
+        for k in ["flush count/reason", "unknown_del reason", "mgmt_drop gen"] {
+            assert!(v.checked.contains_key(k), "{k}: {v:?}");
+        }
+        let planted: [(usize, LinePlant); 6] = [
+            (5, |r| r.count = Some(1)),
+            (5, |r| r.reason = Some("unload".into())),
+            (4, |r| r.reason = Some("expired".into())),
+            (6, |r| r.reason = Some("soon".into())),
+            // stale past the race allowance, or a generation never made
+            (9, |r| r.gen = 1),
+            (8, |r| r.gen = 7),
+        ];
+        for (i, plant) in planted {
+            let mut t = good.clone();
+            plant(&mut t[i]);
+            let v = replay_verdict(&t);
+            let at = if i == 4 { 5 } else { i };
+            assert_eq!(v.findings.len(), 1, "line {i}: {v:?}");
+            assert!(v.findings[0].starts_with(&format!("line {at}:")), "{v:?}");
+        }
+    }
+
+    /// The module's acknowledged DELs by reason and its unknown ids against
+    /// the device's lines; replies dropped for want of buffers.
+    #[test]
+    fn module_deletes_and_no_buffer_drops_match_the_lines() {
+        let t = vec![
+            TraceRecord::gen_change(0, 0, 1, "start"),
+            ev(
+                10,
+                &TableEvent::Deleted {
+                    seq: 3,
+                    id: 1,
+                    rxq: 0,
+                    flow: key(20001),
+                    reason: DelReason::Expired,
+                    hits: 4,
+                },
+            ),
+            ev(
+                11,
+                &TableEvent::UnknownDelete {
+                    seq: 4,
+                    id: 2,
+                    reason: DelReason::Idle,
+                },
+            ),
+            TraceRecord::mgmt_drop(
+                12 * MS,
+                1,
+                Direction::ToDriver,
+                Some(4),
+                Some(6),
+                arfs::DropCause::NoBuffer,
+            ),
+        ];
+        let c = Counts {
+            no_buffer: 1,
+            ..Counts::default()
+        };
+        let m = ModuleView {
+            gen_changes: 0,
+            deletes: [("expired", 1), ("idle", 0), ("aged", 0)].into(),
+            unknown_id: 1,
+        };
+        let v = counts_verdict(&t, &c, &c, Some(&m));
+        assert!(v.findings.is_empty(), "{v:?}");
+        // The device wrote idle where the module asked expired: the
+        // module's count of expired DELs has no line.
+        let mut wrong = t.clone();
+        wrong[1].reason = Some("idle".into());
+        let v = counts_verdict(&wrong, &c, &c, Some(&m));
+        assert_eq!(v.findings.len(), 1, "{v:?}");
+        assert!(v.findings[0].contains("reason expired"), "{v:?}");
+        // An unknown_del not written; a reply dropped and not traced.
+        let v = counts_verdict(&t[..2], &c, &c, Some(&m));
+        assert_eq!(v.findings.len(), 2, "{v:?}");
+    }
+
+    /// hostile-mgmt's frames against their lines, field by field.
+    #[test]
+    fn planted_frames_are_named_as_planted() {
+        let seq = 0x4000_0007;
+        let planted = [
+            Planted {
+                reason: "bad_reason",
+                field: "ops[].reason",
+                op: Some(1),
+                msg_type: Some("DEL"),
+                seq: Some(seq),
+                sent: 2,
+            },
+            Planted {
+                reason: "bad_magic",
+                field: "magic",
+                op: None,
+                msg_type: Some("HELLO"),
+                seq: None,
+                sent: 1,
+            },
+        ];
+        let bad = |reason: &str, field: &str, op, t: &str, seq| {
+            let mut r = TraceRecord::bare(MS, EventKind::BadFrame, 1);
+            r.reason = Some(reason.into());
+            r.field = Some(field.into());
+            r.op = op;
+            r.msg_type = Some(t.into());
+            r.seq = seq;
+            r
+        };
+        let ooo = TraceRecord::mgmt_drop(
+            MS,
+            1,
+            Direction::ToDevice,
+            Some(seq),
+            Some(4),
+            arfs::DropCause::OutOfOrder,
+        );
+        let del = bad("bad_reason", "ops[].reason", Some(1), "DEL", Some(seq));
+        let good = vec![
+            del.clone(),
+            ooo.clone(),
+            bad("bad_magic", "magic", None, "HELLO", None),
+            del.clone(),
+            ooo.clone(),
+        ];
+        let v = planted_verdict(&good, &planted, 0);
+        assert!(v.findings.is_empty(), "{v:?}");
+        let plants: [(usize, LinePlant); 5] = [
+            (0, |r| r.op = Some(0)),
+            (0, |r| r.field = Some("ops[].id".into())),
+            (2, |r| r.msg_type = None),
+            (3, |r| r.seq = None),
+            (4, |r| r.msg_type = Some("ADD".into())),
+        ];
+        for (i, plant) in plants {
+            let mut t = good.clone();
+            plant(&mut t[i]);
+            let v = planted_verdict(&t, &planted, 0);
+            assert!(
+                v.findings
+                    .iter()
+                    .any(|f| f.starts_with(&format!("line {i}:"))),
+                "line {i}: {v:?}"
+            );
+            // The same line is also missing from its own kind's count.
+            assert!(
+                v.findings.iter().any(|f| f.contains("have no line")),
+                "{v:?}"
+            );
+        }
+        // A line lost by the writer is allowed when it says so.
+        let short = &good[..4];
+        assert_eq!(planted_verdict(short, &planted, 0).findings.len(), 1);
+        assert!(planted_verdict(short, &planted, 1).findings.is_empty());
+        // A frame traced twice.
+        let mut twice = good.clone();
+        twice.push(bad("bad_magic", "magic", None, "HELLO", None));
+        assert_eq!(planted_verdict(&twice, &planted, 0).findings.len(), 1);
+    }
+
     #[test]
     fn drops_and_generation_changes_match_the_counters() {
         let mut drop = TraceRecord::mgmt_drop(
@@ -827,7 +1330,11 @@ mod tests {
             loss_to_device: 1,
             ..Counts::default()
         };
-        let v = counts_verdict(&t, &c, &c, Some(1));
+        let m1 = ModuleView {
+            gen_changes: 1,
+            ..ModuleView::default()
+        };
+        let v = counts_verdict(&t, &c, &c, Some(&m1));
         assert!(v.findings.is_empty(), "{v:?}");
         // A drop counted, not traced (or traced twice); a module that saw
         // more generation changes than the device made.
@@ -838,7 +1345,11 @@ mod tests {
         assert_eq!(counts_verdict(&t, &more, &more, None).findings.len(), 1);
         drop.dir = Some(Direction::ToDriver);
         let t2 = vec![t[0].clone(), t[1].clone(), drop];
-        let v = counts_verdict(&t2, &c, &c, Some(2));
+        let m2 = ModuleView {
+            gen_changes: 2,
+            ..ModuleView::default()
+        };
+        let v = counts_verdict(&t2, &c, &c, Some(&m2));
         assert_eq!(v.findings.len(), 3, "{v:?}");
         // Between the two readings: passes.
         let before = Counts::default();

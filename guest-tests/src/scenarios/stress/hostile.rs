@@ -5,6 +5,7 @@ use super::{drop_module, mgmt_bad, ping, tables_agree};
 use crate::ensure;
 use crate::harness::Result;
 use crate::proto::{hex_decode, hex_encode, RawTxReport, RawTxSpec, Request};
+use crate::scenarios::tracecheck::{planted_verdict, Planted};
 use crate::scenarios::{Checks, Session, GEN_IP, GEN_PORT, GUEST_IP, IFNAME};
 use arfs::proto::{self as wire, FrameError, Message};
 use arfs::EventKind;
@@ -89,21 +90,36 @@ type Reply = (u8, u32, u8, Vec<u8>);
 struct Bad {
     what: &'static str,
     reason: FrameError,
+    /// What its `bad_frame` trace line must say: the field at fault, the
+    /// op's index, the type (None: header unreadable).
+    field: &'static str,
+    op: Option<u16>,
+    msg_type: Option<&'static str>,
     /// The type byte a NAK echoes (None: silent reasons).
     nak_type: Option<u8>,
     frame: Vec<u8>,
 }
+
+/// A frame's planted fault as its `bad_frame` line names it: (`field`,
+/// `op`, `msg_type`; None: no readable header).
+type Planted3 = (&'static str, Option<u16>, Option<&'static str>);
 
 /// Every malformed-frame reason of PROTOCOL.md, several ways each, all
 /// with header seq `seq` (NAK-able ones: see `hostile_mgmt` for why).
 fn malformed(seq: u32, gen: u32) -> Vec<Bad> {
     use FrameError as E;
     let mut v = Vec::new();
-    let mut push = |what, reason: FrameError, frame: Vec<u8>| {
+    // (what, the reason, (the field at fault, the op's index, the type)
+    // as its trace line must name them, the frame)
+    let mut push = |what, reason: FrameError, at: Planted3, frame: Vec<u8>| {
         let nak_type = (!reason.is_silent()).then(|| frame[17]);
+        let (field, op, msg_type) = at;
         v.push(Bad {
             what,
             reason,
+            field,
+            op,
+            msg_type,
             nak_type,
             frame,
         });
@@ -111,60 +127,93 @@ fn malformed(seq: u32, gen: u32) -> Vec<Bad> {
     let hello = hello_body(0);
     let mut f = raw_frame(1, seq, gen, 0, 16, &hello);
     f.truncate(14 + 10);
-    push("truncated header", E::TooShort, f);
+    push("truncated header", E::TooShort, ("frame", None, None), f);
     let mut f = raw_frame(3, seq, gen, 1, 44, &add_op(1, 0, 4, 17, false));
     f.truncate(30 + 20);
-    push("ADD cut inside its op", E::TooShort, f);
+    push(
+        "ADD cut inside its op",
+        E::TooShort,
+        ("body", None, Some("ADD")),
+        f,
+    );
     let mut f = raw_frame(1, seq, gen, 0, 16, &hello);
     f[14] = 0xde;
     f[15] = 0xad;
-    push("bad magic", E::BadMagic, f);
+    push("bad magic", E::BadMagic, ("magic", None, Some("HELLO")), f);
     let mut f = raw_frame(1, seq, gen, 0, 16, &hello);
     f[16] = 2;
-    push("version 2", E::BadVersion, f);
+    push(
+        "version 2",
+        E::BadVersion,
+        ("version", None, Some("HELLO")),
+        f,
+    );
     let mut f = raw_frame(1, seq, gen, 0, 16, &hello);
     f[16] = 0;
-    push("version 0", E::BadVersion, f);
-    push("type 0", E::UnknownType, raw_frame(0, seq, gen, 0, 0, &[]));
-    push("type 7", E::UnknownType, raw_frame(7, seq, gen, 0, 0, &[]));
+    push(
+        "version 0",
+        E::BadVersion,
+        ("version", None, Some("HELLO")),
+        f,
+    );
+    push(
+        "type 0",
+        E::UnknownType,
+        ("type", None, Some("0")),
+        raw_frame(0, seq, gen, 0, 0, &[]),
+    );
+    push(
+        "type 7",
+        E::UnknownType,
+        ("type", None, Some("7")),
+        raw_frame(7, seq, gen, 0, 0, &[]),
+    );
     push(
         "type 255",
         E::UnknownType,
+        ("type", None, Some("255")),
         raw_frame(255, seq, gen, 3, 12, &[0; 12]),
     );
     push(
         "CAPS to the device",
         E::WrongDirection,
+        ("type", None, Some("CAPS")),
         raw_frame(2, seq, gen, 0, 24, &[0; 24]),
     );
     push(
         "ACK to the device",
         E::WrongDirection,
+        ("type", None, Some("ACK")),
         raw_frame(6, seq, gen, 1, 5, &[3, 0, 0, 0, 0]),
     );
     push(
         "HELLO with count 1",
         E::BadCount,
+        ("count", None, Some("HELLO")),
         raw_frame(1, seq, gen, 1, 16, &hello),
     );
     push(
         "ADD with count 0",
         E::BadCount,
+        ("count", None, Some("ADD")),
         raw_frame(3, seq, gen, 0, 0, &[]),
     );
     push(
         "ADD with 34 ops",
         E::TooManyOps,
+        ("count", None, Some("ADD")),
         raw_frame(3, seq, gen, 34, 34 * 44, &[]),
     );
     push(
         "ADD with 65535 ops",
         E::TooManyOps,
+        ("count", None, Some("ADD")),
         raw_frame(3, seq, gen, 65535, 0, &[]),
     );
     push(
         "DEL with 1000 ops",
         E::TooManyOps,
+        ("count", None, Some("DEL")),
         raw_frame(4, seq, gen, 1000, 4000, &[]),
     );
     let mut op = add_op(1, 0, 4, 17, false);
@@ -172,39 +221,48 @@ fn malformed(seq: u32, gen: u32) -> Vec<Bad> {
     push(
         "ADD body 43 bytes",
         E::BadLength,
+        ("body_len", None, Some("ADD")),
         raw_frame(3, seq, gen, 1, 43, &op),
     );
     push(
         "FLUSH body 5 bytes",
         E::BadLength,
+        ("body_len", None, Some("FLUSH")),
         raw_frame(5, seq, gen, 0, 5, &[1, 0, 0, 0, 0]),
     );
     push(
         "FLUSH reason 0",
         E::BadReason,
+        ("reason", None, Some("FLUSH")),
         raw_frame(5, seq, gen, 0, 4, &[0, 0, 0, 0]),
     );
     push(
-        "DEL reason 7",
+        "DEL reason 7 in op 1",
         E::BadReason,
-        raw_frame(4, seq, gen, 1, 4, &[0, 1, 7, 0]),
+        ("ops[].reason", Some(1), Some("DEL")),
+        raw_frame(4, seq, gen, 2, 8, &[0, 1, 1, 0, 0, 2, 7, 0]),
     );
     push(
         "HELLO reserved",
         E::ReservedNonzero,
+        ("reserved", None, Some("HELLO")),
         raw_frame(1, seq, gen, 0, 16, &hello_body(0x8000)),
     );
     push(
         "FLUSH reserved",
         E::ReservedNonzero,
+        ("reserved", None, Some("FLUSH")),
         raw_frame(5, seq, gen, 0, 4, &[1, 0, 7, 0]),
     );
-    let mut op = add_op(1, 0, 4, 17, false);
+    let mut ops = add_op(1, 0, 4, 17, false);
+    let mut op = add_op(2, 0, 4, 17, false);
     op[10] = 0xff;
+    ops.extend(op);
     push(
-        "ADD op reserved",
+        "ADD op reserved in op 1",
         E::ReservedNonzero,
-        raw_frame(3, seq, gen, 1, 44, &op),
+        ("ops[].reserved", Some(1), Some("ADD")),
+        raw_frame(3, seq, gen, 2, 88, &ops),
     );
     v
 }
@@ -510,6 +568,25 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     c.check(traced + tdrop >= total && traced <= total, || {
         format!("{traced} bad_frame trace lines (+{tdrop} dropped) for {total} frames")
     });
+    // Each line says what its frame planted (reason, field, op, type,
+    // seq), and each NAK-able frame's out_of_order drop names its seq and
+    // type: the trace against what the guest sent.
+    let planted: Vec<Planted<'_>> = bad
+        .iter()
+        .zip(&rep.sent)
+        .map(|(b, n)| Planted {
+            reason: b.reason.name(),
+            field: b.field,
+            op: b.op,
+            msg_type: b.msg_type,
+            seq: b.nak_type.map(|_| exp.wrapping_add(0x4000_0000)),
+            sent: *n,
+        })
+        .collect();
+    let pv = planted_verdict(&trace, &planted, tdrop);
+    for f in &pv.findings {
+        c.check(false, || f.clone());
+    }
     // The module's session never noticed.
     let m1 = s.module_counters()?;
     for k in [
@@ -534,11 +611,12 @@ pub(in crate::scenarios) fn hostile_mgmt(s: &mut Session, c: &mut Checks) -> Res
     // No data frame lost, repeated or damaged under the blast.
     let delivery = s.check_delivery(c)?;
     Ok(format!(
-        "{phase1}; under load: {total} frames in {:.1}s ({:.0}/s, {} retries) by reason sent/counted: {counted}out_of_order={} naks=0 traced={traced} module gen_changes/replays/stalls +0, tables agree ({} entries); steering {fig} ping {}/{} {delivery}",
+        "{phase1}; under load: {total} frames in {:.1}s ({:.0}/s, {} retries) by reason sent/counted: {counted}out_of_order={} naks=0 traced={traced} {} module gen_changes/replays/stalls +0, tables agree ({} entries); steering {fig} ping {}/{} {delivery}",
         rep.elapsed_ms as f64 / 1000.0,
         total as f64 * 1000.0 / rep.elapsed_ms.max(1) as f64,
         rep.retries,
         d(|s| s.mgmt.out_of_order),
+        pv.figures("trace-vs-sent"),
         agree.as_ref().copied().unwrap_or(0),
         p.received,
         p.sent
@@ -561,6 +639,12 @@ mod tests {
         for b in &bad {
             let e = wire::decode_frame(&b.frame).expect_err(b.what);
             assert_eq!(e.kind, b.reason, "{}: {e}", b.what);
+            // The device's trace line for it says what the frame planted.
+            let line = arfs::TraceRecord::bad_frame(0, 7, &e);
+            assert_eq!(line.field.as_deref(), Some(b.field), "{}", b.what);
+            assert_eq!(line.op, b.op, "{}", b.what);
+            assert_eq!(line.msg_type.as_deref(), b.msg_type, "{}", b.what);
+            assert_eq!(line.seq, b.nak_type.map(|_| 0x1234_5678), "{}", b.what);
             assert_eq!(b.nak_type.is_some(), e.nak_header().is_some(), "{}", b.what);
             if let Some(h) = e.nak_header() {
                 assert_eq!(h.seq, 0x1234_5678, "{}", b.what);
