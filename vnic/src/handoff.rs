@@ -277,17 +277,30 @@ impl Router {
     /// counted and traced (the trace drops, and counts, what it cannot take).
     fn spoofed(&self, frame: &[u8]) {
         add(&self.stats.peer.spoofed_mgmt_dropped, 1);
-        if self.tracer.enabled() {
-            let h = arfs::proto::peek_header(frame);
-            self.tracer.emit(arfs::TraceRecord::mgmt_drop(
-                crate::clock::now_ns(),
-                self.generation.load(Ordering::Relaxed),
-                arfs::proto::Direction::ToDriver,
-                h.map(|h| h.seq),
-                h.map(|h| h.msg_type),
-                arfs::DropCause::Spoofed,
-            ));
+        self.trace_drop(frame, arfs::DropCause::Spoofed);
+    }
+
+    /// A `mgmt_drop` line (to the driver) for `frame`, which starts at its
+    /// Ethernet header, or at the virtio-net header space for a reply.
+    /// The generation is read without the management lock (a line may
+    /// carry the one before a change in flight).
+    fn trace_drop(&self, frame: &[u8], cause: arfs::DropCause) {
+        if !self.tracer.enabled() {
+            return;
         }
+        let eth = match cause {
+            arfs::DropCause::NoBuffer => frame.get(NET_HDR_LEN..).unwrap_or_default(),
+            _ => frame,
+        };
+        let h = arfs::proto::peek_header(eth);
+        self.tracer.emit(arfs::TraceRecord::mgmt_drop(
+            crate::clock::now_ns(),
+            self.generation.load(Ordering::Relaxed),
+            arfs::proto::Direction::ToDriver,
+            h.map(|h| h.seq),
+            h.map(|h| h.msg_type),
+            cause,
+        ));
     }
 
     /// Steers and delivers (or hands over) a frame from the peer: `pkt` is
@@ -628,6 +641,7 @@ impl Router {
             if !ready || self.backlog.len() > REPLY_BACKLOG {
                 self.backlog.pop_front();
                 add(&self.stats.replies_dropped_no_buffers, 1);
+                self.trace_drop(&pkt, arfs::DropCause::NoBuffer);
                 continue;
             }
             if let Some(r) = self.backlog.front_mut() {

@@ -354,3 +354,151 @@ fn rogue_responder_answers_before_the_device_from_another_station() {
     g.poll();
     assert!(g.replies.is_empty(), "{:?}", g.replies);
 }
+
+/// The trace's lines, read (and re-read while the writer catches up) until
+/// `done` holds of them.
+fn trace_lines(
+    path: &std::path::Path,
+    what: &str,
+    done: impl Fn(&[arfs::TraceRecord]) -> bool,
+) -> Vec<arfs::TraceRecord> {
+    let deadline = Instant::now() + T;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<arfs::TraceRecord> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if done(&lines) {
+            return lines;
+        }
+        assert!(Instant::now() < deadline, "trace: {what}: {lines:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn trace_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("vnic-faults-{}-{name}.jsonl", std::process::id()))
+}
+
+/// A guest that stops posting receive buffers: the device's replies wait in
+/// its backlog, then are dropped. Each drop is counted
+/// (`mgmt.replies_dropped_no_buffers`) and traced as a `mgmt_drop`
+/// (`to_driver`, `no_buffer`) naming the dropped ACK's seq; with buffers
+/// back, every request's ACK was either received or named by such a line,
+/// never both.
+#[test]
+fn replies_dropped_for_want_of_buffers_are_counted_and_traced() {
+    let path = trace_path("nobuf");
+    let d = daemon(&["--queues", "1", "--trace", path.to_str().unwrap()]);
+    let mut c = ctl(&d);
+    let mut g = Guest::connect_with(&d.socket, opts(1, 16), 1, true).unwrap();
+    wait_stats(&mut c, "1 enabled pair", |s| s.enabled_pairs == 1);
+    g.hello(T).expect("HELLO");
+    g.no_refill[0] = true;
+    let n = 400u32;
+    let first = g.seq;
+    for _ in 0..n {
+        g.send_mgmt(&Message::Flush(DelReason::Flush));
+        g.poll();
+    }
+    let s = wait_stats(&mut c, "every FLUSH applied", |s| {
+        s.table.flushes == u64::from(n)
+    });
+    let dropped = s.mgmt.replies_dropped_no_buffers;
+    assert!(
+        dropped > 0,
+        "no reply dropped with 16 buffers for {n}: {s:?}"
+    );
+    let lines = trace_lines(&path, "one no_buffer line per dropped reply", |l| {
+        l.iter()
+            .filter(|r| r.reason.as_deref() == Some("no_buffer"))
+            .count() as u64
+            >= dropped
+    });
+    let nobuf: Vec<&arfs::TraceRecord> = lines
+        .iter()
+        .filter(|r| r.reason.as_deref() == Some("no_buffer"))
+        .collect();
+    assert_eq!(nobuf.len() as u64, dropped, "{nobuf:?}");
+    let mut lost = std::collections::BTreeSet::new();
+    for r in &nobuf {
+        assert_eq!(r.event, arfs::EventKind::MgmtDrop, "{r:?}");
+        assert_eq!(r.dir, Some(arfs::proto::Direction::ToDriver), "{r:?}");
+        assert_eq!(r.msg_type.as_deref(), Some("ACK"), "{r:?}");
+        assert_eq!(r.gen, g.generation, "{r:?}");
+        let seq = r.seq.expect("a dropped ACK's seq");
+        assert!(seq.wrapping_sub(first) < n, "seq {seq} was never sent");
+        assert!(lost.insert(seq), "seq {seq} dropped twice");
+    }
+    // Buffers again: the backlog comes through.
+    g.no_refill[0] = false;
+    g.wait_until(T, "every ACK received or dropped", |g| {
+        g.replies.len() as u64 + dropped >= u64::from(n)
+    })
+    .unwrap();
+    let got: std::collections::BTreeSet<u32> = g.replies.iter().map(|r| r.header.seq).collect();
+    assert_eq!(got.len(), g.replies.len(), "an ACK received twice");
+    assert!(
+        got.is_disjoint(&lost),
+        "an ACK both received and traced as dropped"
+    );
+    assert_eq!(got.len() as u64 + dropped, u64::from(n));
+    assert!(g.faults.is_empty(), "{:?}", g.faults);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Requests still waiting for their programming latency when the
+/// generation changes are discarded, never applied nor acknowledged: the
+/// `reset` line's `dropped` counts exactly the requests the frontend sent
+/// and never saw answered.
+#[test]
+fn a_reset_counts_the_requests_it_discards() {
+    let path = trace_path("reset-dropped");
+    let d = daemon(&["--queues", "2", "--trace", path.to_str().unwrap()]);
+    let mut c = ctl(&d);
+    let mut g = guest(&d, 2, 2);
+    wait_stats(&mut c, "2 enabled pairs", |s| s.enabled_pairs == 2);
+    g.hello(T).expect("HELLO");
+    let ack = g
+        .add(vec![AddOp::new(1, 1, &gen_flow(14000, 5001))], T)
+        .unwrap();
+    assert_eq!(ack.statuses, st(&[OpStatus::Ok]));
+    c.set("program_latency", "10s").unwrap();
+    let sent: Vec<u32> = (0..3u16)
+        .map(|i| {
+            g.send_mgmt(&Message::Add(vec![AddOp::new(
+                2 + i,
+                0,
+                &gen_flow(14001 + i, 5001),
+            )]))
+        })
+        .collect();
+    wait_stats(&mut c, "3 requests pending", |s| {
+        s.mgmt.pending_requests == 3
+    });
+    // The frontend goes away (a guest reboot): a new generation.
+    drop(g);
+    wait_stats(&mut c, "disconnect noticed", |s| !s.connected);
+    // The reset after the filter's add (the connection's own start wrote
+    // one too, with nothing to drop).
+    let after_add = |l: &[arfs::TraceRecord]| {
+        let a = l.iter().position(|r| r.event == arfs::EventKind::Add)?;
+        l[a..]
+            .iter()
+            .find(|r| r.event == arfs::EventKind::Reset)
+            .cloned()
+    };
+    let lines = trace_lines(&path, "a reset after the add", |l| after_add(l).is_some());
+    let reset = after_add(&lines).unwrap();
+    assert_eq!(reset.dropped, Some(3), "{reset:?}");
+    assert_eq!(reset.count, Some(1), "the one applied filter: {reset:?}");
+    for seq in &sent {
+        assert!(
+            !lines.iter().any(|r| r.seq == Some(*seq)),
+            "discarded request {seq} has a line: {lines:?}"
+        );
+    }
+    c.set("program_latency", "0").unwrap();
+    let _ = std::fs::remove_file(&path);
+}
