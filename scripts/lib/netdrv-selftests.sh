@@ -28,6 +28,10 @@
 #                    --vnic-arg --steer=none: a device that takes filters and
 #                    steers nothing, on which hw/arfs.py must fail
 #   --keep           keep the run dir (logs, per-test KTAP output) even on success
+#   --ethtool E      the guest's ethtool: `fetched` (default: Debian's newest
+#                    package, images/fetch-ethtool, first in the guest's PATH),
+#                    `host` (the host's /usr/sbin/ethtool, 6.1 on Debian 12),
+#                    or a path to a binary
 #
 # Topology (the guest kernel has no CONFIG_NET_NS, so the remote end cannot be
 # a netns inside the guest; it is a network namespace on the host instead):
@@ -77,7 +81,7 @@ root=$(cd "$here/.." && pwd)
 # hw/arfs.py counts with --module only (without the module it skips).
 expected_pass=(napi_id.py stats.py)
 
-series=7.3 tests="" list_only=0 per_test=360 queues=2 vnic_bin="" keep=0 module=0
+series=7.3 tests="" list_only=0 per_test=360 queues=2 vnic_bin="" keep=0 module=0 ethtool=fetched
 vnic_args=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -89,6 +93,7 @@ while [ $# -gt 0 ]; do
     --vnic) vnic_bin=${2:?--vnic needs a path}; shift ;;
     --keep) keep=1 ;;
     --module) module=1 ;;
+    --ethtool) ethtool=${2:?--ethtool needs fetched, host or a path}; shift ;;
     --vnic-arg) vnic_args+=("${2:?--vnic-arg needs an argument}"); shift ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "netdrv-selftests: unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -196,6 +201,13 @@ mkdir -p "$work"
 run=$(mktemp -d "$work/run.XXXXXX")
 out=$run/out
 mkdir -p "$out" "$run/bin" "$run/dotssh"
+case "$ethtool" in
+host) ;;
+fetched) ln -s "$("$root/images/fetch-ethtool")" "$run/bin/ethtool" ;;
+*) [ -x "$ethtool" ] || die "--ethtool $ethtool: not an executable"
+   ln -s "$(cd "$(dirname "$ethtool")" && pwd)/$(basename "$ethtool")" "$run/bin/ethtool" ;;
+esac
+vnic_log "guest ethtool: $("${run}/bin/ethtool" --version 2>/dev/null || ethtool --version)"
 ns=vnicsft$$
 vnic_pid="" db_pid=""
 # shellcheck disable=SC2317 # called by the EXIT trap
