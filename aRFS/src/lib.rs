@@ -5,6 +5,8 @@
 //! - [`flow`]: [`FlowKey`] and the Ethernet frame parser [`parse_frame`].
 //! - [`rss`]: the table-driven [`Toeplitz`] hash and [`Rss`] (key + indirection).
 //! - [`index`]: [`FlowIndex`], the O(1) exact-match index (worker replicas).
+//! - [`rules`]: [`RuleSet`], the masked `ethtool -N` rule stage ahead of
+//!   the filters (not yet reachable from the management protocol).
 //! - [`table`]: [`FilterTable`], the authoritative table model with latency
 //!   and fault-injection knobs, reporting [`TableEvent`]s.
 //! - [`proto`]: the management-frame codec (`aRFS/PROTOCOL.md`).
@@ -80,6 +82,7 @@ pub mod index;
 pub mod proto;
 pub mod rng;
 pub mod rss;
+pub mod rules;
 pub mod table;
 pub mod trace;
 
@@ -92,5 +95,6 @@ pub use proto::{
     OpStatus,
 };
 pub use rss::{KeyParseError, Rss, Toeplitz, DEFAULT_KEY};
+pub use rules::{Rule, RuleAction, RuleError, RuleFlow, RuleInput, RuleSet};
 pub use table::{ConfigError, Counters, Entry, FilterTable, Request, TableConfig, TableEvent};
 pub use trace::{DropCause, EventKind, TraceRecord};
