@@ -573,8 +573,9 @@ pub(super) struct ModuleView {
     /// `generation_changes`.
     pub gen_changes: u64,
     /// `deletes_<reason>` for the reasons of a DEL op (the module counts
-    /// one when the device acknowledged it `ok`, so the device applied it
-    /// and wrote its `del` line; FLUSHes are counted differently).
+    /// one when the device acknowledged it, so the device applied it and
+    /// wrote its `del` line, or its `unknown_del` when an ACK was settled
+    /// without its status; FLUSHes are counted differently).
     pub deletes: BTreeMap<&'static str, u64>,
     /// `deletes_unknown_id`: DEL ops the device answered `unknown_id`
     /// (each an `unknown_del` line).
@@ -670,10 +671,14 @@ pub(super) fn counts_verdict(
     };
     for (reason, n) in &m.deletes {
         v.judged("module deletes by reason");
-        let traced = lines(EventKind::Del, Some(reason));
+        // (An ACK the module lost it may settle from a later one without
+        // the op's status: a DEL of an id the device no longer had then
+        // counts under its reason too, so unknown_del lines count here.)
+        let traced =
+            lines(EventKind::Del, Some(reason)) + lines(EventKind::UnknownDel, Some(reason));
         if *n > traced {
             v.findings.push(format!(
-                "the module counted {n} DELs with reason {reason} acknowledged; the trace has {traced} del lines with that reason"
+                "the module counted {n} DELs with reason {reason} acknowledged; the trace has {traced} del and unknown_del lines with that reason"
             ));
         }
     }
