@@ -6,7 +6,7 @@
 //! - [`rss`]: the table-driven [`Toeplitz`] hash and [`Rss`] (key + indirection).
 //! - [`index`]: [`FlowIndex`], the O(1) exact-match index (worker replicas).
 //! - [`rules`]: [`RuleSet`], the masked `ethtool -N` rule stage ahead of
-//!   the filters (not yet reachable from the management protocol).
+//!   the filters (RULE_SET/RULE_DEL, the protocol's rule extension).
 //! - [`table`]: [`FilterTable`], the authoritative table model with latency
 //!   and fault-injection knobs, reporting [`TableEvent`]s.
 //! - [`proto`]: the management-frame codec (`aRFS/PROTOCOL.md`).

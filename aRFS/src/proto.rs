@@ -35,6 +35,20 @@ pub const MAX_BODY_LEN: usize = MTU - HEADER_LEN;
 pub const HELLO_LEN: usize = 16;
 /// CAPS body length.
 pub const CAPS_LEN: usize = 24;
+/// CAPS body length with the rule extension (answering a HELLO of
+/// `driver_version` >= [`RULES_DRIVER_VERSION`]).
+pub const CAPS_RULES_LEN: usize = 32;
+/// The HELLO `driver_version` from which a driver understands the longer
+/// CAPS and may send RULE_SET/RULE_DEL.
+pub const RULES_DRIVER_VERSION: u32 = 2;
+/// CAPS `features` bit: the device has the masked rule stage.
+pub const FEATURE_RULES: u32 = 1;
+/// RULE_SET op size in bytes.
+pub const RULE_OP_LEN: usize = 88;
+/// RULE_DEL op size in bytes.
+pub const RULE_DEL_OP_LEN: usize = 4;
+/// RULE_SET ops that fit one frame.
+pub const MAX_RULE_OPS: u16 = (MAX_BODY_LEN / RULE_OP_LEN) as u16;
 /// Length of one ADD op.
 pub const ADD_OP_LEN: usize = 44;
 /// Length of one DEL op.
@@ -67,8 +81,9 @@ pub const HELLO_GROUP_MAC: [u8; 6] = [0x01, 0x80, 0xc2, 0x00, 0x00, 0x0e];
 pub const fn max_ops_per_frame(t: MsgType) -> u16 {
     match t {
         MsgType::Add => MAX_ADD_OPS,
-        MsgType::Del => MAX_DEL_OPS,
+        MsgType::Del | MsgType::RuleDel => MAX_DEL_OPS,
         MsgType::Ack => MAX_ACK_STATUSES,
+        MsgType::RuleSet => MAX_RULE_OPS,
         _ => 0,
     }
 }
@@ -142,6 +157,10 @@ pub enum MsgType {
     Flush = 5,
     /// ACK (6), device -> driver.
     Ack = 6,
+    /// RULE_SET (7), driver -> device: masked rules at their locations.
+    RuleSet = 7,
+    /// RULE_DEL (8), driver -> device: rules removed by location.
+    RuleDel = 8,
 }
 
 impl MsgType {
@@ -159,6 +178,8 @@ impl MsgType {
             4 => Self::Del,
             5 => Self::Flush,
             6 => Self::Ack,
+            7 => Self::RuleSet,
+            8 => Self::RuleDel,
             _ => return None,
         })
     }
@@ -172,6 +193,8 @@ impl MsgType {
             Self::Del => "DEL",
             Self::Flush => "FLUSH",
             Self::Ack => "ACK",
+            Self::RuleSet => "RULE_SET",
+            Self::RuleDel => "RULE_DEL",
         }
     }
 
@@ -457,6 +480,10 @@ pub struct Caps {
     pub latency_us: u32,
     /// The nonce of the HELLO this CAPS answers.
     pub nonce: u32,
+    /// The rule extension (a 32-byte CAPS: `features` with
+    /// [`FEATURE_RULES`], `max_rules`); None: the 24-byte CAPS of a device
+    /// without it, or of one answering a driver that predates it.
+    pub max_rules: Option<u16>,
 }
 
 /// One ADD op, raw as on the wire: family, proto and address padding are
@@ -511,6 +538,100 @@ impl AddOp {
     }
 }
 
+/// One RULE_SET op, raw as on the wire: the flow type and action codes are
+/// checked when it is applied (status `bad_key`), not when decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RuleOp {
+    /// Location.
+    pub loc: u32,
+    /// [`crate::RuleFlow`] code.
+    pub flow: u8,
+    /// 1 queue, 2 drop, 3 RSS context.
+    pub action: u8,
+    /// The queue (action 1), or the offset into the context (3).
+    pub rxq: u16,
+    /// The RSS context (action 3).
+    pub context: u32,
+    /// Upper-layer protocol and mask (`ip4`/`ip6`).
+    pub l4_proto: u8,
+    /// Its mask.
+    pub l4_mask: u8,
+    /// Source address (IPv4 in bytes 0..4) and mask.
+    pub src: [u8; 16],
+    /// Its mask.
+    pub src_mask: [u8; 16],
+    /// Destination address and mask.
+    pub dst: [u8; 16],
+    /// Its mask.
+    pub dst_mask: [u8; 16],
+    /// Source port.
+    pub sport: u16,
+    /// Its mask.
+    pub sport_mask: u16,
+    /// Destination port.
+    pub dport: u16,
+    /// Its mask.
+    pub dport_mask: u16,
+}
+
+impl RuleOp {
+    /// The op installing `r`.
+    pub fn new(r: &crate::Rule) -> Self {
+        let (action, rxq, context) = match r.action {
+            crate::RuleAction::Queue(q) => (1, q, 0),
+            crate::RuleAction::Drop => (2, 0, 0),
+            crate::RuleAction::Context { ctx, offset } => (3, offset, ctx),
+        };
+        Self {
+            loc: r.loc,
+            flow: r.flow.code(),
+            action,
+            rxq,
+            context,
+            l4_proto: r.l4_proto,
+            l4_mask: r.l4_mask,
+            src: r.src,
+            src_mask: r.src_mask,
+            dst: r.dst,
+            dst_mask: r.dst_mask,
+            sport: r.sport,
+            sport_mask: r.sport_mask,
+            dport: r.dport,
+            dport_mask: r.dport_mask,
+        }
+    }
+
+    /// The rule, or `None` when the flow type or action code is unknown
+    /// (status `bad_key`).
+    pub fn rule(&self) -> Option<crate::Rule> {
+        let flow = crate::RuleFlow::from_code(self.flow)?;
+        let action = match self.action {
+            1 => crate::RuleAction::Queue(self.rxq),
+            2 => crate::RuleAction::Drop,
+            3 => crate::RuleAction::Context {
+                ctx: self.context,
+                offset: self.rxq,
+            },
+            _ => return None,
+        };
+        Some(crate::Rule {
+            loc: self.loc,
+            flow,
+            src: self.src,
+            src_mask: self.src_mask,
+            dst: self.dst,
+            dst_mask: self.dst_mask,
+            sport: self.sport,
+            sport_mask: self.sport_mask,
+            dport: self.dport,
+            dport_mask: self.dport_mask,
+            l4_proto: self.l4_proto,
+            l4_mask: self.l4_mask,
+            action,
+        })
+    }
+}
+
 /// One DEL op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DelOp {
@@ -558,6 +679,10 @@ pub enum Message {
     Flush(DelReason),
     /// ACK.
     Ack(Ack),
+    /// RULE_SET with its ops.
+    RuleSet(Vec<RuleOp>),
+    /// RULE_DEL: the locations.
+    RuleDel(Vec<u32>),
 }
 
 impl Message {
@@ -570,6 +695,8 @@ impl Message {
             Self::Del(_) => MsgType::Del,
             Self::Flush(_) => MsgType::Flush,
             Self::Ack(_) => MsgType::Ack,
+            Self::RuleSet(_) => MsgType::RuleSet,
+            Self::RuleDel(_) => MsgType::RuleDel,
         }
     }
 
@@ -579,6 +706,8 @@ impl Message {
             Self::Add(v) => v.len(),
             Self::Del(v) => v.len(),
             Self::Ack(a) => a.statuses.len(),
+            Self::RuleSet(v) => v.len(),
+            Self::RuleDel(v) => v.len(),
             _ => 0,
         }
     }
@@ -587,11 +716,14 @@ impl Message {
     pub fn body_len(&self) -> usize {
         match self {
             Self::Hello(_) => HELLO_LEN,
+            Self::Caps(c) if c.max_rules.is_some() => CAPS_RULES_LEN,
             Self::Caps(_) => CAPS_LEN,
             Self::Add(v) => v.len() * ADD_OP_LEN,
             Self::Del(v) => v.len() * DEL_OP_LEN,
             Self::Flush(_) => FLUSH_LEN,
             Self::Ack(a) => ACK_FIXED_LEN + a.statuses.len(),
+            Self::RuleSet(v) => v.len() * RULE_OP_LEN,
+            Self::RuleDel(v) => v.len() * RULE_DEL_OP_LEN,
         }
     }
 }
@@ -738,8 +870,9 @@ pub fn decode(
     // count
     let (min_count, max_count) = match t {
         MsgType::Add => (1, usize::from(MAX_ADD_OPS.min(max_ops))),
-        MsgType::Del => (1, usize::from(MAX_DEL_OPS.min(max_ops))),
+        MsgType::Del | MsgType::RuleDel => (1, usize::from(MAX_DEL_OPS.min(max_ops))),
         MsgType::Ack => (0, usize::from(MAX_ACK_STATUSES)),
+        MsgType::RuleSet => (1, usize::from(MAX_RULE_OPS.min(max_ops))),
         _ => (0, 0),
     };
     if count < min_count || (max_count == 0 && count != 0) {
@@ -751,11 +884,14 @@ pub fn decode(
     // body_len
     let want = match t {
         MsgType::Hello => HELLO_LEN,
+        MsgType::Caps if usize::from(h.body_len) == CAPS_RULES_LEN => CAPS_RULES_LEN,
         MsgType::Caps => CAPS_LEN,
         MsgType::Add => count * ADD_OP_LEN,
         MsgType::Del => count * DEL_OP_LEN,
         MsgType::Flush => FLUSH_LEN,
         MsgType::Ack => ACK_FIXED_LEN + count,
+        MsgType::RuleSet => count * RULE_OP_LEN,
+        MsgType::RuleDel => count * RULE_DEL_OP_LEN,
     };
     if usize::from(h.body_len) != want {
         return Err(DecodeError::new(E::BadLength, Some(h), "body_len"));
@@ -777,16 +913,33 @@ pub fn decode(
                 mac,
             })
         }
-        MsgType::Caps => Message::Caps(Caps {
-            max_queue_pairs: be16(b, 0),
-            enabled_queue_pairs: be16(b, 2),
-            capacity: be32(b, 4),
-            buckets: be32(b, 8),
-            ways: be16(b, 12),
-            max_ops: be16(b, 14),
-            latency_us: be32(b, 16),
-            nonce: be32(b, 20),
-        }),
+        MsgType::Caps => {
+            // The long CAPS exists for the rule extension: `features` is
+            // exactly its bit (others are reserved; a device without the
+            // extension sends the short CAPS), so the codec stays canonical.
+            let max_rules = if b.len() == CAPS_RULES_LEN {
+                if be32(b, 24) != FEATURE_RULES {
+                    return Err(DecodeError::new(E::ReservedNonzero, Some(h), "features"));
+                }
+                if be16(b, 30) != 0 {
+                    return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
+                }
+                Some(be16(b, 28))
+            } else {
+                None
+            };
+            Message::Caps(Caps {
+                max_queue_pairs: be16(b, 0),
+                enabled_queue_pairs: be16(b, 2),
+                capacity: be32(b, 4),
+                buckets: be32(b, 8),
+                ways: be16(b, 12),
+                max_ops: be16(b, 14),
+                latency_us: be32(b, 16),
+                nonce: be32(b, 20),
+                max_rules,
+            })
+        }
         MsgType::Add => {
             let mut ops = Vec::with_capacity(count);
             for (i, o) in b.chunks_exact(ADD_OP_LEN).enumerate() {
@@ -845,6 +998,38 @@ pub fn decode(
                 statuses: b[4..].to_vec(),
             })
         }
+        MsgType::RuleSet => {
+            let mut ops = Vec::with_capacity(count);
+            for (i, o) in b.chunks_exact(RULE_OP_LEN).enumerate() {
+                if be16(o, 14) != 0 {
+                    return Err(DecodeError::at(E::ReservedNonzero, h, "ops[].reserved", i));
+                }
+                let a16 = |at: usize| {
+                    let mut x = [0u8; 16];
+                    x.copy_from_slice(&o[at..at + 16]);
+                    x
+                };
+                ops.push(RuleOp {
+                    loc: be32(o, 0),
+                    flow: o[4],
+                    action: o[5],
+                    rxq: be16(o, 6),
+                    context: be32(o, 8),
+                    l4_proto: o[12],
+                    l4_mask: o[13],
+                    src: a16(16),
+                    src_mask: a16(32),
+                    dst: a16(48),
+                    dst_mask: a16(64),
+                    sport: be16(o, 80),
+                    sport_mask: be16(o, 82),
+                    dport: be16(o, 84),
+                    dport_mask: be16(o, 86),
+                });
+            }
+            Message::RuleSet(ops)
+        }
+        MsgType::RuleDel => Message::RuleDel(b.chunks_exact(4).map(|o| be32(o, 0)).collect()),
     };
     Ok((h, msg))
 }
@@ -939,6 +1124,10 @@ pub fn encode_into(buf: &mut [u8], meta: &FrameMeta, msg: &Message) -> Result<us
             b[14..16].copy_from_slice(&c.max_ops.to_be_bytes());
             b[16..20].copy_from_slice(&c.latency_us.to_be_bytes());
             b[20..24].copy_from_slice(&c.nonce.to_be_bytes());
+            if let Some(m) = c.max_rules {
+                b[24..28].copy_from_slice(&FEATURE_RULES.to_be_bytes());
+                b[28..30].copy_from_slice(&m.to_be_bytes());
+            }
         }
         Message::Add(ops) => {
             for (o, op) in b.chunks_exact_mut(ADD_OP_LEN).zip(ops) {
@@ -963,6 +1152,30 @@ pub fn encode_into(buf: &mut [u8], meta: &FrameMeta, msg: &Message) -> Result<us
             b[0] = a.acked_type;
             b[1] = a.frame_status;
             b[4..].copy_from_slice(&a.statuses);
+        }
+        Message::RuleSet(ops) => {
+            for (o, op) in b.chunks_exact_mut(RULE_OP_LEN).zip(ops) {
+                o[0..4].copy_from_slice(&op.loc.to_be_bytes());
+                o[4] = op.flow;
+                o[5] = op.action;
+                o[6..8].copy_from_slice(&op.rxq.to_be_bytes());
+                o[8..12].copy_from_slice(&op.context.to_be_bytes());
+                o[12] = op.l4_proto;
+                o[13] = op.l4_mask;
+                o[16..32].copy_from_slice(&op.src);
+                o[32..48].copy_from_slice(&op.src_mask);
+                o[48..64].copy_from_slice(&op.dst);
+                o[64..80].copy_from_slice(&op.dst_mask);
+                o[80..82].copy_from_slice(&op.sport.to_be_bytes());
+                o[82..84].copy_from_slice(&op.sport_mask.to_be_bytes());
+                o[84..86].copy_from_slice(&op.dport.to_be_bytes());
+                o[86..88].copy_from_slice(&op.dport_mask.to_be_bytes());
+            }
+        }
+        Message::RuleDel(locs) => {
+            for (o, loc) in b.chunks_exact_mut(RULE_DEL_OP_LEN).zip(locs) {
+                o.copy_from_slice(&loc.to_be_bytes());
+            }
         }
     }
     Ok(len)

@@ -16,13 +16,16 @@
 //! aRFS filter or RSS is consulted (mlx5 and ice put their ethtool rules
 //! ahead of aRFS the same way). It counts the packets each rule decided.
 //! Lookup walks the rules in order with no allocation: a device's rule
-//! TCAM is small (CAPS will say how small), the filters' table is where
-//! O(1) matters.
+//! TCAM is small (CAPS `max_rules` says how small; vnic's default is 128
+//! locations), the filters' table is where O(1) matters.
+
+use serde::{Deserialize, Serialize};
 
 use crate::flow::{FlowKey, IpFamily, IpPair, L4Proto};
 
 /// A rule's flow type (the ethtool API's `flow_type` without its flags).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RuleFlow {
     /// `tcp4`: TCP over IPv4.
     Tcp4 = 1,
@@ -88,7 +91,8 @@ impl RuleFlow {
 }
 
 /// What a rule does with the packets it matches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RuleAction {
     /// To this rx queue.
     Queue(u16),
@@ -106,7 +110,7 @@ pub enum RuleAction {
 
 /// One rule. IPv4 addresses and their masks take the first 4 bytes of the
 /// 16 (the rest zero), as in [`FlowKey`]'s wire encoding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Rule {
     /// Its location: the lower one decides first.
     pub loc: u32,
@@ -320,6 +324,16 @@ impl RuleSet {
                 self.rules.insert(i, (rule, 0));
                 Ok(None)
             }
+        }
+    }
+
+    /// Installs `rule` at its location unchecked (a replica following a
+    /// table that checked it), replacing what was there; its hits start
+    /// at 0.
+    pub fn put(&mut self, rule: Rule) {
+        match self.rules.binary_search_by_key(&rule.loc, |(r, _)| r.loc) {
+            Ok(i) => self.rules[i] = (rule, 0),
+            Err(i) => self.rules.insert(i, (rule, 0)),
         }
     }
 

@@ -46,6 +46,19 @@ pub struct TableConfig {
     /// Toeplitz key used by the placement model (serde: 80 hex digits).
     #[serde(with = "hex_key")]
     pub rss_key: [u8; KEY_LEN],
+    /// Locations of the masked rule stage (`ethtool -N` rules), 0..=1024;
+    /// 0: no rule stage.
+    #[serde(default = "default_rules")]
+    pub rules: u32,
+}
+
+/// [`TableConfig::rules`] by default.
+pub const DEFAULT_RULES: u32 = 128;
+/// The most rule locations a device may have.
+pub const MAX_RULES: u32 = 1024;
+
+const fn default_rules() -> u32 {
+    DEFAULT_RULES
 }
 
 /// Serde for a Toeplitz key as a hex string.
@@ -74,6 +87,7 @@ impl Default for TableConfig {
             mgmt_loss_rate: 0.0,
             seed: 0,
             rss_key: DEFAULT_KEY,
+            rules: DEFAULT_RULES,
         }
     }
 }
@@ -144,6 +158,12 @@ impl TableConfig {
                 return Err(cfg_err("buckets", "ways must be at least 1".to_string()));
             }
         }
+        if self.rules > MAX_RULES {
+            return Err(cfg_err(
+                "rules",
+                format!("{} rule locations exceed {MAX_RULES}", self.rules),
+            ));
+        }
         check_latency(self.latency_ns)?;
         check_rate("add_fail_rate", self.add_fail_rate)?;
         check_rate("mgmt_loss_rate", self.mgmt_loss_rate)?;
@@ -158,20 +178,27 @@ pub enum Request {
     Add(Vec<AddOp>),
     /// DEL ops, applied in order.
     Del(Vec<DelOp>),
-    /// FLUSH with its reason.
+    /// FLUSH with its reason (filters only: rules stay).
     Flush(DelReason),
+    /// RULE_SET ops, applied in order.
+    RuleSet(Vec<crate::proto::RuleOp>),
+    /// RULE_DEL: locations, in order.
+    RuleDel(Vec<u32>),
 }
 
 impl TryFrom<crate::proto::Message> for Request {
     type Error = crate::proto::Message;
 
-    /// ADD, DEL and FLUSH become requests; any other message is given back.
+    /// ADD, DEL, FLUSH, RULE_SET and RULE_DEL become requests; any other
+    /// message is given back.
     fn try_from(m: crate::proto::Message) -> Result<Self, Self::Error> {
         use crate::proto::Message;
         match m {
             Message::Add(ops) => Ok(Self::Add(ops)),
             Message::Del(ops) => Ok(Self::Del(ops)),
             Message::Flush(r) => Ok(Self::Flush(r)),
+            Message::RuleSet(ops) => Ok(Self::RuleSet(ops)),
+            Message::RuleDel(locs) => Ok(Self::RuleDel(locs)),
             other => Err(other),
         }
     }
@@ -184,6 +211,8 @@ impl Request {
             Self::Add(_) => MsgType::Add,
             Self::Del(_) => MsgType::Del,
             Self::Flush(_) => MsgType::Flush,
+            Self::RuleSet(_) => MsgType::RuleSet,
+            Self::RuleDel(_) => MsgType::RuleDel,
         }
     }
 }
@@ -288,6 +317,33 @@ pub enum TableEvent {
         count: u32,
         /// Pending requests discarded (never applied, never acknowledged).
         dropped_requests: u32,
+    },
+    /// A RULE_SET op installed a rule (replacing `prev` at its location).
+    RuleSet {
+        /// Request sequence number.
+        seq: u32,
+        /// The rule.
+        rule: crate::Rule,
+        /// The rule it replaced at that location.
+        prev: Option<crate::Rule>,
+    },
+    /// A rule went: by a RULE_DEL op (`seq`), or by [`FilterTable::clear`]
+    /// (`seq` None; before its `Cleared`).
+    RuleRemoved {
+        /// Request sequence number.
+        seq: Option<u32>,
+        /// The rule.
+        rule: crate::Rule,
+    },
+    /// A RULE_SET or RULE_DEL op was refused.
+    RuleRejected {
+        /// Request sequence number.
+        seq: u32,
+        /// The op's location.
+        loc: u32,
+        /// Why: `table_full`, `bad_queue`, `bad_key`, `unknown_id` (no rule
+        /// there), `bad_id` (past the locations).
+        status: OpStatus,
     },
     /// A request took effect: send its ACK now.
     Completed {
@@ -469,6 +525,8 @@ pub struct FilterTable {
     loss_rng: SplitMix64,
     counters: Counters,
     version: u64,
+    /// The masked rule stage (hits are the daemon's: its workers count).
+    rules: crate::RuleSet,
 }
 
 const LOSS_STREAM: u64 = 0x6c6f_7373_5f72_6e67;
@@ -489,6 +547,7 @@ impl FilterTable {
             loss_rng: SplitMix64::new(cfg.seed ^ LOSS_STREAM),
             counters: Counters::default(),
             version: 0,
+            rules: crate::RuleSet::new(cfg.rules),
             cfg,
         })
     }
@@ -688,6 +747,14 @@ impl FilterTable {
                 self.flush(p.seq, reason, on_event);
                 Vec::new()
             }
+            Request::RuleSet(ops) => ops
+                .iter()
+                .map(|op| self.apply_rule_set(op, p.seq, enabled, on_event))
+                .collect(),
+            Request::RuleDel(locs) => locs
+                .iter()
+                .map(|&loc| self.apply_rule_del(loc, p.seq, on_event))
+                .collect(),
         };
         on_event(TableEvent::Completed {
             seq: p.seq,
@@ -695,6 +762,68 @@ impl FilterTable {
             statuses,
             due_ns: p.due_ns,
         });
+    }
+
+    fn apply_rule_set(
+        &mut self,
+        op: &crate::proto::RuleOp,
+        seq: u32,
+        enabled: u16,
+        on_event: &mut impl FnMut(TableEvent),
+    ) -> OpStatus {
+        // RSS contexts other than the default one do not exist yet.
+        let rule = op
+            .rule()
+            .filter(|r| !matches!(r.action, crate::RuleAction::Context { ctx, .. } if ctx != 0));
+        let res = rule
+            .ok_or(crate::RuleError::BadKey)
+            .and_then(|r| self.rules.insert(r, enabled).map(|prev| (r, prev)));
+        match res {
+            Ok((rule, prev)) => {
+                on_event(TableEvent::RuleSet {
+                    seq,
+                    rule,
+                    prev: prev.map(|p| p.0),
+                });
+                OpStatus::Ok
+            }
+            Err(e) => {
+                let status = rule_status(e);
+                on_event(TableEvent::RuleRejected {
+                    seq,
+                    loc: op.loc,
+                    status,
+                });
+                status
+            }
+        }
+    }
+
+    fn apply_rule_del(
+        &mut self,
+        loc: u32,
+        seq: u32,
+        on_event: &mut impl FnMut(TableEvent),
+    ) -> OpStatus {
+        match self.rules.remove(loc) {
+            Ok((rule, _)) => {
+                on_event(TableEvent::RuleRemoved {
+                    seq: Some(seq),
+                    rule,
+                });
+                OpStatus::Ok
+            }
+            Err(e) => {
+                let status = rule_status(e);
+                on_event(TableEvent::RuleRejected { seq, loc, status });
+                status
+            }
+        }
+    }
+
+    /// The rules installed, by location.
+    pub fn rules(&self) -> impl Iterator<Item = &crate::Rule> {
+        self.rules.iter().map(|(r, _)| r)
     }
 
     fn bucket_of(&self, key: &FlowKey) -> Option<usize> {
@@ -930,6 +1059,9 @@ impl FilterTable {
                 hits,
             });
         });
+        for (rule, _) in self.rules.clear() {
+            on_event(TableEvent::RuleRemoved { seq: None, rule });
+        }
         self.counters.resets += 1;
         on_event(TableEvent::Cleared {
             count,
@@ -1023,6 +1155,7 @@ impl FilterTable {
             max_ops: crate::proto::DEFAULT_MAX_OPS,
             latency_us: self.cfg.latency_ns.div_ceil(1000) as u32,
             nonce: 0,
+            max_rules: None,
         }
     }
 
@@ -1060,7 +1193,41 @@ impl FlowIndex<u16> {
             }
             TableEvent::Rejected { .. }
             | TableEvent::UnknownDelete { .. }
+            | TableEvent::RuleSet { .. }
+            | TableEvent::RuleRemoved { .. }
+            | TableEvent::RuleRejected { .. }
             | TableEvent::Completed { .. } => false,
+        }
+    }
+}
+
+/// A rule op's refusal as its ACK status.
+const fn rule_status(e: crate::RuleError) -> OpStatus {
+    match e {
+        crate::RuleError::BadLocation => OpStatus::BadId,
+        crate::RuleError::Full => OpStatus::TableFull,
+        crate::RuleError::BadKey => OpStatus::BadKey,
+        crate::RuleError::BadQueue => OpStatus::BadQueue,
+        crate::RuleError::NoRule => OpStatus::UnknownId,
+    }
+}
+
+impl crate::RuleSet {
+    /// Applies a [`TableEvent`] to a replica of the table's rule stage (no
+    /// checks: the table made them); returns whether the event was one of
+    /// the rule stage's.
+    pub fn apply(&mut self, ev: &TableEvent) -> bool {
+        match ev {
+            TableEvent::RuleSet { rule, .. } => {
+                self.put(*rule);
+                true
+            }
+            TableEvent::RuleRemoved { rule, .. } => {
+                let _ = self.remove(rule.loc);
+                true
+            }
+            TableEvent::RuleRejected { .. } => true,
+            _ => false,
         }
     }
 }

@@ -39,6 +39,12 @@ pub enum EventKind {
     BadFrame,
     /// A management frame dropped.
     MgmtDrop,
+    /// A rule installed at its location ([`TableEvent::RuleSet`]).
+    RuleSet,
+    /// A rule removed ([`TableEvent::RuleRemoved`]).
+    RuleDel,
+    /// A RULE_SET or RULE_DEL op refused ([`TableEvent::RuleRejected`]).
+    RuleReject,
 }
 
 /// Why a management frame was dropped.
@@ -130,6 +136,15 @@ pub struct TraceRecord {
     /// Pending requests discarded (reset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropped: Option<u32>,
+    /// A rule's location (rule_set, rule_del, rule_reject).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loc: Option<u32>,
+    /// The rule (rule_set, rule_del).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<crate::Rule>,
+    /// The rule a rule_set replaced at its location.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_rule: Option<crate::Rule>,
 }
 
 impl TraceRecord {
@@ -156,12 +171,35 @@ impl TraceRecord {
             op: None,
             dir: None,
             dropped: None,
+            loc: None,
+            rule: None,
+            prev_rule: None,
         }
     }
 
     /// The record of a table event.
     pub fn from_event(ts_ns: u64, gen: u32, ev: &TableEvent) -> Self {
         match ev {
+            TableEvent::RuleSet { seq, rule, prev } => Self {
+                seq: Some(*seq),
+                loc: Some(rule.loc),
+                rule: Some(*rule),
+                prev_rule: *prev,
+                ..Self::bare(ts_ns, EventKind::RuleSet, gen)
+            },
+            TableEvent::RuleRemoved { seq, rule } => Self {
+                seq: *seq,
+                loc: Some(rule.loc),
+                rule: Some(*rule),
+                reason: Some(if seq.is_some() { "rule_del" } else { "reset" }.to_string()),
+                ..Self::bare(ts_ns, EventKind::RuleDel, gen)
+            },
+            TableEvent::RuleRejected { seq, loc, status } => Self {
+                seq: Some(*seq),
+                loc: Some(*loc),
+                reason: Some(status.name().to_string()),
+                ..Self::bare(ts_ns, EventKind::RuleReject, gen)
+            },
             TableEvent::Added { seq, id, rxq, flow } => Self {
                 seq: Some(*seq),
                 id: Some(*id),

@@ -146,6 +146,7 @@ fn golden_layouts() {
         max_ops: 33,
         latency_us: 50,
         nonce: 0xa1b2_c3d4,
+        max_rules: None,
     };
     encode_caps(&mut out, GUEST, 0x1122_3344, 5, &caps).unwrap();
     let want = concat!(
@@ -324,12 +325,14 @@ fn codes_match_protocol_tables() {
         );
         assert_eq!(
             MsgType::from_code(c).map(MsgType::code),
-            (1..=6).contains(&c).then_some(c)
+            (1..=8).contains(&c).then_some(c)
         );
     }
     assert_eq!(max_ops_per_frame(MsgType::Add), 33);
     assert_eq!(max_ops_per_frame(MsgType::Del), 371);
     assert_eq!(max_ops_per_frame(MsgType::Hello), 0);
+    assert_eq!(max_ops_per_frame(MsgType::RuleSet), 16);
+    assert_eq!(max_ops_per_frame(MsgType::RuleDel), 371);
 }
 
 #[test]
@@ -474,9 +477,13 @@ fn message_strategy() -> impl Strategy<Value = Message> {
                 mac,
             })
         }),
-        (any::<(u16, u16, u32, u32, u16, u16, u32, u32)>()).prop_map(
-            |(a, b, c, d, e, f, g, nonce)| {
+        (
+            any::<(u16, u16, u32, u32, u16, u16, u32, u32)>(),
+            any::<Option<u16>>()
+        )
+            .prop_map(|((a, b, c, d, e, f, g, nonce), max_rules)| {
                 Message::Caps(Caps {
+                    max_rules,
                     max_queue_pairs: a,
                     enabled_queue_pairs: b,
                     capacity: c,
@@ -486,8 +493,7 @@ fn message_strategy() -> impl Strategy<Value = Message> {
                     latency_us: g,
                     nonce,
                 })
-            }
-        ),
+            }),
         proptest::collection::vec(
             (any::<u16>(), any::<u16>(), flow_strategy())
                 .prop_map(|(id, q, k)| AddOp::new(id, q, &k)),
@@ -510,7 +516,59 @@ fn message_strategy() -> impl Strategy<Value = Message> {
                 frame_status: s,
                 statuses: st
             })),
+        proptest::collection::vec(rule_op(), 1..=usize::from(arfs::proto::MAX_RULE_OPS))
+            .prop_map(Message::RuleSet),
+        proptest::collection::vec(any::<u32>(), 1..=usize::from(MAX_DEL_OPS))
+            .prop_map(Message::RuleDel),
     ]
+}
+
+/// A RULE_SET op with every field arbitrary (codes included: they are
+/// checked when the op is applied, not decoded).
+fn rule_op() -> impl Strategy<Value = arfs::proto::RuleOp> {
+    (
+        (
+            any::<u32>(),
+            any::<u8>(),
+            any::<u8>(),
+            any::<u16>(),
+            any::<u32>(),
+        ),
+        (any::<u8>(), any::<u8>()),
+        (
+            any::<[u8; 16]>(),
+            any::<[u8; 16]>(),
+            any::<[u8; 16]>(),
+            any::<[u8; 16]>(),
+        ),
+        any::<(u16, u16, u16, u16)>(),
+    )
+        .prop_map(
+            |(
+                (loc, flow, action, rxq, context),
+                (l4_proto, l4_mask),
+                (src, src_mask, dst, dst_mask),
+                (sport, sport_mask, dport, dport_mask),
+            )| {
+                arfs::proto::RuleOp {
+                    loc,
+                    flow,
+                    action,
+                    rxq,
+                    context,
+                    l4_proto,
+                    l4_mask,
+                    src,
+                    src_mask,
+                    dst,
+                    dst_mask,
+                    sport,
+                    sport_mask,
+                    dport,
+                    dport_mask,
+                }
+            },
+        )
 }
 
 proptest! {
@@ -535,7 +593,7 @@ proptest! {
     /// Arbitrary bytes behind a valid Ethernet + magic prefix never panic, and
     /// whatever decodes re-encodes to the same bytes (the codec is canonical).
     #[test]
-    fn arbitrary_frames_never_panic(t in 0u8..8, count in 0u16..40, body_len in prop_oneof![0u16..200, any::<u16>()], body in proptest::collection::vec(any::<u8>(), 0..300)) {
+    fn arbitrary_frames_never_panic(t in 0u8..10, count in 0u16..40, body_len in prop_oneof![0u16..200, any::<u16>()], body in proptest::collection::vec(any::<u8>(), 0..300)) {
         let mut f = Vec::new();
         f.extend_from_slice(&BROADCAST_MAC);
         f.extend_from_slice(&GUEST);

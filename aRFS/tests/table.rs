@@ -1000,6 +1000,8 @@ proptest! {
                     Request::Add(v) => v.iter().map(|a| m.add(&cfg, a, enabled)).collect(),
                     Request::Del(v) => v.iter().map(|d| m.del(d.id)).collect(),
                     Request::Flush(_) => { m.live.clear(); m.hits.clear(); Vec::new() }
+                    // (to_request makes no rule requests: tests/rules.rs)
+                    Request::RuleSet(_) | Request::RuleDel(_) => unreachable!("no rule ops here"),
                 };
                 let done = events.iter().find_map(|e| match e {
                     TableEvent::Completed { seq, statuses, .. } if *seq == s => Some(statuses.clone()),

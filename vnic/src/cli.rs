@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// Most filters the table holds, 1..=65535.
     #[arg(long, value_name = "N", default_value = "8192", value_parser = config::parse_capacity)]
     pub table_capacity: u32,
+    /// Locations of the masked rule stage that `ethtool -N` programs (the rule extension of
+    /// aRFS/PROTOCOL.md), 0..=1024; 0: a device without it (its CAPS never offers it).
+    #[arg(long, value_name = "N", default_value = "128",
+          value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub rule_locations: u32,
     /// Hardware-like placement model: B buckets of W ways, chosen by the flow's Toeplitz hash
     /// (`1024x4`); a full bucket rejects an ADD with bucket_full. `none` for no placement model.
     #[arg(long, value_name = "BxW", default_value = "none", value_parser = parse_buckets_arg)]
@@ -210,6 +215,7 @@ impl ServeArgs {
             gen_ip6: self.gen_ip6,
             guest_ip: self.guest_ip,
             table_capacity: self.table_capacity,
+            rule_locations: self.rule_locations,
             buckets: self.buckets.0,
             program_latency: self.program_latency,
             add_fail_rate: self.add_fail_rate,

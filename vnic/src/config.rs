@@ -37,6 +37,7 @@ pub(crate) struct Config {
     pub gen_ip6: Ipv6Addr,
     pub guest_ip: Ipv4Addr,
     pub table_capacity: u32,
+    pub rule_locations: u32,
     pub buckets: Option<(u32, u16)>,
     pub program_latency: Duration,
     pub add_fail_rate: f64,

@@ -517,6 +517,14 @@ fn table(sh: &Shared, s: &Snapshot) -> wire::Table {
                 flow: flow(&e.flow),
             })
             .collect(),
+        rules: s
+            .rules
+            .iter()
+            .map(|(r, hits)| wire::RuleEntry {
+                rule: serde_json::to_value(r).unwrap_or_default(),
+                hits: *hits,
+            })
+            .collect(),
     }
 }
 
@@ -787,6 +795,7 @@ mod tests {
         p.rtt.record(1_000, 9_100);
         p.rtt.record(2_000, 1_000);
         sh.stats.replies_dropped_no_buffers.add(next());
+        p.rule_dropped.add(9_001);
         let c = &sh.stats.ctl;
         for a in [&c.clients, &c.refused, &c.dropped_slow, &c.lines_too_long] {
             a.store(next(), Relaxed);
@@ -914,6 +923,7 @@ mod tests {
                 (entry(7, 1, f4, 1_206_565_407, None), 120),
                 (entry(9, 0, f6, 1_206_600_000, Some(33)), 0),
             ],
+            rules: Vec::new(),
         }
     }
 

@@ -65,6 +65,7 @@ impl Shared {
             mgmt_loss_rate: cfg.mgmt_loss_rate,
             seed: cfg.seed,
             rss_key: DEFAULT_KEY,
+            rules: cfg.rule_locations,
         };
         let gen = initial_generation();
         let generation = Arc::new(AtomicU32::new(gen));

@@ -25,7 +25,7 @@ use crate::peer::Sink;
 use crate::stats::{add, Hits, HitsOwner, QueueOwner, QueueWriter, SharedCounter, Stats};
 use crate::steer::{
     corrupt_payload, truncate_payload, Decision, Steer, DELAYED, FAULT_BAD_CSUM, FAULT_CORRUPT,
-    FAULT_DROP, FAULT_REORDER, FAULT_TRUNCATE, MISROUTED, UNPARSABLE,
+    FAULT_DROP, FAULT_REORDER, FAULT_TRUNCATE, MISROUTED, RULE_DROP, UNPARSABLE,
 };
 use crate::trace::Tracer;
 use crate::virtq::rx::{RxBatch, RxOutcome};
@@ -317,6 +317,13 @@ impl Router {
         if let Some(id) = d.hit {
             self.hits.count(id);
         }
+        if let Some(loc) = d.rule {
+            self.hits.count_rule(loc);
+            if d.flags & RULE_DROP != 0 {
+                add(&self.stats.peer.rule_dropped, 1);
+                return;
+            }
+        }
         if d.flags == 0 && self.held.is_empty() {
             self.route_to(rx, pkt, d.q, d.hit.is_some(), false);
         } else {
@@ -386,7 +393,7 @@ impl Router {
 
     /// The corrupt, bad-checksum and truncate faults `flags` name, done to
     /// `copy` (header space + frame), each counted when it applied.
-    fn damage(&mut self, copy: &mut Vec<u8>, flags: u8) {
+    fn damage(&mut self, copy: &mut Vec<u8>, flags: u16) {
         if flags & (FAULT_CORRUPT | FAULT_BAD_CSUM) != 0 {
             let keep = flags & FAULT_CORRUPT != 0;
             if corrupt_payload(&mut copy[NET_HDR_LEN..], keep) {

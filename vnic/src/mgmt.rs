@@ -31,8 +31,12 @@ use crate::trace::Tracer;
 use crate::virtq::NET_HDR_LEN;
 
 mod faults;
+mod hits;
+mod snapshot;
+
 #[cfg(test)]
 use faults::OTHER_HOST_MAC;
+pub(crate) use snapshot::Snapshot;
 
 /// ACKs kept for duplicate requests.
 pub(crate) const ACK_CACHE: usize = 256;
@@ -99,6 +103,8 @@ pub(crate) struct Mgmt {
     pending: HashMap<u32, Route>,
     pub c: MgmtCounters,
     hits_base: Box<[u64]>,
+    /// Per rule location, as `hits_base` per filter id.
+    rule_hits_base: Box<[u64]>,
     /// The current connection, if any: its one owner. The control socket
     /// (`enabled_pairs`, rings), the 50 ms poll and the management path
     /// (CAPS, preload, op checks, replies, replica events) all read it
@@ -165,6 +171,7 @@ impl Mgmt {
             pending: HashMap::new(),
             c: MgmtCounters::default(),
             hits_base: vec![0; ID_SPACE].into_boxed_slice(),
+            rule_hits_base: vec![0; arfs::table::MAX_RULES as usize].into_boxed_slice(),
             conn: None,
             hits: None,
             timer,
@@ -280,12 +287,6 @@ impl Mgmt {
         self.conn = None;
     }
 
-    /// Hits of filter `id` since it was (re)installed.
-    pub(crate) fn hits(&self, id: u16) -> u64 {
-        let h = self.hits.as_ref().map_or(0, |h| h.sum(id));
-        h.saturating_sub(self.hits_base[usize::from(id)])
-    }
-
     /// A device reset or a new connection: new generation, empty table,
     /// no session. `conn` becomes the connection replies go to.
     pub(crate) fn reset(&mut self, conn: Option<Arc<Conn>>, cause: &str) {
@@ -305,12 +306,7 @@ impl Mgmt {
             self.hits = Some(c.hits.clone());
             self.conn = Some(c);
         }
-        self.hits_base.fill(0);
-        if let Some(h) = &self.hits {
-            for i in 0..ID_SPACE {
-                self.hits_base[i] = h.sum(i as u16);
-            }
-        }
+        self.rebase_all();
         self.expected = None;
         self.cache.clear();
         self.pending.clear();
@@ -395,8 +391,14 @@ impl Mgmt {
                         // HELLO (re)starts the session whatever its seq.
                         self.expected = Some(h.seq.wrapping_add(1));
                         self.cache.clear();
+                        // A driver that knows the rule extension gets the
+                        // longer CAPS; an older one the 24 bytes it reads.
+                        let rules = self.table.config().rules;
                         let caps = Caps {
                             nonce: hello.nonce,
+                            max_rules: (hello.driver_version >= proto::RULES_DRIVER_VERSION
+                                && rules > 0)
+                                .then(|| rules.min(u32::from(u16::MAX)) as u16),
                             ..self.caps()
                         };
                         let dst = if hello.mac == [0; 6] || hello.mac[0] & 1 != 0 {
@@ -418,6 +420,12 @@ impl Mgmt {
                     }
                     Message::Flush(r) => {
                         self.request(now, gen, h.seq, Request::Flush(r), route);
+                    }
+                    Message::RuleSet(ops) => {
+                        self.request(now, gen, h.seq, Request::RuleSet(ops), route);
+                    }
+                    Message::RuleDel(locs) => {
+                        self.request(now, gen, h.seq, Request::RuleDel(locs), route);
                     }
                     // decode_frame rejects device->driver types.
                     Message::Caps(_) | Message::Ack(_) => {}
@@ -541,6 +549,12 @@ impl Mgmt {
             TableEvent::Deleted { id, .. } | TableEvent::Evicted { id, .. } => {
                 rec.hits = Some(self.hits(*id));
             }
+            TableEvent::RuleSet { rule, .. } => {
+                self.rebase_rule(rule.loc);
+            }
+            TableEvent::RuleRemoved { rule, .. } => {
+                rec.hits = Some(self.rule_hits(rule.loc));
+            }
             _ => {}
         }
         self.tracer.emit(rec);
@@ -550,17 +564,14 @@ impl Mgmt {
                 | TableEvent::Replaced { .. }
                 | TableEvent::Deleted { .. }
                 | TableEvent::Evicted { .. }
+                | TableEvent::RuleSet { .. }
+                | TableEvent::RuleRemoved { .. }
         );
         if replica_relevant {
             if let Some(c) = &self.conn {
                 c.lanes.publish(e);
             }
         }
-    }
-
-    fn rebase(&mut self, id: u16) {
-        let cur = self.hits.as_ref().map_or(0, |h| h.sum(id));
-        self.hits_base[usize::from(id)] = cur;
     }
 
     /// Sends a reply (unless the loss knob drops it) to the worker of its
@@ -653,38 +664,6 @@ impl Mgmt {
         }
         Ok(())
     }
-
-    /// What the control socket shows, copied out under the lock.
-    /// `filters`: include every live filter with its hits.
-    pub(crate) fn snapshot(&self, filters: bool) -> Snapshot {
-        Snapshot {
-            counters: self.c.clone(),
-            table_counters: self.table.counters(),
-            table: self.table.config().clone(),
-            live: self.table.len(),
-            capacity: self.table.capacity(),
-            pending: self.table.pending(),
-            expected_seq: self.expected,
-            max_ops: self.max_ops,
-            rogue: self.rogue,
-            rogue_nonce: self.rogue_nonce,
-            drop_acks: self.drop_acks,
-            forge_acks: self.forge_acks,
-            wrong_trace: self.wrong_trace,
-            filters: if filters {
-                self.table
-                    .entries()
-                    .into_iter()
-                    .map(|e| {
-                        let hits = self.hits(e.id);
-                        (e, hits)
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            },
-        }
-    }
 }
 
 /// Why the device refused a knob value.
@@ -696,25 +675,6 @@ pub(crate) enum KnobRefused {
     Reshape(arfs::ConfigError),
     #[error("{asked} exceeds the capacity the daemon started with ({max}): restart it with a larger --table-capacity")]
     BeyondReplicas { asked: u32, max: u32 },
-}
-
-/// The management state as the control socket shows it.
-pub(crate) struct Snapshot {
-    pub counters: MgmtCounters,
-    pub table_counters: arfs::table::Counters,
-    pub table: TableConfig,
-    pub live: usize,
-    pub capacity: u32,
-    pub pending: usize,
-    pub expected_seq: Option<u32>,
-    pub max_ops: u16,
-    pub rogue: bool,
-    pub rogue_nonce: bool,
-    pub drop_acks: u32,
-    pub forge_acks: bool,
-    pub wrong_trace: bool,
-    /// Live filters and their hits (when asked for).
-    pub filters: Vec<(arfs::table::Entry, u64)>,
 }
 
 /// Filter `id` of a preload with `pairs` pairs enabled: the first

@@ -279,6 +279,8 @@ pub(crate) struct PeerStats {
     /// Filter hits the `delay_effect_ms` fault sent where the flow went
     /// before its filter was added or re-steered (counted as the filter's).
     pub fault_delayed: SharedCounter,
+    /// Frames an `ethtool -N` rule with action drop took (not delivered).
+    pub rule_dropped: SharedCounter,
     /// Generator: UDP frames generated.
     pub gen_sent: SharedCounter,
     /// Generator: frames from the guest sunk (not answered).
@@ -312,6 +314,7 @@ impl PeerStats {
             fault_truncated: get(&self.fault_truncated),
             fault_reordered: get(&self.fault_reordered),
             fault_delayed: get(&self.fault_delayed),
+            rule_dropped: get(&self.rule_dropped),
             gen_sent: get(&self.gen_sent),
             sink_packets: get(&self.sink_packets),
             sink_bytes: get(&self.sink_bytes),
@@ -406,6 +409,8 @@ pub(crate) struct Hits {
     /// One counter for every `u16`, so that a `u16` id indexes a row with
     /// no bounds check (the last, id 0xFFFF, is never a filter's and stays 0).
     rows: Box<[Arc<HitRow>]>,
+    /// Per worker, per rule location: frames a rule decided.
+    rule_rows: Box<[Arc<[OwnedCounter]>]>,
     /// Live [`HitsOwner`]s per row.
     owners: Box<[AtomicU32]>,
 }
@@ -414,6 +419,13 @@ impl Hits {
     pub(crate) fn new(workers: usize) -> Self {
         Self {
             rows: (0..workers).map(|_| hit_row()).collect(),
+            rule_rows: (0..workers)
+                .map(|_| {
+                    (0..arfs::table::MAX_RULES)
+                        .map(|_| OwnedCounter::default())
+                        .collect()
+                })
+                .collect(),
             owners: (0..workers).map(|_| AtomicU32::new(0)).collect(),
         }
     }
@@ -426,6 +438,7 @@ impl Hits {
         HitsOwner {
             hits: self.clone(),
             row: self.rows[worker].clone(),
+            rule_row: self.rule_rows[worker].clone(),
             worker,
             _not_sync: PhantomData,
         }
@@ -435,6 +448,15 @@ impl Hits {
     pub(crate) fn sum(&self, id: u16) -> u64 {
         self.rows.iter().map(|r| r[usize::from(id)].get()).sum()
     }
+
+    /// Sum over the workers of the frames the rule at `loc` decided.
+    pub(crate) fn rule_sum(&self, loc: u32) -> u64 {
+        self.rule_rows
+            .iter()
+            .filter_map(|r| r.get(loc as usize))
+            .map(OwnedCounter::get)
+            .sum()
+    }
 }
 
 /// The one writer of a worker's row of [`Hits`].
@@ -442,6 +464,7 @@ pub(crate) struct HitsOwner {
     hits: Arc<Hits>,
     /// `hits.rows[worker]`, held here so that a hit is one indexed add.
     row: Arc<HitRow>,
+    rule_row: Arc<[OwnedCounter]>,
     worker: usize,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -451,6 +474,14 @@ impl HitsOwner {
     #[inline]
     pub(crate) fn count(&self, id: u16) {
         self.row[usize::from(id)].add(1);
+    }
+
+    /// One more frame decided by the rule at `loc`.
+    #[inline]
+    pub(crate) fn count_rule(&self, loc: u16) {
+        if let Some(c) = self.rule_row.get(usize::from(loc)) {
+            c.add(1);
+        }
     }
 }
 

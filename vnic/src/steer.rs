@@ -12,28 +12,31 @@
 //! [`truncate_payload`] the truncate fault's (the reorder fault's hold is
 //! the router's).
 
-use arfs::{FlowIndex, FlowKey, Rss, TableEvent, L3};
+use arfs::{FlowIndex, FlowKey, Rss, RuleAction, RuleInput, TableEvent, L3};
 
 use crate::frame::{checksum, tcp_payload, udp_payload};
 
 /// [`Decision::flags`]: the `drop_rate` fault chose the frame.
-pub(crate) const FAULT_DROP: u8 = 1;
+pub(crate) const FAULT_DROP: u16 = 1;
 /// [`Decision::flags`]: the `corrupt_rate` fault chose the frame.
-pub(crate) const FAULT_CORRUPT: u8 = 2;
+pub(crate) const FAULT_CORRUPT: u16 = 2;
 /// [`Decision::flags`]: the `bad_csum_rate` fault chose the frame.
-pub(crate) const FAULT_BAD_CSUM: u8 = 4;
+pub(crate) const FAULT_BAD_CSUM: u16 = 4;
 /// [`Decision::flags`]: the `misroute_rate` fault moved the frame to
 /// another queue than its filter's.
-pub(crate) const MISROUTED: u8 = 8;
+pub(crate) const MISROUTED: u16 = 8;
 /// [`Decision::flags`]: the frame did not parse; it goes to queue 0.
-pub(crate) const UNPARSABLE: u8 = 16;
+pub(crate) const UNPARSABLE: u16 = 16;
 /// [`Decision::flags`]: the `truncate_rate` fault chose the frame.
-pub(crate) const FAULT_TRUNCATE: u8 = 32;
+pub(crate) const FAULT_TRUNCATE: u16 = 32;
 /// [`Decision::flags`]: the `reorder_rate` fault chose the frame.
-pub(crate) const FAULT_REORDER: u8 = 64;
+pub(crate) const FAULT_REORDER: u16 = 64;
 /// [`Decision::flags`]: the `delay_effect_ms` fault kept the hit on the
 /// queue its flow had before the filter was added or re-steered.
-pub(crate) const DELAYED: u8 = 128;
+pub(crate) const DELAYED: u16 = 128;
+/// [`Decision::flags`]: an `ethtool -N` rule with action drop matched:
+/// the frame is not delivered (counted in `peer.rule_dropped`).
+pub(crate) const RULE_DROP: u16 = 256;
 /// Payload bytes the `truncate_rate` fault cuts off.
 pub(crate) const TRUNCATE_BYTES: usize = 16;
 
@@ -42,12 +45,14 @@ pub(crate) const TRUNCATE_BYTES: usize = 16;
 pub(crate) struct Decision {
     /// The rx queue.
     pub q: usize,
-    /// The filter it hit (its id), or None: RSS chose the queue.
+    /// The filter it hit (its id), or None: a rule or RSS chose the queue.
     pub hit: Option<u16>,
     /// [`FAULT_DROP`], [`FAULT_CORRUPT`], [`FAULT_BAD_CSUM`],
     /// [`FAULT_TRUNCATE`], [`FAULT_REORDER`], [`MISROUTED`], [`DELAYED`],
-    /// [`UNPARSABLE`].
-    pub flags: u8,
+    /// [`UNPARSABLE`], [`RULE_DROP`].
+    pub flags: u16,
+    /// The rule (its location) that decided, ahead of any filter.
+    pub rule: Option<u16>,
 }
 
 /// One worker's steering state (see the module's doc).
@@ -75,6 +80,9 @@ pub(crate) struct Steer {
     off: bool,
     /// The worker's own pair.
     own: usize,
+    /// The replica of the `ethtool -N` rule stage (decides before the
+    /// filters; empty: not looked at).
+    rules: arfs::RuleSet,
 }
 
 impl Steer {
@@ -97,12 +105,16 @@ impl Steer {
             delayed: Vec::new(),
             off,
             own: id,
+            rules: arfs::RuleSet::new(arfs::table::MAX_RULES),
         }
     }
 
     /// Applies one event of the filter table to the replica.
     #[inline]
     pub(crate) fn apply(&mut self, e: &TableEvent) {
+        if self.rules.apply(e) {
+            return;
+        }
         self.index.apply(e);
         if self.delay_ns == 0 && self.delayed.is_empty() {
             return;
@@ -176,6 +188,11 @@ impl Steer {
         // a whole ParsedFrame (the same checks: arfs' tests hold the two
         // to agreeing on every frame); every other frame is parsed in full.
         if let Some(k) = arfs::ipv4_flow(frame) {
+            if !self.rules.is_empty() {
+                if let Some(d) = self.decide_rule(&RuleInput::of_flow(&k), Some(&k)) {
+                    return Some(d);
+                }
+            }
             return Some(self.decide_flow(&k));
         }
         // A peer must not speak for the device, whatever tags it wraps its
@@ -189,13 +206,25 @@ impl Steer {
                 q: 0,
                 hit: None,
                 flags: UNPARSABLE,
+                rule: None,
             });
         };
+        if !self.rules.is_empty() {
+            let input = match &p.l3 {
+                L3::Flow(k) => Some((RuleInput::of_flow(k), Some(k))),
+                L3::Ip(ip) => Some((RuleInput::of_ip(ip), None)),
+                L3::NonIp => None,
+            };
+            if let Some(d) = input.and_then(|(i, k)| self.decide_rule(&i, k)) {
+                return Some(d);
+            }
+        }
         let L3::Flow(k) = &p.l3 else {
             return Some(Decision {
                 q: usize::from(self.rss.queue_for(&p)),
                 hit: None,
                 flags: 0,
+                rule: None,
             });
         };
         Some(self.decide_flow(k))
@@ -215,6 +244,7 @@ impl Steer {
                 q: usize::from(self.rss.queue_for_key(k)),
                 hit: None,
                 flags: 0,
+                rule: None,
             };
         };
         let mut q = usize::from(q);
@@ -253,7 +283,33 @@ impl Steer {
             q,
             hit: Some(id),
             flags,
+            rule: None,
         }
+    }
+
+    /// The decision of the rule stage for a packet, or None when no rule
+    /// matches. A context's queue is RSS's over the enabled queues (the
+    /// default context; others are refused when the rule is set) plus the
+    /// rule's offset, wrapped to the enabled queues.
+    #[cold]
+    #[inline(never)]
+    fn decide_rule(&mut self, input: &RuleInput, k: Option<&FlowKey>) -> Option<Decision> {
+        let (loc, action) = self.rules.lookup(input)?;
+        let n = (self.mask.trailing_ones() as usize).max(1);
+        let (q, flags) = match action {
+            RuleAction::Queue(q) => (usize::from(q), 0),
+            RuleAction::Drop => (0, RULE_DROP),
+            RuleAction::Context { offset, .. } => {
+                let rss = k.map_or(0, |k| usize::from(self.rss.queue_for_key(k)));
+                ((rss + usize::from(offset)) % n, 0)
+            }
+        };
+        Some(Decision {
+            q,
+            hit: None,
+            flags,
+            rule: Some(loc as u16),
+        })
     }
 
     /// `--steer none`'s decision: the worker's own queue, no parse.
@@ -267,6 +323,7 @@ impl Steer {
             q: if self.mask & own != 0 { self.own } else { 0 },
             hit: None,
             flags: 0,
+            rule: None,
         })
     }
 
@@ -448,6 +505,49 @@ mod tests {
         });
     }
 
+    /// Rules decide first, lowest location first: a queue, a drop, the
+    /// default context's RSS queue plus an offset; their removal gives the
+    /// frame back to the filter.
+    #[test]
+    fn a_rule_decides_before_the_filter() {
+        use arfs::{Rule, RuleAction, RuleFlow};
+        let mut s = Steer::new(0, 64, false);
+        s.set_mask(0b1111);
+        add(&mut s, 7, key(1000, 80), 3);
+        let set = |s: &mut Steer, loc, action, dport: u16| {
+            let mut r = Rule::any(loc, RuleFlow::Udp4, action);
+            r.dport = dport;
+            r.dport_mask = 0xffff;
+            s.apply(&TableEvent::RuleSet {
+                seq: 1,
+                rule: r,
+                prev: None,
+            });
+            r
+        };
+        let queue = set(&mut s, 9, RuleAction::Queue(1), 80);
+        let d = s.decide(&udp4(1000, 80)).unwrap();
+        assert_eq!((d.q, d.hit, d.rule, d.flags), (1, None, Some(9), 0));
+        // Another port: the rule does not match, RSS decides.
+        let d = s.decide(&udp4(1000, 81)).unwrap();
+        assert_eq!((d.hit, d.rule), (None, None));
+        set(&mut s, 2, RuleAction::Drop, 80);
+        let d = s.decide(&udp4(1000, 80)).unwrap();
+        assert_eq!((d.rule, d.flags), (Some(2), RULE_DROP));
+        set(&mut s, 2, RuleAction::Context { ctx: 0, offset: 1 }, 80);
+        let rss = usize::from(s.rss.queue_for_key(&key(1000, 80)));
+        let d = s.decide(&udp4(1000, 80)).unwrap();
+        assert_eq!((d.q, d.rule), ((rss + 1) % 4, Some(2)));
+        for loc in [2, 9] {
+            s.apply(&TableEvent::RuleRemoved {
+                seq: None,
+                rule: Rule { loc, ..queue },
+            });
+        }
+        let d = s.decide(&udp4(1000, 80)).unwrap();
+        assert_eq!((d.q, d.hit, d.rule), (3, Some(7), None));
+    }
+
     #[test]
     fn a_hit_takes_the_filters_queue_a_miss_rss() {
         let mut s = Steer::new(0, 64, false);
@@ -460,7 +560,8 @@ mod tests {
             Decision {
                 q: usize::from(rss.queue_for_key(&key(1000, 2000))),
                 hit: None,
-                flags: 0
+                flags: 0,
+                rule: None,
             }
         );
         // A filter to a queue RSS would not pick.
@@ -472,7 +573,8 @@ mod tests {
             Decision {
                 q: usize::from(want),
                 hit: Some(7),
-                flags: 0
+                flags: 0,
+                rule: None,
             }
         );
         // Another flow still goes by RSS.
@@ -530,6 +632,7 @@ mod tests {
             q: 2,
             hit: None,
             flags: 0,
+            rule: None,
         };
         assert_eq!(s.decide(&udp4(1000, 5001)), Some(own));
         assert_eq!(s.decide(&udp4(1001, 5001)), Some(own));
@@ -611,7 +714,8 @@ mod tests {
             Decision {
                 q: 0,
                 hit: Some(1),
-                flags: 0
+                flags: 0,
+                rule: None,
             }
         );
     }
@@ -664,7 +768,8 @@ mod tests {
             Decision {
                 q: usize::from(qa),
                 hit: Some(9),
-                flags: 0
+                flags: 0,
+                rule: None,
             }
         );
     }

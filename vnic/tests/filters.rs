@@ -15,32 +15,6 @@ fn st(v: &[OpStatus]) -> Vec<u8> {
     v.iter().map(|s| *s as u8).collect()
 }
 
-/// Send `count` generator frames of flow sport/dport=5001 and return the
-/// queues they arrived on.
-fn burst_queues(
-    g: &mut vnic_frontend::guest::Guest,
-    c: &mut Client,
-    sport: u16,
-    count: u64,
-) -> Vec<u16> {
-    gen_burst(
-        c,
-        &FlowSpec::new()
-            .flows(1)
-            .sport(sport.to_string())
-            .count(count)
-            .rate(10000),
-    );
-    g.wait_until(T, "burst frames", |g| g.stashed() as u64 >= count)
-        .unwrap();
-    let got = g.take_all();
-    assert_eq!(got.len() as u64, count);
-    for r in &got {
-        assert_eq!(flow_of(&r.frame), gen_flow(sport, 5001));
-    }
-    got.into_iter().map(|r| r.rxq).collect()
-}
-
 #[test]
 fn add_steers_to_filter_queue_and_del_returns_to_rss() {
     let d = daemon(&["--queues", "4"]);

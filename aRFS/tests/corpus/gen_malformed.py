@@ -51,7 +51,7 @@ case("device", "bad_version", "version", None, "version 2", frame(1, 0, HELLO, v
 case("device", "bad_version", "version", None, "version 0", frame(3, 1, add_op(), version=0))
 # NAKed errors
 case("device", "unknown_type", "type", None, "type 0", frame(0, 0, b""))
-case("device", "unknown_type", "type", None, "type 7", frame(7, 0, b""))
+case("device", "unknown_type", "type", None, "type 9", frame(9, 0, b""))
 case("device", "unknown_type", "type", None, "type 255", frame(255, 1, add_op()))
 case("device", "wrong_direction", "type", None, "caps sent to the device", frame(2, 0, CAPS))
 case("device", "wrong_direction", "type", None, "ack sent to the device", frame(6, 0, b"\x03\0\0\0"))

@@ -21,7 +21,7 @@ pub use reply::{
     CtlStats, Deletes, Empty, Family, Filter, Flow, FlowSetInfo, FramesBad, GenChanged, GenList,
     GenPaused, GenResumed, GenStarted, GenStopped, Knobs, KnobsReply, MgmtDst, MgmtStats,
     PeerStats, QueueStats, Rejects, Reply, ResolvedFlowSpec, Ring, RingPair, Rings, RttBucket,
-    RttStats, Stats, StatsReply, Table, TableReply, TableStats, TraceStats, VhostRefusals,
-    VhostStats, L4,
+    RttStats, RuleEntry, Stats, StatsReply, Table, TableReply, TableStats, TraceStats,
+    VhostRefusals, VhostStats, L4,
 };
 pub use request::{FlowSpec, GenOp, Request, RequestError, SetValue};

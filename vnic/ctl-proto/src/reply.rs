@@ -380,6 +380,10 @@ pub struct PeerStats {
     /// (absent from an older daemon: read as 0).
     #[serde(default)]
     pub fault_delayed: u64,
+    /// Frames an `ethtool -N` rule with action drop took (absent from an
+    /// older daemon: read as 0).
+    #[serde(default)]
+    pub rule_dropped: u64,
     pub gen_sent: u64,
     pub sink_packets: u64,
     pub sink_bytes: u64,
@@ -524,6 +528,21 @@ pub struct Table {
     pub capacity: u32,
     /// Sorted by id.
     pub filters: Vec<Filter>,
+    /// The `ethtool -N` rules, by location (absent from an older daemon:
+    /// read as none).
+    #[serde(default)]
+    pub rules: Vec<RuleEntry>,
+}
+
+/// One rule of the masked stage, as the trace writes it (`arfs::Rule`'s
+/// fields: `loc`, `flow` type, addresses and masks as 16 wire bytes,
+/// ports and masks, `l4_proto`/`l4_mask`, `action`), with its hits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleEntry {
+    /// The rule, as a JSON object.
+    pub rule: serde_json::Value,
+    /// Frames it decided since it was set.
+    pub hits: u64,
 }
 
 /// One live filter.

@@ -116,6 +116,32 @@ pub fn gen_burst(c: &mut Client, spec: &FlowSpec) -> u32 {
     id
 }
 
+/// Send `count` generator frames of flow sport/dport=5001 and return the
+/// queues they arrived on.
+pub fn burst_queues(
+    g: &mut vnic_frontend::guest::Guest,
+    c: &mut Client,
+    sport: u16,
+    count: u64,
+) -> Vec<u16> {
+    gen_burst(
+        c,
+        &FlowSpec::new()
+            .flows(1)
+            .sport(sport.to_string())
+            .count(count)
+            .rate(10000),
+    );
+    g.wait_until(T, "burst frames", |g| g.stashed() as u64 >= count)
+        .unwrap();
+    let got = g.take_all();
+    assert_eq!(got.len() as u64, count);
+    for r in &got {
+        assert_eq!(flow_of(&r.frame), gen_flow(sport, 5001));
+    }
+    got.into_iter().map(|r| r.rxq).collect()
+}
+
 /// Wait until flow set `id` is inactive (sent its `count`).
 pub fn wait_gen_done(c: &mut Client, id: u32) {
     let mut last = None;

@@ -155,6 +155,13 @@ pub fn validate(r: &TraceRecord) -> Result<(), MissingField> {
         | EventKind::BadFrame
         | EventKind::MgmtDrop
         | EventKind::Flush => &[("reason", r.reason.is_some())],
+        EventKind::RuleSet => &[("loc", r.loc.is_some()), ("rule", r.rule.is_some())],
+        EventKind::RuleDel => &[
+            ("loc", r.loc.is_some()),
+            ("rule", r.rule.is_some()),
+            ("hits", r.hits.is_some()),
+        ],
+        EventKind::RuleReject => &[("loc", r.loc.is_some()), ("reason", r.reason.is_some())],
         EventKind::Reset | EventKind::Ack | EventKind::GenChange => &[],
     };
     match need.iter().find(|(_, present)| !present) {
@@ -181,6 +188,9 @@ pub fn event_name(k: EventKind) -> &'static str {
         EventKind::GenChange => "gen_change",
         EventKind::BadFrame => "bad_frame",
         EventKind::MgmtDrop => "mgmt_drop",
+        EventKind::RuleSet => "rule_set",
+        EventKind::RuleDel => "rule_del",
+        EventKind::RuleReject => "rule_reject",
     }
 }
 

@@ -197,6 +197,9 @@ pub struct Summary {
     pub mgmt_drops: Reasons,
     /// `gen_change` lines, by cause.
     pub gen_changes: Reasons,
+    /// The rule stage's lines (`rule_set`, `rule_del`, `rule_reject`), by
+    /// event (`set`, `del`) and, for refusals, by status.
+    pub rule_events: Reasons,
     /// `(add + replace.total + del.total) / time.duration_s`: table writes per
     /// second. Null when the duration is 0.
     pub churn_per_s: Option<f64>,
@@ -245,6 +248,7 @@ struct Acc {
     bad_frames: Reasons,
     mgmt_drops: Reasons,
     gen_changes: Reasons,
+    rule_events: Reasons,
     /// Live filters: id -> rx queue.
     live: HashMap<u16, u16>,
     peak: u64,
@@ -275,6 +279,7 @@ impl Acc {
             bad_frames: Reasons::with_names([]),
             mgmt_drops: Reasons::with_names([]),
             gen_changes: Reasons::with_names([]),
+            rule_events: Reasons::with_names([]),
             live: HashMap::new(),
             peak: 0,
             programmed: HashMap::new(),
@@ -362,6 +367,9 @@ impl Acc {
             EventKind::BadFrame => self.bad_frames.bump(reason),
             EventKind::MgmtDrop => self.mgmt_drops.bump(reason),
             EventKind::GenChange => self.gen_changes.bump(reason),
+            EventKind::RuleSet => self.rule_events.bump("set"),
+            EventKind::RuleDel => self.rule_events.bump("del"),
+            EventKind::RuleReject => self.rule_events.bump(&format!("reject_{reason}")),
         }
     }
 }
@@ -654,6 +662,7 @@ pub fn summarize(path: &Path, opts: &Options) -> Result<Summary, SummaryError> {
         bad_frames: acc.bad_frames,
         mgmt_drops: acc.mgmt_drops,
         gen_changes: acc.gen_changes,
+        rule_events: acc.rule_events,
         churn_per_s,
         live: Live {
             end: acc.live.len() as u64,
@@ -817,6 +826,14 @@ pub fn render(s: &Summary, exact: bool) -> String {
         s.gen_changes.total,
         reasons_line(&s.gen_changes)
     );
+    if s.rule_events.total > 0 {
+        let _ = writeln!(
+            o,
+            "Rule events:        {}{}",
+            s.rule_events.total,
+            reasons_line(&s.rule_events)
+        );
+    }
     let _ = writeln!(o, "Acks:               {}", s.acks);
     let _ = writeln!(
         o,
