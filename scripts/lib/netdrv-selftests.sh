@@ -182,7 +182,10 @@ if ! [ -e "$src/.done" ] || [ "$src/.done" -ot "$ktree/Makefile" ]; then
     : >"$src/.built"
     for h in drivers/net/napi_id_helper drivers/net/so_txtime net/lib/gro net/lib/csum net/lib/xdp_helper; do
         d=$src/tools/testing/selftests/$h
-        if nice -n 19 gcc -O2 -Wall -I"$src/tools/testing/selftests" -o "$d" "$d.c" >"$d.build.log" 2>&1; then
+        # (older kernels lack some: 6.12 has only net/lib/csum.c)
+        if ! [ -f "$d.c" ]; then
+            echo "no $h in this kernel's selftests" >>"$src/.built"
+        elif nice -n 19 gcc -O2 -Wall -I"$src/tools/testing/selftests" -o "$d" "$d.c" >"$d.build.log" 2>&1; then
             echo "built $h" >>"$src/.built"
         else
             echo "NOT built $h: $(grep -m1 error "$d.build.log")" >>"$src/.built"
