@@ -402,8 +402,18 @@ fn replies_dropped_for_want_of_buffers_are_counted_and_traced() {
         g.send_mgmt(&Message::Flush(DelReason::Flush));
         g.poll();
     }
-    let s = wait_stats(&mut c, "every FLUSH applied", |s| {
+    wait_stats(&mut c, "every FLUSH applied", |s| {
         s.table.flushes == u64::from(n)
+    });
+    // The worker delivers or drops the replies after the table applied
+    // their requests: wait until it is done (the count still for 300 ms).
+    let last = std::cell::Cell::new((u64::MAX, Instant::now()));
+    let s = wait_stats(&mut c, "the reply drops to settle", |s| {
+        let d = s.mgmt.replies_dropped_no_buffers;
+        if d != last.get().0 {
+            last.set((d, Instant::now()));
+        }
+        last.get().1.elapsed() >= Duration::from_millis(300)
     });
     let dropped = s.mgmt.replies_dropped_no_buffers;
     assert!(
