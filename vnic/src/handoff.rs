@@ -280,18 +280,13 @@ impl Router {
         self.trace_drop(frame, arfs::DropCause::Spoofed);
     }
 
-    /// A `mgmt_drop` line (to the driver) for `frame`, which starts at its
-    /// Ethernet header, or at the virtio-net header space for a reply.
+    /// A `mgmt_drop` line (to the driver) for the Ethernet frame `eth`.
     /// The generation is read without the management lock (a line may
     /// carry the one before a change in flight).
-    fn trace_drop(&self, frame: &[u8], cause: arfs::DropCause) {
+    fn trace_drop(&self, eth: &[u8], cause: arfs::DropCause) {
         if !self.tracer.enabled() {
             return;
         }
-        let eth = match cause {
-            arfs::DropCause::NoBuffer => frame.get(NET_HDR_LEN..).unwrap_or_default(),
-            _ => frame,
-        };
         let h = arfs::proto::peek_header(eth);
         self.tracer.emit(arfs::TraceRecord::mgmt_drop(
             crate::clock::now_ns(),
@@ -648,7 +643,10 @@ impl Router {
             if !ready || self.backlog.len() > REPLY_BACKLOG {
                 self.backlog.pop_front();
                 add(&self.stats.replies_dropped_no_buffers, 1);
-                self.trace_drop(&pkt, arfs::DropCause::NoBuffer);
+                self.trace_drop(
+                    pkt.get(NET_HDR_LEN..).unwrap_or_default(),
+                    arfs::DropCause::NoBuffer,
+                );
                 continue;
             }
             if let Some(r) = self.backlog.front_mut() {
