@@ -134,10 +134,26 @@ static int vnic_dbg_counters_show(struct seq_file *m, void *v)
 	P("reaped", c.reaped);
 	P("reap_batches", c.reap_batches);
 	P("rfs_reset_chunks", c.rfs_reset_chunks);
+	P("rule_set_ops", c.rule_set_ops);
+	P("rule_del_ops", c.rule_del_ops);
+	P("rss_ops", c.rss_ops);
+	P("ethtool_ok", c.eth_ok);
+	P("ethtool_refused", c.eth_refused);
+	P("ethtool_timeouts", c.eth_timeouts);
+	P("ethtool_replayed", c.eth_replayed);
 #undef P
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(vnic_dbg_counters);
+
+static unsigned int vnic_dbg_rules_locked(const struct vnic_ctx *ctx)
+{
+	unsigned int i, n = 0;
+
+	for (i = 0; i < ctx->nr_rules; i++)
+		n += ctx->rules[i].on_dev;
+	return n;
+}
 
 static int vnic_dbg_state_show(struct seq_file *m, void *v)
 {
@@ -164,6 +180,14 @@ static int vnic_dbg_state_show(struct seq_file *m, void *v)
 	seq_printf(m, "rx_queues %u\n", READ_ONCE(ctx->dev->real_num_rx_queues));
 	seq_printf(m, "rmap_queues %u\n", READ_ONCE(ctx->rmap_nq));
 	seq_printf(m, "rto_ms %u\n", jiffies_to_msecs(vnic_mgmt_rto(ctx)));
+	seq_printf(m, "features %#x\n", ctx->caps.features);
+	seq_printf(m, "max_rules %u\n", ctx->caps.max_rules);
+	seq_printf(m, "ethtool_features %#x\n", ctx->eth_feat);
+	seq_printf(m, "rule_locations %u\n", ctx->nr_rules);
+	seq_printf(m, "rules_on_device %u\n", vnic_dbg_rules_locked(ctx));
+	seq_printf(m, "rss_indir %s\n", ctx->rss.default_indir ? "default" : "driver");
+	seq_printf(m, "rss_key %s\n", ctx->rss.default_key ? "default" : "driver");
+	seq_printf(m, "ethtool_dirty %u\n", ctx->eth_dirty);
 	vnic_unlock_bh(ctx);
 	return 0;
 }

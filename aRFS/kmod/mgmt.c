@@ -101,8 +101,19 @@ unsigned long vnic_mgmt_rto(const struct vnic_ctx *ctx)
 /* ------------------------------------------------------------------------ */
 /* Frames                                                                   */
 
-static unsigned int vnic_mgmt_put_hdr(struct vnic_ctx *ctx, u8 *buf, u8 type, u32 seq,
-				      u16 count, u16 body_len)
+/**
+ * vnic_mgmt_put_hdr - the Ethernet and management headers of a frame
+ * @ctx: the context, ctx->lock held
+ * @buf: the frame
+ * @type: its message type
+ * @seq: its sequence number
+ * @count: its op count
+ * @body_len: the length of the body that follows the header
+ *
+ * Return: the length of the whole frame.
+ */
+unsigned int vnic_mgmt_put_hdr(struct vnic_ctx *ctx, u8 *buf, u8 type, u32 seq,
+			       u16 count, u16 body_len)
 {
 	u8 *h = buf + ETH_HLEN;
 
@@ -155,9 +166,45 @@ static unsigned int vnic_mgmt_build_flush(struct vnic_ctx *ctx, u8 *buf, u32 seq
 	return vnic_mgmt_put_hdr(ctx, buf, VNIC_T_FLUSH, seq, 0, VNIC_FLUSH_BODY);
 }
 
-static unsigned int vnic_mgmt_max_ops(const struct vnic_ctx *ctx, unsigned int fit)
+/**
+ * vnic_mgmt_max_ops - most ops of one request frame
+ * @ctx: the context, ctx->lock held
+ * @fit: the most ops of the type that fit in a frame
+ *
+ * Return: @fit, or the device's max_ops if lower (at least 1).
+ */
+unsigned int vnic_mgmt_max_ops(const struct vnic_ctx *ctx, unsigned int fit)
 {
 	return clamp_t(unsigned int, ctx->caps.max_ops, 1, fit);
+}
+
+/**
+ * vnic_mgmt_op_len - the length of one op of a request type
+ * @type: ADD, DEL, RULE_SET, RULE_DEL or RSS_SET
+ *
+ * Return: the op length in bytes, 0 for a type without ops.
+ */
+unsigned int vnic_mgmt_op_len(u8 type)
+{
+	switch (type) {
+	case VNIC_T_ADD:
+		return VNIC_ADD_OP;
+	case VNIC_T_DEL:
+		return VNIC_DEL_OP;
+	case VNIC_T_RULE_SET:
+		return VNIC_RULE_OP;
+	case VNIC_T_RULE_DEL:
+		return VNIC_RULE_DEL_OP;
+	case VNIC_T_RSS_SET:
+		return VNIC_RSS_OP;
+	default:
+		return 0;
+	}
+}
+
+static bool vnic_mgmt_is_eth_type(u8 type)
+{
+	return type == VNIC_T_RULE_SET || type == VNIC_T_RULE_DEL || type == VNIC_T_RSS_SET;
 }
 
 /* Build the next request frame into the window; false if nothing to send. */
@@ -176,6 +223,10 @@ static bool vnic_mgmt_build_request_locked(struct vnic_ctx *ctx, unsigned long n
 		ctx->flush_pending = false;
 		ctx->c.flushes++;
 		vnic_flt_flush_sent_locked(ctx, seq);
+	} else if (vnic_eth_build_locked(ctx, s, seq)) {
+		/* ethtool waits for these: before the filters */
+		type = s->type;
+		n = s->nops;
 	} else if (!list_empty(&ctx->del_list)) {
 		type = VNIC_T_DEL;
 		max = vnic_mgmt_max_ops(ctx, VNIC_DEL_FIT);
@@ -346,6 +397,10 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 			}
 			continue;
 		}
+		if (vnic_mgmt_is_eth_type(s->type)) {
+			vnic_eth_unacked_locked(ctx, s, table_lost);
+			continue;
+		}
 		for (i = 0; i < s->nops; i++) {
 			u16 id = get_unaligned_be16(op);
 
@@ -398,14 +453,14 @@ static void vnic_mgmt_window_reset_locked(struct vnic_ctx *ctx, bool table_lost)
 }
 
 static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff *skb,
-				     const u8 *src, u32 seq, u32 gen)
+				     const u8 *src, u32 seq, u32 gen, u16 body_len)
 {
-	u8 raw[VNIC_CAPS_BODY];
+	u8 raw[VNIC_CAPS_EXT_BODY];
 	struct vnic_caps caps;
 	const u8 *b;
 	bool lost;
 
-	b = skb_header_pointer(skb, VNIC_HDR_LEN, VNIC_CAPS_BODY, raw);
+	b = skb_header_pointer(skb, VNIC_HDR_LEN, body_len, raw);
 	if (!b) {
 		ctx->c.rx_malformed++;
 		return;
@@ -428,6 +483,12 @@ static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff 
 		ctx->c.rx_foreign++;
 		return;
 	}
+	if (body_len == VNIC_CAPS_EXT_BODY &&
+	    (get_unaligned_be32(b + VNIC_CAPS_OFF_FEATURES) & ~VNIC_FEAT_KNOWN ||
+	     get_unaligned_be16(b + VNIC_CAPS_OFF_MAX_RULES + 2))) {
+		ctx->c.rx_malformed++;	/* a feature we never asked for */
+		return;
+	}
 	if (ctx->have_dev_mac && !ether_addr_equal(src, ctx->dev_mac)) {
 		/* nothing rebinds a session: whoever else saw a nonce */
 		ctx->c.rx_rebind++;
@@ -445,6 +506,13 @@ static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff 
 	caps.ways = get_unaligned_be16(b + 12);
 	caps.max_ops = get_unaligned_be16(b + 14);
 	caps.latency_us = get_unaligned_be32(b + 16);
+	caps.features = 0;
+	caps.max_rules = 0;
+	if (body_len == VNIC_CAPS_EXT_BODY) {
+		caps.features = get_unaligned_be32(b + VNIC_CAPS_OFF_FEATURES);
+		if (caps.features & VNIC_FEAT_RULES)
+			caps.max_rules = get_unaligned_be16(b + VNIC_CAPS_OFF_MAX_RULES);
+	}
 
 	ctx->hello_out = false;
 	ctx->last_rx = jiffies;
@@ -471,6 +539,7 @@ static void vnic_mgmt_rx_caps_locked(struct vnic_ctx *ctx, const struct sk_buff 
 		ctx->c.gen_changes++;
 		ctx->gen = gen;
 		vnic_flt_replay_locked(ctx);
+		vnic_eth_replay_locked(ctx);
 	}
 	vnic_work_kick_locked(ctx);
 }
@@ -481,6 +550,10 @@ static void vnic_mgmt_ack_op_locked(struct vnic_ctx *ctx, const struct vnic_slot
 {
 	u16 id = get_unaligned_be16(op);
 
+	if (vnic_mgmt_is_eth_type(s->type)) {
+		vnic_eth_op_acked_locked(ctx, s, op, st);
+		return;
+	}
 	if (st > 0) {
 		if (st <= VNIC_S_MAX)
 			ctx->c.rej[st]++;
@@ -563,7 +636,7 @@ static void vnic_mgmt_rx_ack_locked(struct vnic_ctx *ctx, const struct sk_buff *
 			ctx->table_full = false;
 		vnic_flt_flush_acked_locked(ctx, seq);
 	} else {
-		oplen = s->type == VNIC_T_ADD ? VNIC_ADD_OP : VNIC_DEL_OP;
+		oplen = vnic_mgmt_op_len(s->type);
 		op = s->buf + ETH_HLEN + VNIC_HDR_LEN;
 		for (i = 0; i < s->nops; i++, op += oplen) {
 			int st = -1;
@@ -598,7 +671,7 @@ static void vnic_mgmt_rx_ack_locked(struct vnic_ctx *ctx, const struct sk_buff *
 		s->used = false;
 		ctx->una++;
 	}
-	if (!list_empty(&ctx->add_list) || !list_empty(&ctx->del_list))
+	if (!list_empty(&ctx->add_list) || !list_empty(&ctx->del_list) || ctx->eth_dirty)
 		vnic_work_kick_locked(ctx);
 }
 
@@ -653,11 +726,11 @@ int vnic_mgmt_rcv(struct sk_buff *skb, struct net_device *dev,
 	src = eth_hdr(skb)->h_source;
 	switch (type) {
 	case VNIC_T_CAPS:
-		if (count || body_len != VNIC_CAPS_BODY) {
+		if (count || (body_len != VNIC_CAPS_BODY && body_len != VNIC_CAPS_EXT_BODY)) {
 			ctx->c.rx_malformed++;
 			break;
 		}
-		vnic_mgmt_rx_caps_locked(ctx, skb, src, seq, gen);
+		vnic_mgmt_rx_caps_locked(ctx, skb, src, seq, gen, body_len);
 		break;
 	case VNIC_T_ACK:
 		if (!ctx->have_dev_mac || !ether_addr_equal(src, ctx->dev_mac)) {

@@ -8,19 +8,22 @@
  * management frame with CAPS, and then gives them what the kernel's RFS code
  * needs to call a driver: a copy of the netdev_ops with ndo_rx_flow_steer,
  * an rx_cpu_rmap and NETIF_F_NTUPLE. Filters are sent to the device in-band
- * (mgmt.c). See README.md in this directory, and vnic_arfs.h for the locking.
+ * (mgmt.c). A device with the rule and RSS extensions also gets a copy of
+ * the ethtool_ops with ntuple rules and RSS configuration (ethtool.c). See
+ * README.md in this directory, and vnic_arfs.h for the locking.
  *
  * Teardown order (the hooks come off in the reverse order they went on):
  *   under RTNL: disable the work item; clear NTUPLE (wanted_features, then
  *   netdev_update_features(), then hw_features); synchronize_net(); set
  *   rx_cpu_rmap to NULL; restore netdev_ops (or, when someone replaced them
- *   after us, neuter our copy); synchronize_net(); free the rmap and the
- *   ops copy.
+ *   after us, neuter our copy); the same for the ethtool_ops;
+ *   synchronize_net(); free the rmap and the netdev_ops copy.
  *   At module exit RTNL is dropped here and the FLUSH(unload) is sent and
  *   waited for (mgmt.c); NETDEV_UNREGISTER skips it (the device is gone).
  *   under RTNL: dev_remove_pack() (before the netdev reference is dropped:
  *   netdev_run_todo() has a BUG_ON on a non-empty ptype_specific); unlink;
- *   debugfs; free the filters; netdev_put(); kvfree_rcu() of the context.
+ *   debugfs; free the filters, the rules and the ethtool_ops copy;
+ *   netdev_put(); kvfree_rcu() of the context.
  */
 
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
@@ -256,6 +259,30 @@ static bool vnic_dev_name_wanted(const char *name)
 	return false;
 }
 
+/**
+ * vnic_dev_ctx - the context of a netdev, for its ethtool ops
+ * @dev: the netdev
+ *
+ * The list is walked under RCU; the context stays valid after, because the
+ * caller holds RTNL (every ethtool call does) and contexts are released
+ * under RTNL only.
+ *
+ * Return: the context, or NULL.
+ */
+struct vnic_ctx *vnic_dev_ctx(const struct net_device *dev)
+{
+	struct vnic_ctx *ctx, *found = NULL;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(ctx, &vnic_devs, list)
+		if (ctx->dev == dev) {
+			found = ctx;
+			break;
+		}
+	rcu_read_unlock();
+	return found;
+}
+
 /* Under RTNL. */
 static struct vnic_ctx *vnic_dev_find(const struct net_device *dev)
 {
@@ -341,6 +368,9 @@ static int vnic_dev_install(struct vnic_ctx *ctx)
 	vnic_unlock_ops(dev);
 	ctx->ntuple_on = !!(dev->features & NETIF_F_NTUPLE);
 	ctx->installed = true;
+	/* last, and optional: aRFS does not need it */
+	if (vnic_eth_install(ctx))
+		vnic_warn(ctx, "out of memory: no ethtool rules or RSS\n");
 	return 0;
 }
 
@@ -404,6 +434,7 @@ static void vnic_dev_unhook(struct vnic_ctx *ctx)
 		WRITE_ONCE(ctx->ops->ndo_rx_flow_steer, NULL);
 		kmemleak_not_leak(ctx->ops);
 	}
+	vnic_eth_unhook(ctx);
 	synchronize_net();
 	cpu_rmap_put(ctx->rmap);
 	ctx->rmap = NULL;
@@ -425,6 +456,7 @@ static void vnic_dev_release(struct vnic_ctx *ctx)
 	vnic_dbg_remove(ctx);
 	/* no packet handler, no hooks, no work item: nothing else reaches it */
 	vnic_flt_destroy(ctx);
+	vnic_eth_release(ctx);
 	netdev_put(ctx->dev, &ctx->tracker);
 	kvfree_rcu(ctx, rcu);
 }
@@ -493,6 +525,8 @@ static void vnic_dev_work_install(struct vnic_ctx *ctx)
 	/* a previous instance of the module may have left filters behind */
 	ctx->flush_pending = true;
 	ctx->flush_reason = VNIC_R_FLUSH;
+	/* ... and rules, an RSS configuration */
+	vnic_eth_reset_device_locked(ctx);
 	ctx->last_rx = jiffies;
 	vnic_info(ctx, "attached: generation %u, %u/%u queue pairs, capacity %u, buckets %u x %u, max_ops %u, latency %u us, %u rx queues\n",
 		  ctx->gen, ctx->caps.enabled_queue_pairs, ctx->caps.max_queue_pairs,
@@ -514,11 +548,13 @@ static bool vnic_dev_work_layout(struct vnic_ctx *ctx)
 	bool ntuple = !!(READ_ONCE(dev->features) & NETIF_F_NTUPLE);
 
 	if (READ_ONCE(dev->real_num_rx_queues) == ctx->rmap_nq &&
-	    num_online_cpus() == ctx->rmap_ncpu && ntuple == ctx->ntuple_on)
+	    num_online_cpus() == ctx->rmap_ncpu && ntuple == ctx->ntuple_on &&
+	    !vnic_eth_layout_due(ctx))
 		return true;
 	if (!rtnl_trylock())
 		return false;
 	vnic_rmap_check(ctx);
+	vnic_eth_layout(ctx);
 	ntuple = !!(dev->features & NETIF_F_NTUPLE);
 	if (ntuple && !ctx->ntuple_on) {
 		/*
@@ -591,6 +627,7 @@ static void vnic_dev_attach(struct net_device *dev)
 	spin_lock_init(&ctx->lock);
 	INIT_DELAYED_WORK(&ctx->work, vnic_dev_work);
 	init_completion(&ctx->unload_done);
+	init_waitqueue_head(&ctx->eth_wq);
 	if (vnic_flt_init(ctx)) {
 		netdev_err(dev, "vnic_arfs: cannot create the flow table\n");
 		kvfree(ctx);

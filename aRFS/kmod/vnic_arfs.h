@@ -9,6 +9,7 @@
  *   mgmt.c     vnic_mgmt_  management frames, session, window, receive path
  *   filter.c   vnic_flt_   filter table (rhashtable + id xarray), steer, expiry
  *   rmap.c     vnic_rmap_  rx_cpu_rmap, the kernel's RFS tables, layout changes
+ *   ethtool.c  vnic_eth_   ethtool ntuple rules and RSS (get/set_rxnfc, rxfh)
  *   debugfs.c  vnic_dbg_   /sys/kernel/debug/vnic_arfs/<ifname>/
  *
  * Locking (README.md, "Locking", says the same at more length):
@@ -33,6 +34,8 @@
 #include <linux/xarray.h>
 #include <linux/spinlock.h>
 #include <linux/completion.h>
+#include <linux/ethtool.h>
+#include <linux/wait.h>
 #include <linux/sched/clock.h>
 
 #include "vnic_proto.h"
@@ -207,6 +210,48 @@ struct vnic_caps {
 	u16 ways;
 	u16 max_ops;
 	u32 latency_us;
+	u32 features;			/* VNIC_FEAT_*; 0 from a 24-byte CAPS */
+	u16 max_rules;			/* with VNIC_FEAT_RULES */
+};
+
+/* ------------------------------------------------------------------------ */
+/* ethtool rules and RSS (ethtool.c)                                         */
+
+/* Rule locations the module keeps at most (the device may offer more). */
+#define VNIC_MAX_RULES		1024
+
+/*
+ * One request to the device on behalf of ethtool (a rule location, or the
+ * RSS configuration): what ethtool asked for is @ver; the op in flight
+ * carries @sent_ver; the ACK of it sets @acked_ver and @status, and wakes
+ * the ethtool call waiting for its own version (vnic_eth_wait()).
+ */
+struct vnic_eth_req {
+	u32 ver;
+	u32 sent_ver;
+	u32 acked_ver;
+	u32 seq;			/* frame of the op in flight */
+	int status;			/* of @acked_ver: VNIC_S_*, or -1 (NAK) */
+	bool dirty;			/* an op is due (first send or again) */
+	bool inflight;
+};
+
+struct vnic_rule {
+	struct ethtool_rx_flow_spec fs;	/* as ethtool set it */
+	u8 op[VNIC_RULE_OP];		/* its RULE_SET op */
+	bool want;			/* a rule is set here (else: delete) */
+	bool on_dev;			/* the device ACKed a RULE_SET here */
+	u64 set_ok, refused;
+	struct vnic_eth_req req;
+};
+
+struct vnic_rss {
+	u8 key[VNIC_RSS_KEY_LEN];
+	u16 indir[VNIC_RSS_INDIR_LEN];
+	bool default_indir;		/* the device's round-robin table */
+	bool default_key;
+	u8 op[VNIC_RSS_OP];
+	struct vnic_eth_req req;
 };
 
 struct vnic_counters {
@@ -242,6 +287,9 @@ struct vnic_counters {
 	u64 reaped;			/* filters freed by the work item (FLUSH, table loss) */
 	u64 reap_batches;		/* lock holds of vnic_flt_reap() */
 	u64 rfs_reset_chunks;		/* lock holds of vnic_rmap_reset_kernel_rfs() */
+	/* ethtool: rule and RSS ops sent, their outcomes */
+	u64 rule_set_ops, rule_del_ops, rss_ops, eth_ok, eth_refused, eth_timeouts;
+	u64 eth_replayed;		/* rule/RSS ops sent again for a new generation */
 };
 
 #define VNIC_HOLD_SITES		32
@@ -348,6 +396,8 @@ struct vnic_ctx {
 	bool flush_on_unload;
 	struct net_device_ops *ops;	/* our copy, with ndo_rx_flow_steer */
 	const struct net_device_ops *orig_ops;
+	struct ethtool_ops *eops;	/* our copy (device with rules or RSS) */
+	const struct ethtool_ops *orig_eops;
 	struct cpu_rmap *rmap;
 	unsigned int rmap_nq;		/* also read (READ_ONCE) by debugfs */
 	unsigned int rmap_ncpu;
@@ -435,6 +485,17 @@ struct vnic_ctx {
 	struct list_head reap_del;
 	unsigned int nr_reaping;
 	unsigned int nr_flush_wait;	/* FLUSHING filters on flush_wait_list */
+	/*
+	 * ethtool rules and RSS. The array and nr_rules are set at install
+	 * (RTNL) and constant until release; the entries are ctx->lock's;
+	 * ethtool calls (RTNL) are their only writers of what is wanted.
+	 */
+	struct vnic_rule *rules;
+	unsigned int nr_rules;
+	u32 eth_feat;			/* VNIC_FEAT_* our ethtool ops serve */
+	unsigned int eth_dirty;		/* requests with req.dirty set */
+	struct vnic_rss rss;
+	wait_queue_head_t eth_wq;
 	struct vnic_counters c;
 	u64 hold_t0;			/* local_clock() when ctx->lock was taken */
 	struct vnic_holds holds;
@@ -553,6 +614,7 @@ static inline void vnic_work_disable(struct vnic_ctx *ctx)
 
 /* netdev.c */
 bool vnic_dev_link_ok(const struct net_device *dev);
+struct vnic_ctx *vnic_dev_ctx(const struct net_device *dev);
 
 /* mgmt.c */
 unsigned long vnic_mgmt_rto(const struct vnic_ctx *ctx);
@@ -562,6 +624,10 @@ bool vnic_mgmt_probe(struct vnic_ctx *ctx, unsigned long *delay);
 unsigned long vnic_mgmt_pass(struct vnic_ctx *ctx);
 void vnic_mgmt_unload_flush(struct vnic_ctx *ctx);
 bool vnic_mgmt_add_unacked(struct vnic_ctx *ctx, u16 id, u32 before, u32 except);
+unsigned int vnic_mgmt_op_len(u8 type);
+unsigned int vnic_mgmt_max_ops(const struct vnic_ctx *ctx, unsigned int fit);
+unsigned int vnic_mgmt_put_hdr(struct vnic_ctx *ctx, u8 *buf, u8 type, u32 seq,
+			       u16 count, u16 body_len);
 
 /* filter.c */
 int vnic_flt_init(struct vnic_ctx *ctx);
@@ -590,6 +656,18 @@ void vnic_rmap_reset_kernel_rfs(struct vnic_ctx *ctx);
 void vnic_rmap_check(struct vnic_ctx *ctx);
 void vnic_rmap_reset_if_due(struct vnic_ctx *ctx);
 
+/* ethtool.c */
+int vnic_eth_install(struct vnic_ctx *ctx);
+void vnic_eth_unhook(struct vnic_ctx *ctx);
+void vnic_eth_release(struct vnic_ctx *ctx);
+void vnic_eth_reset_device_locked(struct vnic_ctx *ctx);
+bool vnic_eth_build_locked(struct vnic_ctx *ctx, struct vnic_slot *s, u32 seq);
+void vnic_eth_op_acked_locked(struct vnic_ctx *ctx, const struct vnic_slot *s,
+			      const u8 *op, int st);
+void vnic_eth_unacked_locked(struct vnic_ctx *ctx, const struct vnic_slot *s, bool table_lost);
+void vnic_eth_replay_locked(struct vnic_ctx *ctx);
+void vnic_eth_layout(struct vnic_ctx *ctx);
+bool vnic_eth_layout_due(struct vnic_ctx *ctx);
 /* debugfs.c */
 void vnic_dbg_init(void);
 void vnic_dbg_exit(void);

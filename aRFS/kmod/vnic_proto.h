@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * vnic management protocol, version 1: wire-format constants used by the
- * frame builders and the parser (mgmt.c). The normative text is
+ * frame builders and the parsers (mgmt.c, ethtool.c). The normative text is
  * aRFS/PROTOCOL.md.
  */
 #ifndef VNIC_PROTO_H
@@ -10,7 +10,8 @@
 #define VNIC_ETH_P		0x88B5	/* IEEE local experimental 1 */
 #define VNIC_MAGIC		0x7641	/* "vA" */
 #define VNIC_VERSION		1
-#define VNIC_DRIVER_VERSION	1
+/* 3: knows the rule extension (types 7, 8) and the RSS extension (type 9) */
+#define VNIC_DRIVER_VERSION	3
 
 /* Sizes, in bytes. The management header follows the 14-byte Ethernet header. */
 #define VNIC_HDR_LEN		16
@@ -18,14 +19,20 @@
 #define VNIC_FRAME_MAX		(ETH_HLEN + VNIC_MGMT_MAX)
 #define VNIC_HELLO_BODY		16
 #define VNIC_CAPS_BODY		24
+#define VNIC_CAPS_EXT_BODY	32	/* with features and max_rules */
 #define VNIC_ADD_OP		44
 #define VNIC_DEL_OP		4
 #define VNIC_FLUSH_BODY		4
 #define VNIC_ACK_FIXED		4
+#define VNIC_RULE_OP		88
+#define VNIC_RULE_DEL_OP	4
+#define VNIC_RSS_OP		304
 
 /* Most ops that fit in one frame of each type. */
 #define VNIC_ADD_FIT		((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_ADD_OP)
 #define VNIC_DEL_FIT		((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_DEL_OP)
+#define VNIC_RULE_FIT		((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_RULE_OP)
+#define VNIC_RULE_DEL_FIT	((VNIC_MGMT_MAX - VNIC_HDR_LEN) / VNIC_RULE_DEL_OP)
 
 /*
  * HELLO goes to this link-local group address (IEEE 802.1Q's "nearest
@@ -39,6 +46,36 @@
 #define VNIC_HELLO_OFF_NONCE	4	/* per-session nonce the device echoes */
 #define VNIC_HELLO_OFF_MAC	8
 #define VNIC_CAPS_OFF_NONCE	20	/* the nonce of the HELLO answered */
+#define VNIC_CAPS_OFF_FEATURES	24	/* 32-byte CAPS only */
+#define VNIC_CAPS_OFF_MAX_RULES	28
+
+/* CAPS features */
+#define VNIC_FEAT_RULES		BIT(0)	/* RULE_SET, RULE_DEL */
+#define VNIC_FEAT_RSS		BIT(1)	/* RSS_SET */
+#define VNIC_FEAT_KNOWN		(VNIC_FEAT_RULES | VNIC_FEAT_RSS)
+
+/* RULE_SET op: flow and action codes */
+enum vnic_rule_flow {
+	VNIC_RF_TCP4	= 1,
+	VNIC_RF_UDP4	= 2,
+	VNIC_RF_IP4	= 3,
+	VNIC_RF_TCP6	= 4,
+	VNIC_RF_UDP6	= 5,
+	VNIC_RF_IP6	= 6,
+};
+
+enum vnic_rule_action {
+	VNIC_RA_QUEUE	= 1,
+	VNIC_RA_DROP	= 2,
+	VNIC_RA_CONTEXT	= 3,
+};
+
+/* RSS_SET op */
+#define VNIC_RSS_DEFAULT_INDIR	BIT(0)
+#define VNIC_RSS_DEFAULT_KEY	BIT(1)
+#define VNIC_RSS_HFUNC_TOP	1
+#define VNIC_RSS_KEY_LEN	40
+#define VNIC_RSS_INDIR_LEN	128
 
 /* Header field offsets (from the start of the management header). */
 #define VNIC_OFF_MAGIC		0
@@ -56,6 +93,9 @@ enum vnic_msg_type {
 	VNIC_T_DEL	= 4,
 	VNIC_T_FLUSH	= 5,
 	VNIC_T_ACK	= 6,
+	VNIC_T_RULE_SET	= 7,
+	VNIC_T_RULE_DEL	= 8,
+	VNIC_T_RSS_SET	= 9,
 };
 
 /* DEL / FLUSH reasons. */
