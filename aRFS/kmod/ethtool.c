@@ -817,6 +817,10 @@ int vnic_eth_install(struct vnic_ctx *ctx)
 	if (nr) {
 		eops->get_rxnfc = vnic_eth_get_rxnfc;
 		eops->set_rxnfc = vnic_eth_set_rxnfc;
+#ifdef VNIC_HAVE_CAP_RSS_RXNFC_ADDS
+		/* RULE_SET action 3: the context's queue plus the rule's */
+		eops->cap_rss_rxnfc_adds = 1;
+#endif
 	}
 #ifdef VNIC_HAVE_RXFH_PARAM
 	if (feat & VNIC_FEAT_RSS) {
