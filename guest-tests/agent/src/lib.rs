@@ -4,5 +4,6 @@
 //! daemon, so changes there never rebuild the static agent.
 
 pub mod kmsg;
+pub mod ntuple;
 pub mod payload;
 pub mod proto;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 pub const PORT_NAME: &str = "vnic.agent";
 
 /// Version of this protocol; `hello` reports it, the harness checks it.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// One request line.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,6 +77,22 @@ pub enum Request {
     /// `ethtool -L IFNAME combined N` (ETHTOOL_SCHANNELS). Answers the
     /// combined count read back.
     SetChannels { ifname: String, combined: u32 },
+    /// `ethtool -N IFNAME flow-type ... action Q|-1 [loc L]`
+    /// (ETHTOOL_SRXCLSRLINS; `loc` None: RX_CLS_LOC_ANY, the driver picks
+    /// one). Answers a [`RuleOp`]: the location the kernel copied back, or
+    /// the call's errno (a refusal is an answer, not an error).
+    RuleInsert {
+        ifname: String,
+        rule: RuleSpec,
+        #[serde(default)]
+        loc: Option<u32>,
+    },
+    /// `ethtool -N IFNAME delete L` (ETHTOOL_SRXCLSRLDEL). Answers a
+    /// [`RuleOp`] (`loc` the one asked for when it succeeded).
+    RuleDelete { ifname: String, loc: u32 },
+    /// `ethtool -n IFNAME`: GRXCLSRLCNT, GRXCLSRLALL, then GRXCLSRULE for
+    /// each location. Answers a [`RuleList`].
+    RuleList { ifname: String },
     /// The NAPI id of each rx queue (netdev generic netlink; see
     /// [`RxQueueNapi`]). Answers an [`RxQueueNapi`].
     RxQueueNapi { ifname: String },
@@ -153,6 +169,96 @@ pub enum Request {
     CpuProbe { timeout_ms: u64 },
     /// sync + reboot(RB_POWER_OFF). Answered before powering off.
     Poweroff,
+}
+
+/// An ntuple rule's flow type (ethtool's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleFlow {
+    Tcp4,
+    Udp4,
+    /// Any IPv4 packet (`IPV4_USER_FLOW`): addresses and the protocol.
+    Ip4,
+    Tcp6,
+    Udp6,
+    /// Any IPv6 packet (`IPV6_USER_FLOW`).
+    Ip6,
+}
+
+/// An address and its mask (a mask bit set: the packet's bit must equal
+/// the address's; the kernel API's `m_u`, not ethtool's inverted `m`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AddrMask {
+    pub addr: std::net::IpAddr,
+    pub mask: std::net::IpAddr,
+}
+
+/// A port and its mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PortMask {
+    pub port: u16,
+    pub mask: u16,
+}
+
+/// The upper-layer protocol of an `ip4`/`ip6` rule and its mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ProtoMask {
+    pub proto: u8,
+    pub mask: u8,
+}
+
+/// What a rule does with the packets it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleAction {
+    /// To this rx queue (`action N`).
+    Queue(u32),
+    /// Dropped (`action -1`, RX_CLS_FLOW_DISC).
+    Drop,
+}
+
+/// One ntuple rule (`struct ethtool_rx_flow_spec` without location):
+/// a field that is None matches anything (value and mask zero). Ports on
+/// tcp/udp flow types only, `l4_proto` on ip4/ip6 only
+/// (`vnic_agent::ntuple` encodes it).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RuleSpec {
+    pub flow: RuleFlow,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src: Option<AddrMask>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<AddrMask>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sport: Option<PortMask>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dport: Option<PortMask>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l4_proto: Option<ProtoMask>,
+    pub action: RuleAction,
+}
+
+/// The answer to [`Request::RuleInsert`] and [`Request::RuleDelete`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleOp {
+    /// The rule's location (the kernel's copy-back for an insert); None
+    /// when the call failed.
+    pub loc: Option<u32>,
+    /// The ioctl's errno, 0 when it succeeded.
+    pub errno: i32,
+    /// How long the ioctl took (the driver waits for the device's ACK).
+    pub us: u64,
+}
+
+/// The answer to [`Request::RuleList`]: what `ethtool -n` shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleList {
+    /// GRXCLSRLCNT's `data`: the table size, with RX_CLS_LOC_SPECIAL
+    /// (0x8000_0000) when the driver picks locations itself.
+    pub size: u64,
+    /// GRXCLSRLCNT's `rule_cnt`.
+    pub count: u32,
+    /// Each location GRXCLSRLALL named, with GRXCLSRULE's rule, in order.
+    pub rules: Vec<(u32, RuleSpec)>,
 }
 
 /// What `hello` answers.

@@ -650,3 +650,60 @@ pub fn online_cpus() -> usize {
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(n).unwrap_or(1).max(1)
 }
+
+/// SIOCETHTOOL with a byte buffer as `ifr_data` (a `struct ethtool_rxnfc`,
+/// `vnic_agent::ntuple`): the kernel copies it in, and back for the
+/// commands that answer.
+fn ethtool_bytes(ifname: &str, buf: &mut [u8]) -> io::Result<()> {
+    let fd = inet_dgram_socket()?;
+    let mut ifr = IfReq::new(ifname)?;
+    let ptr = buf.as_mut_ptr() as usize as u64;
+    ifr.data[0..8].copy_from_slice(&ptr.to_ne_bytes());
+    ioctl_ifreq(&fd, SIOCETHTOOL, &mut ifr)
+}
+
+/// `ethtool -N IFNAME ... [loc L]` (ETHTOOL_SRXCLSRLINS): the location the
+/// kernel copied back.
+pub fn rule_insert(
+    ifname: &str,
+    rule: &vnic_agent::proto::RuleSpec,
+    loc: Option<u32>,
+) -> io::Result<u32> {
+    use vnic_agent::ntuple;
+    let mut b = ntuple::insert_request(rule, loc.unwrap_or(ntuple::RX_CLS_LOC_ANY))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    ethtool_bytes(ifname, &mut b)?;
+    Ok(ntuple::location(&b))
+}
+
+/// `ethtool -N IFNAME delete L` (ETHTOOL_SRXCLSRLDEL).
+pub fn rule_delete(ifname: &str, loc: u32) -> io::Result<()> {
+    use vnic_agent::ntuple;
+    let mut b = ntuple::request(ntuple::ETHTOOL_SRXCLSRLDEL, loc);
+    ethtool_bytes(ifname, &mut b)
+}
+
+/// `ethtool -n IFNAME`: the count and size, the locations, each rule.
+pub fn rule_list(ifname: &str) -> io::Result<vnic_agent::proto::RuleList> {
+    use vnic_agent::ntuple;
+    let mut b = ntuple::request(ntuple::ETHTOOL_GRXCLSRLCNT, 0);
+    ethtool_bytes(ifname, &mut b)?;
+    let (count, size) = ntuple::count_answer(&b);
+    let mut all = ntuple::list_request(count);
+    ethtool_bytes(ifname, &mut all)?;
+    let (_, locs) = ntuple::list_answer(&all);
+    let mut rules = Vec::with_capacity(locs.len());
+    for loc in locs {
+        let mut r = ntuple::request(ntuple::ETHTOOL_GRXCLSRULE, loc);
+        ethtool_bytes(ifname, &mut r)?;
+        let (at, spec) =
+            ntuple::decode_rule(&r).map_err(|e| io::Error::other(format!("rule at {loc}: {e}")))?;
+        if at != loc {
+            return Err(io::Error::other(format!(
+                "GRXCLSRULE of location {loc} answered location {at}"
+            )));
+        }
+        rules.push((loc, spec));
+    }
+    Ok(vnic_agent::proto::RuleList { size, count, rules })
+}

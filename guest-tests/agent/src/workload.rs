@@ -152,6 +152,24 @@ fn to_value<T: Serialize>(v: &T) -> Result<Value> {
     Ok(serde_json::to_value(v)?)
 }
 
+/// An ethtool rule call's answer: its location, or its errno (a refusal
+/// is what the harness asks about, not an agent error).
+fn rule_op(r: io::Result<u32>, t: Instant) -> vnic_agent::proto::RuleOp {
+    let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+    match r {
+        Ok(loc) => vnic_agent::proto::RuleOp {
+            loc: Some(loc),
+            errno: 0,
+            us,
+        },
+        Err(e) => vnic_agent::proto::RuleOp {
+            loc: None,
+            errno: e.raw_os_error().unwrap_or(-1),
+            us,
+        },
+    }
+}
+
 /// `map_err` for a failed system call named `what`.
 fn sys_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> WorkloadError {
     move |source| WorkloadError::Sys {
@@ -264,6 +282,19 @@ pub fn handle(st: &mut State, req: Request) -> Result<Value> {
         }
         Request::RxQueueNapi { ifname } => {
             to_value(&crate::netlink::rx_queue_napi(&ifname).map_err(sys_err("netdev netlink"))?)
+        }
+        Request::RuleInsert { ifname, rule, loc } => {
+            let t = Instant::now();
+            let r = sys::rule_insert(&ifname, &rule, loc);
+            to_value(&rule_op(r, t))
+        }
+        Request::RuleDelete { ifname, loc } => {
+            let t = Instant::now();
+            let r = sys::rule_delete(&ifname, loc).map(|()| loc);
+            to_value(&rule_op(r, t))
+        }
+        Request::RuleList { ifname } => {
+            to_value(&sys::rule_list(&ifname).map_err(sys_err("ethtool -n"))?)
         }
         Request::SetChannels { ifname, combined } => {
             let got = sys::set_channels(&ifname, combined).map_err(sys_err("ethtool channels"))?;
