@@ -3,7 +3,8 @@
 //! lookup path.
 //!
 //! - [`flow`]: [`FlowKey`] and the Ethernet frame parser [`parse_frame`].
-//! - [`rss`]: the table-driven [`Toeplitz`] hash and [`Rss`] (key + indirection).
+//! - [`rss`]: the table-driven [`Toeplitz`] hash and [`Rss`] (key + indirection;
+//!   [`RssConfig`], what a driver's RSS_SET asks for).
 //! - [`index`]: [`FlowIndex`], the O(1) exact-match index (worker replicas).
 //! - [`rules`]: [`RuleSet`], the masked `ethtool -N` rule stage ahead of
 //!   the filters (RULE_SET/RULE_DEL, the protocol's rule extension).
@@ -94,7 +95,7 @@ pub use proto::{
     decode_frame, AddOp, DecodeError, DelOp, DelReason, FrameError, Header, Message, MsgType,
     OpStatus,
 };
-pub use rss::{KeyParseError, Rss, Toeplitz, DEFAULT_KEY};
+pub use rss::{KeyParseError, Rss, RssConfig, Toeplitz, DEFAULT_KEY};
 pub use rules::{Rule, RuleAction, RuleError, RuleFlow, RuleInput, RuleSet};
 pub use table::{ConfigError, Counters, Entry, FilterTable, Request, TableConfig, TableEvent};
 pub use trace::{DropCause, EventKind, TraceRecord};

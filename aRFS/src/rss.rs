@@ -252,9 +252,18 @@ impl Toeplitz {
 }
 
 /// RSS state: Toeplitz key and the 128-entry indirection table.
+///
+/// The table frames follow is the device's own (round-robin over the
+/// enabled queues, refilled when their number changes), or a driver's
+/// ([`Rss::set_table`], RSS_SET): kept as it is when the enabled count
+/// changes, each entry naming a queue that is not enabled replaced by the
+/// round-robin entry (`(hash & 127) % enabled`, PROTOCOL.md "The RSS
+/// extension"). The table looked up per frame is that result, computed
+/// when either changes, so a frame costs the same with either.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rss {
     toeplitz: Toeplitz,
+    /// The table frames follow (see the type's doc).
     indirection: [u16; INDIRECTION_LEN],
     enabled: u16,
     /// `q` when every indirection entry is `q` (one enabled queue, or a
@@ -263,11 +272,32 @@ pub struct Rss {
     /// (A `u16`, not an `Option`: it fits in the struct's padding, so the
     /// layout of every struct holding an `Rss` stays as it was.)
     single: u16,
+    /// The driver's table as it set it (None: the device's round-robin).
+    /// Read only when the table or the enabled count changes.
+    driver: Option<Box<[u16; INDIRECTION_LEN]>>,
 }
 
 /// [`Rss`]'s `single` when the entries differ. A table whose entries are
 /// all `MIXED` is hashed like a mixed one, with the same answer.
 const MIXED: u16 = u16::MAX;
+
+/// The table frames follow with `enabled` queues enabled (0 is treated as
+/// 1): round-robin (`i % enabled`) without a driver's table; with one, its
+/// entries, each naming a queue at or past `enabled` replaced by the
+/// round-robin entry.
+pub fn effective_indirection(
+    driver: Option<&[u16; INDIRECTION_LEN]>,
+    enabled: u16,
+) -> [u16; INDIRECTION_LEN] {
+    let n = enabled.max(1);
+    core::array::from_fn(|i| {
+        let rr = (i % usize::from(n)) as u16;
+        match driver {
+            Some(t) if t[i] < n => t[i],
+            _ => rr,
+        }
+    })
+}
 
 impl Rss {
     /// Default key, indirection spread round-robin over `enabled_queues`
@@ -288,19 +318,23 @@ impl Rss {
             indirection: [0; INDIRECTION_LEN],
             enabled: 1,
             single: 0,
+            driver: None,
         };
         r.set_enabled(enabled_queues);
         r
     }
 
-    /// Refills the indirection table round-robin: `indirection[i] = i % n`
-    /// (a count of 0 is treated as 1).
+    /// The number of enabled queues changed (a count of 0 is treated as
+    /// 1): the device's table is refilled round-robin (`indirection[i] = i
+    /// % n`); a driver's stays, its entries past the enabled queues
+    /// falling back to the round-robin ones.
     pub fn set_enabled(&mut self, enabled_queues: u16) {
-        let n = enabled_queues.max(1);
-        self.enabled = n;
-        for (i, q) in self.indirection.iter_mut().enumerate() {
-            *q = (i % usize::from(n)) as u16;
-        }
+        self.enabled = enabled_queues.max(1);
+        self.refill();
+    }
+
+    fn refill(&mut self) {
+        self.indirection = effective_indirection(self.driver.as_deref(), self.enabled);
         self.single = single_queue(&self.indirection);
     }
 
@@ -309,15 +343,37 @@ impl Rss {
         self.enabled
     }
 
-    /// The indirection table.
+    /// The table frames follow now (with the fallback applied; see the
+    /// type's doc).
     pub const fn indirection(&self) -> &[u16; INDIRECTION_LEN] {
         &self.indirection
     }
 
-    /// Replaces the indirection table (entries are not checked against `enabled`).
-    pub fn set_indirection(&mut self, table: [u16; INDIRECTION_LEN]) {
-        self.indirection = table;
-        self.single = single_queue(&self.indirection);
+    /// The driver's table, as it set it (None: the device's round-robin).
+    pub fn driver_table(&self) -> Option<&[u16; INDIRECTION_LEN]> {
+        self.driver.as_deref()
+    }
+
+    /// A driver's table (kept across [`Self::set_enabled`]; entries are not
+    /// checked: one naming a queue that is not enabled falls back to the
+    /// round-robin entry), or None for the device's round-robin.
+    pub fn set_table(&mut self, table: Option<[u16; INDIRECTION_LEN]>) {
+        self.driver = table.map(Box::new);
+        self.refill();
+    }
+
+    /// Replaces the key (the hash tables are rebuilt only when it differs).
+    pub fn set_key(&mut self, key: [u8; KEY_LEN]) {
+        if *self.toeplitz.key() != key {
+            self.toeplitz = Toeplitz::new(key);
+        }
+    }
+
+    /// Applies an RSS configuration: `key` (None: [`DEFAULT_KEY`]) and the
+    /// driver's table (None: round-robin).
+    pub fn configure(&mut self, c: &RssConfig) {
+        self.set_key(c.key.unwrap_or(DEFAULT_KEY));
+        self.set_table(c.indirection);
     }
 
     /// The hasher.
@@ -355,6 +411,31 @@ impl Rss {
                 .hash_frame(f)
                 .map_or(0, |h| self.queue_for_hash(h)),
         }
+    }
+}
+
+/// What a driver set with RSS_SET (aRFS/PROTOCOL.md, "The RSS extension"):
+/// each part None while it is the device's default (the default key, the
+/// round-robin table). `Default` is the device's own configuration, which
+/// a new generation puts back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RssConfig {
+    /// The Toeplitz key RSS hashes with (None: [`DEFAULT_KEY`]).
+    pub key: Option<[u8; KEY_LEN]>,
+    /// The driver's indirection table (None: round-robin over the enabled
+    /// queues).
+    pub indirection: Option<[u16; INDIRECTION_LEN]>,
+}
+
+impl RssConfig {
+    /// Whether it is the device's default (no key, no table of a driver).
+    pub const fn is_default(&self) -> bool {
+        self.key.is_none() && self.indirection.is_none()
+    }
+
+    /// The key RSS hashes with.
+    pub fn key_or_default(&self) -> [u8; KEY_LEN] {
+        self.key.unwrap_or(DEFAULT_KEY)
     }
 }
 
@@ -416,11 +497,11 @@ mod tests {
             let mut rss = Rss::with_key(key, 1 + (rng.next_u64() % 8) as u16);
             let queue = (rng.next_u64() % 8) as u16;
             match round % 4 {
-                0 => rss.set_indirection([queue; INDIRECTION_LEN]),
+                0 => rss.set_table(Some([queue; INDIRECTION_LEN])),
                 1 => {
                     let mut t = [queue; INDIRECTION_LEN];
                     t[(rng.next_u64() % 128) as usize] = queue + 1;
-                    rss.set_indirection(t);
+                    rss.set_table(Some(t));
                 }
                 2 => rss.set_enabled((rng.next_u64() % 3) as u16),
                 _ => {}
@@ -464,6 +545,65 @@ mod tests {
                 assert_eq!(rss.queue_for(&frame(L3::NonIp)), 0);
             }
         }
+    }
+
+    /// A driver's table stays when the enabled count changes; an entry
+    /// naming a queue that is not enabled goes where the round-robin table
+    /// would put it (`(hash & 127) % enabled`); back to None, the
+    /// round-robin table over the enabled queues.
+    #[test]
+    fn a_drivers_table_is_kept_and_falls_back_entry_by_entry() {
+        let mut rss = Rss::new(4);
+        let mut t = [3u16; INDIRECTION_LEN];
+        t[0] = 0;
+        t[1] = 9;
+        rss.set_table(Some(t));
+        assert_eq!(rss.driver_table(), Some(&t));
+        assert_eq!(rss.indirection()[..4], [0, 1, 3, 3]);
+        assert_eq!(rss.queue_for_hash(128 + 1), 1, "9 is not enabled: 1 % 4");
+        // Two queues: the 3s fall back too, entry by entry.
+        rss.set_enabled(2);
+        assert_eq!(rss.driver_table(), Some(&t));
+        let rr: Vec<u16> = (0..INDIRECTION_LEN).map(|i| (i % 2) as u16).collect();
+        assert_eq!(rss.indirection()[..], rr[..]);
+        rss.set_enabled(4);
+        assert_eq!(rss.indirection()[..4], [0, 1, 3, 3]);
+        // All zero: one queue, every frame to it without a hash.
+        rss.set_table(Some([0; INDIRECTION_LEN]));
+        assert!(rss.indirection().iter().all(|&q| q == 0));
+        rss.set_table(None);
+        assert_eq!(rss, Rss::new(4));
+        assert_eq!(effective_indirection(None, 0), [0; INDIRECTION_LEN]);
+    }
+
+    /// A key replaces the hash RSS picks the queue by; the default key and
+    /// round-robin table give back the device's own RSS.
+    #[test]
+    fn configure_sets_the_key_and_the_table() {
+        use crate::flow::L4Proto;
+        let key = [0x3c; KEY_LEN];
+        let mut rss = Rss::new(8);
+        rss.configure(&RssConfig {
+            key: Some(key),
+            indirection: None,
+        });
+        let other = Rss::with_key(key, 8);
+        assert_eq!(rss, other);
+        for p in 0..64u16 {
+            let k = FlowKey::v4(
+                L4Proto::Udp,
+                [10, 0, 0, 1].into(),
+                p,
+                [10, 0, 0, 2].into(),
+                80,
+            );
+            let h = Toeplitz::new(key).hash_flow(&k);
+            assert_eq!(rss.queue_for_key(&k), ((h & 127) % 8) as u16);
+        }
+        rss.configure(&RssConfig::default());
+        assert_eq!(rss, Rss::new(8));
+        assert!(RssConfig::default().is_default());
+        assert_eq!(RssConfig::default().key_or_default(), DEFAULT_KEY);
     }
 
     #[test]
