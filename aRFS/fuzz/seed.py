@@ -28,6 +28,9 @@ valid = {
     "del2": g.frame(4, 2, g.del_op() + g.del_op(id=2, reason=5)),
     "flush": g.frame(5, 0, b"\x04\0\0\0"),
     "ack": g.frame(6, 2, b"\x03\0\0\0\0\x02"),
+    "caps32": g.frame(2, 0, g.CAPS32),
+    "rss_set": g.frame(9, 1, g.rss_op()),
+    "rss_set-defaults": g.frame(9, 1, g.rss_op(flags=3, key=bytes(40), table=[0] * 128)),
 }
 for name, f in valid.items():
     write("decode_frame", f"valid-{name}", f)

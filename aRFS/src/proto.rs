@@ -12,6 +12,7 @@ use core::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::flow::{FlowKey, IpFamily, L4Proto};
+use crate::rss::{RssConfig, INDIRECTION_LEN, KEY_LEN};
 
 /// EtherType of management frames (IEEE local experimental 1).
 pub const ETHERTYPE_MGMT: u16 = 0x88B5;
@@ -43,6 +44,13 @@ pub const CAPS_RULES_LEN: usize = 32;
 pub const RULES_DRIVER_VERSION: u32 = 2;
 /// CAPS `features` bit: the device has the masked rule stage.
 pub const FEATURE_RULES: u32 = 1;
+/// The HELLO `driver_version` from which a driver also knows the RSS
+/// extension: the device sets [`FEATURE_RSS`] in its CAPS.
+pub const RSS_DRIVER_VERSION: u32 = 3;
+/// CAPS `features` bit: the device takes RSS_SET (the RSS extension).
+pub const FEATURE_RSS: u32 = 2;
+/// RSS_SET op size in bytes (one op per frame).
+pub const RSS_SET_OP_LEN: usize = 304;
 /// RULE_SET op size in bytes.
 pub const RULE_OP_LEN: usize = 88;
 /// RULE_DEL op size in bytes.
@@ -84,6 +92,7 @@ pub const fn max_ops_per_frame(t: MsgType) -> u16 {
         MsgType::Del | MsgType::RuleDel => MAX_DEL_OPS,
         MsgType::Ack => MAX_ACK_STATUSES,
         MsgType::RuleSet => MAX_RULE_OPS,
+        MsgType::RssSet => 1,
         _ => 0,
     }
 }
@@ -161,6 +170,8 @@ pub enum MsgType {
     RuleSet = 7,
     /// RULE_DEL (8), driver -> device: rules removed by location.
     RuleDel = 8,
+    /// RSS_SET (9), driver -> device: the RSS key and indirection table.
+    RssSet = 9,
 }
 
 impl MsgType {
@@ -180,6 +191,7 @@ impl MsgType {
             6 => Self::Ack,
             7 => Self::RuleSet,
             8 => Self::RuleDel,
+            9 => Self::RssSet,
             _ => return None,
         })
     }
@@ -195,6 +207,7 @@ impl MsgType {
             Self::Ack => "ACK",
             Self::RuleSet => "RULE_SET",
             Self::RuleDel => "RULE_DEL",
+            Self::RssSet => "RSS_SET",
         }
     }
 
@@ -354,7 +367,7 @@ pub enum FrameError {
     BadMagic = 2,
     /// 3: version is not 1 (silent).
     BadVersion = 3,
-    /// 4: type not in 1..=6.
+    /// 4: type not in 1..=9.
     UnknownType = 4,
     /// 5: a type meant for the other direction.
     WrongDirection = 5,
@@ -480,10 +493,46 @@ pub struct Caps {
     pub latency_us: u32,
     /// The nonce of the HELLO this CAPS answers.
     pub nonce: u32,
-    /// The rule extension (a 32-byte CAPS: `features` with
-    /// [`FEATURE_RULES`], `max_rules`); None: the 24-byte CAPS of a device
-    /// without it, or of one answering a driver that predates it.
-    pub max_rules: Option<u16>,
+    /// The extensions (the 32-byte CAPS: `features`, `max_rules`); None:
+    /// the 24-byte CAPS of a device without them, or of one answering a
+    /// driver that predates them.
+    pub ext: Option<CapsExt>,
+}
+
+impl Caps {
+    /// The rule locations of the 32-byte CAPS (None: the 24-byte CAPS).
+    pub fn max_rules(&self) -> Option<u16> {
+        self.ext.map(|e| e.max_rules)
+    }
+
+    /// Whether the device offers RSS_SET (`features` bit 1).
+    pub fn has_rss(&self) -> bool {
+        self.ext.is_some_and(|e| e.rss)
+    }
+}
+
+/// What the 32-byte CAPS adds. Its `features` always has the rule
+/// extension's bit ([`FEATURE_RULES`]: the long CAPS exists for it) and
+/// the RSS extension's ([`FEATURE_RSS`]) with `rss`; the driver side
+/// decodes no other value (`reserved_nonzero`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CapsExt {
+    /// Rule locations, 0 .. `max_rules` - 1.
+    pub max_rules: u16,
+    /// `features` bit 1: the device takes RSS_SET (sent only to a driver
+    /// of `driver_version` >= [`RSS_DRIVER_VERSION`]).
+    pub rss: bool,
+}
+
+impl CapsExt {
+    /// The `features` word on the wire.
+    pub const fn features(&self) -> u32 {
+        if self.rss {
+            FEATURE_RULES | FEATURE_RSS
+        } else {
+            FEATURE_RULES
+        }
+    }
 }
 
 /// One ADD op, raw as on the wire: family, proto and address padding are
@@ -632,6 +681,94 @@ impl RuleOp {
     }
 }
 
+/// The RSS_SET op (one per frame), raw as on the wire: `context`, `hfunc`
+/// and the zeros the flags ask for are checked when it is applied (status
+/// `bad_key`), as the queues of its table are (`bad_queue`); the reserved
+/// bytes and flag bits when it is decoded (`reserved_nonzero`). Serde
+/// writes the key as 80 hex digits and the table as an array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RssSetOp {
+    /// The RSS context (only 0, the default RSS, exists).
+    pub context: u32,
+    /// [`Self::DEFAULT_INDIR`], [`Self::DEFAULT_KEY`].
+    pub flags: u8,
+    /// The hash function: [`Self::HFUNC_TOEPLITZ`].
+    pub hfunc: u8,
+    /// The Toeplitz key (zero with [`Self::DEFAULT_KEY`]).
+    #[serde(with = "crate::rss::serde_key")]
+    pub key: [u8; KEY_LEN],
+    /// The indirection table: 128 queue indices (zero with
+    /// [`Self::DEFAULT_INDIR`]).
+    #[serde(with = "crate::rss::serde_indirection")]
+    pub indirection: [u16; INDIRECTION_LEN],
+}
+
+impl RssSetOp {
+    /// `flags` bit 0: the device's own table (round-robin over the enabled
+    /// queues, refilled when their number changes).
+    pub const DEFAULT_INDIR: u8 = 1;
+    /// `flags` bit 1: the default key.
+    pub const DEFAULT_KEY: u8 = 2;
+    /// `hfunc` Toeplitz (the kernel's `ETH_RSS_HASH_TOP`), the only one.
+    pub const HFUNC_TOEPLITZ: u8 = 1;
+
+    /// The op asking for `c` (context 0, Toeplitz).
+    pub fn new(c: &RssConfig) -> Self {
+        let mut flags = 0;
+        if c.indirection.is_none() {
+            flags |= Self::DEFAULT_INDIR;
+        }
+        if c.key.is_none() {
+            flags |= Self::DEFAULT_KEY;
+        }
+        Self {
+            context: 0,
+            flags,
+            hfunc: Self::HFUNC_TOEPLITZ,
+            key: c.key.unwrap_or([0; KEY_LEN]),
+            indirection: c.indirection.unwrap_or([0; INDIRECTION_LEN]),
+        }
+    }
+
+    /// Whether it asks for the device's own table.
+    pub const fn default_indir(&self) -> bool {
+        self.flags & Self::DEFAULT_INDIR != 0
+    }
+
+    /// Whether it asks for the default key.
+    pub const fn default_key(&self) -> bool {
+        self.flags & Self::DEFAULT_KEY != 0
+    }
+
+    /// What it asks for, unchecked (a key and a table the flags say are
+    /// the default's are dropped, whatever they hold).
+    pub fn asked(&self) -> RssConfig {
+        RssConfig {
+            key: (!self.default_key()).then_some(self.key),
+            indirection: (!self.default_indir()).then_some(self.indirection),
+        }
+    }
+
+    /// What it asks for, or the status that refuses it (PROTOCOL.md, "The
+    /// RSS extension"), in this order: `bad_key` (a context other than 0,
+    /// a hash function other than Toeplitz, a key with `default_key` or a
+    /// table with `default_indir` that is not all zero), `bad_queue` (an
+    /// entry at or past `queue_pairs`, the device's queue pairs).
+    pub fn config(&self, queue_pairs: u16) -> Result<RssConfig, OpStatus> {
+        if self.context != 0
+            || self.hfunc != Self::HFUNC_TOEPLITZ
+            || (self.default_key() && self.key != [0; KEY_LEN])
+            || (self.default_indir() && self.indirection != [0; INDIRECTION_LEN])
+        {
+            return Err(OpStatus::BadKey);
+        }
+        if !self.default_indir() && self.indirection.iter().any(|&q| q >= queue_pairs) {
+            return Err(OpStatus::BadQueue);
+        }
+        Ok(self.asked())
+    }
+}
+
 /// One DEL op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DelOp {
@@ -683,6 +820,8 @@ pub enum Message {
     RuleSet(Vec<RuleOp>),
     /// RULE_DEL: the locations.
     RuleDel(Vec<u32>),
+    /// RSS_SET: its one op.
+    RssSet(Box<RssSetOp>),
 }
 
 impl Message {
@@ -697,6 +836,7 @@ impl Message {
             Self::Ack(_) => MsgType::Ack,
             Self::RuleSet(_) => MsgType::RuleSet,
             Self::RuleDel(_) => MsgType::RuleDel,
+            Self::RssSet(_) => MsgType::RssSet,
         }
     }
 
@@ -708,6 +848,7 @@ impl Message {
             Self::Ack(a) => a.statuses.len(),
             Self::RuleSet(v) => v.len(),
             Self::RuleDel(v) => v.len(),
+            Self::RssSet(_) => 1,
             _ => 0,
         }
     }
@@ -716,7 +857,7 @@ impl Message {
     pub fn body_len(&self) -> usize {
         match self {
             Self::Hello(_) => HELLO_LEN,
-            Self::Caps(c) if c.max_rules.is_some() => CAPS_RULES_LEN,
+            Self::Caps(c) if c.ext.is_some() => CAPS_RULES_LEN,
             Self::Caps(_) => CAPS_LEN,
             Self::Add(v) => v.len() * ADD_OP_LEN,
             Self::Del(v) => v.len() * DEL_OP_LEN,
@@ -724,6 +865,7 @@ impl Message {
             Self::Ack(a) => ACK_FIXED_LEN + a.statuses.len(),
             Self::RuleSet(v) => v.len() * RULE_OP_LEN,
             Self::RuleDel(v) => v.len() * RULE_DEL_OP_LEN,
+            Self::RssSet(_) => RSS_SET_OP_LEN,
         }
     }
 }
@@ -818,9 +960,10 @@ pub fn peek_header(frame: &[u8]) -> Option<Header> {
     })
 }
 
-/// Device-side decode: accepts HELLO, ADD, DEL, FLUSH; CAPS and ACK are
-/// `wrong_direction`. ADD and DEL may carry up to [`DEFAULT_MAX_OPS`] ops
-/// (use [`decode_frame_limited`] when the device advertises another `max_ops`).
+/// Device-side decode: accepts HELLO, ADD, DEL, FLUSH, RULE_SET, RULE_DEL
+/// and RSS_SET; CAPS and ACK are `wrong_direction`. ADD and DEL may carry
+/// up to [`DEFAULT_MAX_OPS`] ops (use [`decode_frame_limited`] when the
+/// device advertises another `max_ops`).
 pub fn decode_frame(frame: &[u8]) -> Result<(Header, Message), DecodeError> {
     decode(frame, Direction::ToDevice, DEFAULT_MAX_OPS)
 }
@@ -873,6 +1016,8 @@ pub fn decode(
         MsgType::Del | MsgType::RuleDel => (1, usize::from(MAX_DEL_OPS.min(max_ops))),
         MsgType::Ack => (0, usize::from(MAX_ACK_STATUSES)),
         MsgType::RuleSet => (1, usize::from(MAX_RULE_OPS.min(max_ops))),
+        // Exactly one op: 0 is bad_count, more too_many_ops.
+        MsgType::RssSet => (1, 1),
         _ => (0, 0),
     };
     if count < min_count || (max_count == 0 && count != 0) {
@@ -892,6 +1037,7 @@ pub fn decode(
         MsgType::Ack => ACK_FIXED_LEN + count,
         MsgType::RuleSet => count * RULE_OP_LEN,
         MsgType::RuleDel => count * RULE_DEL_OP_LEN,
+        MsgType::RssSet => RSS_SET_OP_LEN,
     };
     if usize::from(h.body_len) != want {
         return Err(DecodeError::new(E::BadLength, Some(h), "body_len"));
@@ -915,16 +1061,22 @@ pub fn decode(
         }
         MsgType::Caps => {
             // The long CAPS exists for the rule extension: `features` is
-            // exactly its bit (others are reserved; a device without the
-            // extension sends the short CAPS), so the codec stays canonical.
-            let max_rules = if b.len() == CAPS_RULES_LEN {
-                if be32(b, 24) != FEATURE_RULES {
-                    return Err(DecodeError::new(E::ReservedNonzero, Some(h), "features"));
-                }
+            // its bit, alone or with the RSS extension's (others are
+            // reserved; a device without the extensions sends the short
+            // CAPS), so the codec stays canonical.
+            let ext = if b.len() == CAPS_RULES_LEN {
+                let rss = match be32(b, 24) {
+                    FEATURE_RULES => false,
+                    f if f == FEATURE_RULES | FEATURE_RSS => true,
+                    _ => return Err(DecodeError::new(E::ReservedNonzero, Some(h), "features")),
+                };
                 if be16(b, 30) != 0 {
                     return Err(DecodeError::new(E::ReservedNonzero, Some(h), "reserved"));
                 }
-                Some(be16(b, 28))
+                Some(CapsExt {
+                    max_rules: be16(b, 28),
+                    rss,
+                })
             } else {
                 None
             };
@@ -937,7 +1089,7 @@ pub fn decode(
                 max_ops: be16(b, 14),
                 latency_us: be32(b, 16),
                 nonce: be32(b, 20),
-                max_rules,
+                ext,
             })
         }
         MsgType::Add => {
@@ -1030,6 +1182,27 @@ pub fn decode(
             Message::RuleSet(ops)
         }
         MsgType::RuleDel => Message::RuleDel(b.chunks_exact(4).map(|o| be32(o, 0)).collect()),
+        MsgType::RssSet => {
+            if b[4] & !(RssSetOp::DEFAULT_INDIR | RssSetOp::DEFAULT_KEY) != 0 {
+                return Err(DecodeError::at(E::ReservedNonzero, h, "ops[].flags", 0));
+            }
+            if be16(b, 6) != 0 {
+                return Err(DecodeError::at(E::ReservedNonzero, h, "ops[].reserved", 0));
+            }
+            let mut key = [0u8; KEY_LEN];
+            key.copy_from_slice(&b[8..48]);
+            let mut indirection = [0u16; INDIRECTION_LEN];
+            for (q, o) in indirection.iter_mut().zip(b[48..].chunks_exact(2)) {
+                *q = be16(o, 0);
+            }
+            Message::RssSet(Box::new(RssSetOp {
+                context: be32(b, 0),
+                flags: b[4],
+                hfunc: b[5],
+                key,
+                indirection,
+            }))
+        }
     };
     Ok((h, msg))
 }
@@ -1124,9 +1297,9 @@ pub fn encode_into(buf: &mut [u8], meta: &FrameMeta, msg: &Message) -> Result<us
             b[14..16].copy_from_slice(&c.max_ops.to_be_bytes());
             b[16..20].copy_from_slice(&c.latency_us.to_be_bytes());
             b[20..24].copy_from_slice(&c.nonce.to_be_bytes());
-            if let Some(m) = c.max_rules {
-                b[24..28].copy_from_slice(&FEATURE_RULES.to_be_bytes());
-                b[28..30].copy_from_slice(&m.to_be_bytes());
+            if let Some(e) = c.ext {
+                b[24..28].copy_from_slice(&e.features().to_be_bytes());
+                b[28..30].copy_from_slice(&e.max_rules.to_be_bytes());
             }
         }
         Message::Add(ops) => {
@@ -1175,6 +1348,18 @@ pub fn encode_into(buf: &mut [u8], meta: &FrameMeta, msg: &Message) -> Result<us
         Message::RuleDel(locs) => {
             for (o, loc) in b.chunks_exact_mut(RULE_DEL_OP_LEN).zip(locs) {
                 o.copy_from_slice(&loc.to_be_bytes());
+            }
+        }
+        Message::RssSet(op) => {
+            b[0..4].copy_from_slice(&op.context.to_be_bytes());
+            b[4] = op.flags;
+            b[5] = op.hfunc;
+            b[8..48].copy_from_slice(&op.key);
+            for (o, q) in b[48..RSS_SET_OP_LEN]
+                .chunks_exact_mut(2)
+                .zip(op.indirection)
+            {
+                o.copy_from_slice(&q.to_be_bytes());
             }
         }
     }

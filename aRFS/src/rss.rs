@@ -71,6 +71,46 @@ pub fn key_from_hex(text: &str) -> Result<[u8; KEY_LEN], KeyParseError> {
     Ok(key)
 }
 
+/// Serde for a key as 80 hex digits (serde has no impls for arrays this
+/// long).
+pub(crate) mod serde_key {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::KEY_LEN;
+
+    pub fn serialize<S: Serializer>(key: &[u8; KEY_LEN], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::key_to_hex(key))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; KEY_LEN], D::Error> {
+        let text = String::deserialize(d)?;
+        super::key_from_hex(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Serde for an indirection table as an array of its 128 entries.
+pub(crate) mod serde_indirection {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::INDIRECTION_LEN;
+
+    pub fn serialize<S: Serializer>(t: &[u16; INDIRECTION_LEN], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(t)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<[u16; INDIRECTION_LEN], D::Error> {
+        let v = Vec::<u16>::deserialize(d)?;
+        let n = v.len();
+        v.try_into().map_err(|_| {
+            serde::de::Error::custom(format!(
+                "an indirection table has {INDIRECTION_LEN} entries, got {n}"
+            ))
+        })
+    }
+}
+
 /// A Toeplitz hasher for one key, with per-byte lookup tables.
 #[derive(Clone)]
 pub struct Toeplitz {

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::flow::FlowKey;
 use crate::index::FlowIndex;
-use crate::proto::{AddOp, DelOp, DelReason, MsgType, OpStatus};
+use crate::proto::{AddOp, DelOp, DelReason, MsgType, OpStatus, RssSetOp};
 use crate::rng::SplitMix64;
-use crate::rss::{Toeplitz, DEFAULT_KEY, KEY_LEN};
+use crate::rss::{RssConfig, Toeplitz, DEFAULT_KEY, KEY_LEN};
 
 /// Highest valid filter id (0xFFFF is the kernel's RPS_NO_FILTER).
 pub const MAX_FILTER_ID: u16 = 0xFFFE;
@@ -44,6 +44,8 @@ pub struct TableConfig {
     /// Seed of the fault-injection RNGs.
     pub seed: u64,
     /// Toeplitz key used by the placement model (serde: 80 hex digits).
+    /// An RSS_SET's key never replaces it: the buckets are the device's own
+    /// hash table, whatever key the driver gives RSS.
     #[serde(with = "hex_key")]
     pub rss_key: [u8; KEY_LEN],
     /// Locations of the masked rule stage (`ethtool -N` rules), 0..=1024;
@@ -184,13 +186,15 @@ pub enum Request {
     RuleSet(Vec<crate::proto::RuleOp>),
     /// RULE_DEL: locations, in order.
     RuleDel(Vec<u32>),
+    /// RSS_SET: its one op.
+    RssSet(Box<RssSetOp>),
 }
 
 impl TryFrom<crate::proto::Message> for Request {
     type Error = crate::proto::Message;
 
-    /// ADD, DEL, FLUSH, RULE_SET and RULE_DEL become requests; any other
-    /// message is given back.
+    /// ADD, DEL, FLUSH, RULE_SET, RULE_DEL and RSS_SET become requests;
+    /// any other message is given back.
     fn try_from(m: crate::proto::Message) -> Result<Self, Self::Error> {
         use crate::proto::Message;
         match m {
@@ -199,6 +203,7 @@ impl TryFrom<crate::proto::Message> for Request {
             Message::Flush(r) => Ok(Self::Flush(r)),
             Message::RuleSet(ops) => Ok(Self::RuleSet(ops)),
             Message::RuleDel(locs) => Ok(Self::RuleDel(locs)),
+            Message::RssSet(op) => Ok(Self::RssSet(op)),
             other => Err(other),
         }
     }
@@ -213,6 +218,7 @@ impl Request {
             Self::Flush(_) => MsgType::Flush,
             Self::RuleSet(_) => MsgType::RuleSet,
             Self::RuleDel(_) => MsgType::RuleDel,
+            Self::RssSet(_) => MsgType::RssSet,
         }
     }
 }
@@ -345,6 +351,10 @@ pub enum TableEvent {
         /// there), `bad_id` (past the locations).
         status: OpStatus,
     },
+    /// An RSS_SET op was applied or refused, or [`FilterTable::clear`] put
+    /// the device's RSS defaults back (before its `Cleared`; only when a
+    /// driver had changed them).
+    RssSet(Box<RssChange>),
     /// A request took effect: send its ACK now.
     Completed {
         /// Request sequence number.
@@ -356,6 +366,28 @@ pub enum TableEvent {
         /// When it was due (submission time + latency).
         due_ns: u64,
     },
+}
+
+/// What [`TableEvent::RssSet`] reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RssChange {
+    /// The RSS_SET's sequence number; None: a new generation put the
+    /// defaults back ([`FilterTable::clear`]).
+    pub seq: Option<u32>,
+    /// `ok`, or why the op was refused (`bad_key`, `bad_queue`; nothing
+    /// changed then).
+    pub status: OpStatus,
+    /// The op as it came (for a new generation: the op asking for the
+    /// defaults).
+    pub op: RssSetOp,
+}
+
+impl RssChange {
+    /// The RSS configuration in effect after it, or None when the op was
+    /// refused (the one before stays).
+    pub fn config(&self) -> Option<RssConfig> {
+        (self.status == OpStatus::Ok).then(|| self.op.asked())
+    }
 }
 
 /// A live filter, as dumped by [`FilterTable::entries`].
@@ -527,6 +559,11 @@ pub struct FilterTable {
     version: u64,
     /// The masked rule stage (hits are the daemon's: its workers count).
     rules: crate::RuleSet,
+    /// What the driver's RSS_SET asked for (the default until one did).
+    rss: RssConfig,
+    /// The device's queue pairs: an RSS_SET entry at or past it is
+    /// `bad_queue` ([`FilterTable::set_queue_pairs`]).
+    queue_pairs: u16,
 }
 
 const LOSS_STREAM: u64 = 0x6c6f_7373_5f72_6e67;
@@ -548,8 +585,23 @@ impl FilterTable {
             counters: Counters::default(),
             version: 0,
             rules: crate::RuleSet::new(cfg.rules),
+            rss: RssConfig::default(),
+            queue_pairs: u16::MAX,
             cfg,
         })
+    }
+
+    /// The device's queue pairs (CAPS `max_queue_pairs`): an RSS_SET
+    /// indirection entry at or past it is refused with `bad_queue`. Until
+    /// set, any entry below 0xFFFF is taken.
+    pub fn set_queue_pairs(&mut self, n: u16) {
+        self.queue_pairs = n;
+    }
+
+    /// The RSS configuration the driver set (the default until an RSS_SET
+    /// changed it, and again after [`Self::clear`]).
+    pub fn rss(&self) -> &RssConfig {
+        &self.rss
     }
 
     /// The configuration (with the current knob values).
@@ -755,6 +807,7 @@ impl FilterTable {
                 .iter()
                 .map(|&loc| self.apply_rule_del(loc, p.seq, on_event))
                 .collect(),
+            Request::RssSet(op) => vec![self.apply_rss_set(&op, p.seq, on_event)],
         };
         on_event(TableEvent::Completed {
             seq: p.seq,
@@ -797,6 +850,30 @@ impl FilterTable {
                 status
             }
         }
+    }
+
+    /// An RSS_SET op: applied whole or refused whole (PROTOCOL.md, "The
+    /// RSS extension"); reported either way.
+    fn apply_rss_set(
+        &mut self,
+        op: &RssSetOp,
+        seq: u32,
+        on_event: &mut impl FnMut(TableEvent),
+    ) -> OpStatus {
+        let status = match op.config(self.queue_pairs) {
+            Ok(c) => {
+                self.rss = c;
+                self.version += 1;
+                OpStatus::Ok
+            }
+            Err(s) => s,
+        };
+        on_event(TableEvent::RssSet(Box::new(RssChange {
+            seq: Some(seq),
+            status,
+            op: *op,
+        })));
+        status
     }
 
     fn apply_rule_del(
@@ -1062,6 +1139,14 @@ impl FilterTable {
         for (rule, _) in self.rules.clear() {
             on_event(TableEvent::RuleRemoved { seq: None, rule });
         }
+        if !self.rss.is_default() {
+            self.rss = RssConfig::default();
+            on_event(TableEvent::RssSet(Box::new(RssChange {
+                seq: None,
+                status: OpStatus::Ok,
+                op: RssSetOp::new(&self.rss),
+            })));
+        }
         self.counters.resets += 1;
         on_event(TableEvent::Cleared {
             count,
@@ -1155,7 +1240,7 @@ impl FilterTable {
             max_ops: crate::proto::DEFAULT_MAX_OPS,
             latency_us: self.cfg.latency_ns.div_ceil(1000) as u32,
             nonce: 0,
-            max_rules: None,
+            ext: None,
         }
     }
 
@@ -1196,6 +1281,7 @@ impl FlowIndex<u16> {
             | TableEvent::RuleSet { .. }
             | TableEvent::RuleRemoved { .. }
             | TableEvent::RuleRejected { .. }
+            | TableEvent::RssSet(_)
             | TableEvent::Completed { .. } => false,
         }
     }
@@ -1229,5 +1315,19 @@ impl crate::RuleSet {
             TableEvent::RuleRejected { .. } => true,
             _ => false,
         }
+    }
+}
+
+impl crate::Rss {
+    /// Applies a [`TableEvent`] to a worker's RSS (the table checked the
+    /// op); returns whether the event was an RSS one.
+    pub fn apply(&mut self, ev: &TableEvent) -> bool {
+        let TableEvent::RssSet(c) = ev else {
+            return false;
+        };
+        if let Some(cfg) = c.config() {
+            self.configure(&cfg);
+        }
+        true
     }
 }

@@ -45,6 +45,9 @@ pub enum EventKind {
     RuleDel,
     /// A RULE_SET or RULE_DEL op refused ([`TableEvent::RuleRejected`]).
     RuleReject,
+    /// An RSS_SET op applied or refused, or the RSS defaults put back by a
+    /// new generation ([`TableEvent::RssSet`]).
+    RssSet,
 }
 
 /// Why a management frame was dropped.
@@ -145,6 +148,24 @@ pub struct TraceRecord {
     /// The rule a rule_set replaced at its location.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prev_rule: Option<crate::Rule>,
+    /// An op's status (rss_set): `ok` or why it was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<OpStatus>,
+    /// The RSS context of the op (rss_set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<u32>,
+    /// The op's `default_indir` flag (rss_set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_indir: Option<bool>,
+    /// The op's `default_key` flag (rss_set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_key: Option<bool>,
+    /// A Toeplitz key, 80 hex digits (rss_set: see TRACE.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// An indirection table, its 128 entries (rss_set: see TRACE.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub indir: Option<Vec<u16>>,
 }
 
 impl TraceRecord {
@@ -174,12 +195,19 @@ impl TraceRecord {
             loc: None,
             rule: None,
             prev_rule: None,
+            status: None,
+            context: None,
+            default_indir: None,
+            default_key: None,
+            key: None,
+            indir: None,
         }
     }
 
     /// The record of a table event.
     pub fn from_event(ts_ns: u64, gen: u32, ev: &TableEvent) -> Self {
         match ev {
+            TableEvent::RssSet(c) => Self::rss_set(ts_ns, gen, c),
             TableEvent::RuleSet { seq, rule, prev } => Self {
                 seq: Some(*seq),
                 loc: Some(rule.loc),
@@ -303,6 +331,32 @@ impl TraceRecord {
                 statuses: Some(statuses.clone()),
                 ..Self::bare(ts_ns, EventKind::Ack, gen)
             },
+        }
+    }
+
+    /// The line of an RSS_SET op or of the defaults a new generation put
+    /// back (TRACE.md, `rss_set`): `key` is the key RSS hashes with after
+    /// an applied op (the default key's with `default_key`), the op's as
+    /// it came after a refused one; `indir` the driver's table after an
+    /// applied op (none with `default_indir`: the device's round-robin
+    /// table, which follows the enabled count), the op's as it came after
+    /// a refused one.
+    fn rss_set(ts_ns: u64, gen: u32, c: &crate::table::RssChange) -> Self {
+        let op = &c.op;
+        let (key, indir) = match c.config() {
+            Some(cfg) => (cfg.key_or_default(), cfg.indirection),
+            None => (op.key, Some(op.indirection)),
+        };
+        Self {
+            seq: c.seq,
+            reason: c.seq.is_none().then(|| "reset".to_string()),
+            status: Some(c.status),
+            context: Some(op.context),
+            default_indir: Some(op.default_indir()),
+            default_key: Some(op.default_key()),
+            key: Some(crate::rss::key_to_hex(&key)),
+            indir: indir.map(|t| t.to_vec()),
+            ..Self::bare(ts_ns, EventKind::RssSet, gen)
         }
     }
 

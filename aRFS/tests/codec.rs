@@ -4,10 +4,11 @@
 use arfs::proto::{
     decode, decode_frame, decode_frame_driver, decode_frame_limited, encode, encode_ack,
     encode_caps, encode_into, encode_nak, is_mgmt_behind_tags, is_mgmt_frame, max_ops_per_frame,
-    Ack, AddOp, Caps, DelOp, DelReason, Direction, EncodeError, FrameError, FrameMeta, Hello,
-    Message, MsgType, OpStatus, BROADCAST_MAC, DEFAULT_MAX_OPS, DEVICE_MAC, MAX_ADD_OPS,
-    MAX_DEL_OPS,
+    Ack, AddOp, Caps, CapsExt, DelOp, DelReason, Direction, EncodeError, FrameError, FrameMeta,
+    Hello, Message, MsgType, OpStatus, RssSetOp, BROADCAST_MAC, DEFAULT_MAX_OPS, DEVICE_MAC,
+    MAX_ADD_OPS, MAX_DEL_OPS,
 };
+use arfs::rss::{INDIRECTION_LEN, KEY_LEN};
 use arfs::{FlowKey, L4Proto};
 use proptest::prelude::*;
 
@@ -146,7 +147,7 @@ fn golden_layouts() {
         max_ops: 33,
         latency_us: 50,
         nonce: 0xa1b2_c3d4,
-        max_rules: None,
+        ext: None,
     };
     encode_caps(&mut out, GUEST, 0x1122_3344, 5, &caps).unwrap();
     let want = concat!(
@@ -275,6 +276,171 @@ fn golden_layouts() {
     );
 }
 
+/// The RSS extension's layouts, written from PROTOCOL.md's tables: the
+/// RSS_SET op (`context` at 0, `flags` 4, `hfunc` 5, reserved 6..8, `key`
+/// 8..48, `indirection` 48..304 as big-endian u16) and the 32-byte CAPS
+/// (`features` at 40, `max_rules` 44, reserved 46) with `features` 1 for a
+/// driver of version 2 and 3 for one of version 3.
+#[test]
+fn rss_set_and_long_caps_layouts() {
+    let mut out = Vec::new();
+    let key: [u8; KEY_LEN] = core::array::from_fn(|i| i as u8);
+    let table: [u16; INDIRECTION_LEN] = core::array::from_fn(|i| (i % 3) as u16 + 0x100);
+    let op = RssSetOp {
+        context: 0,
+        flags: 0,
+        hfunc: RssSetOp::HFUNC_TOEPLITZ,
+        key,
+        indirection: table,
+    };
+    encode(&mut out, &meta(0x0a0b_0c0d), &Message::RssSet(Box::new(op))).unwrap();
+    let mut want = String::from(concat!(
+        "ffffffffffff",
+        "525400123456",
+        "88b5",
+        "7641",
+        "01",
+        "09",
+        "0a0b0c0d",
+        "00000000",
+        "0001",
+        "0130", // magic ver type seq gen count=1 body_len=304
+        "00000000",
+        "00",
+        "01",
+        "0000", // context flags hfunc reserved
+        "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f2021222324252627",
+    ));
+    for i in 0..INDIRECTION_LEN {
+        want.push_str(["0100", "0101", "0102"][i % 3]);
+    }
+    assert_eq!(hex(&out), want);
+    assert_eq!(out.len(), 14 + 16 + 304);
+    let (h, back) = decode_frame(&out).unwrap();
+    assert_eq!((h.count, h.body_len), (1, 304));
+    assert_eq!(back, Message::RssSet(Box::new(op)));
+
+    // The defaults: flags 3, key and table zero.
+    let d = RssSetOp::new(&arfs::RssConfig::default());
+    assert_eq!((d.flags, d.hfunc, d.context), (3, 1, 0));
+    assert!(d.default_indir() && d.default_key());
+    encode(&mut out, &meta(1), &Message::RssSet(Box::new(d))).unwrap();
+    assert_eq!(hex(&out[30..38]), "0000000003010000");
+    assert!(out[38..].iter().all(|&b| b == 0));
+
+    let caps = |ext| Caps {
+        max_queue_pairs: 4,
+        enabled_queue_pairs: 2,
+        capacity: 1024,
+        buckets: 0,
+        ways: 0,
+        max_ops: 33,
+        latency_us: 0,
+        nonce: 9,
+        ext,
+    };
+    for (rss, features) in [(false, "00000001"), (true, "00000003")] {
+        let c = caps(Some(CapsExt {
+            max_rules: 128,
+            rss,
+        }));
+        encode_caps(&mut out, GUEST, 5, 1, &c).unwrap();
+        assert_eq!(out.len(), 14 + 16 + 32);
+        assert_eq!(hex(&out[28..30]), "0020", "body_len 32");
+        assert_eq!(hex(&out[54..62]), format!("{features}00800000"));
+        let (_, m) = decode_frame_driver(&out).unwrap();
+        assert_eq!(m, Message::Caps(c));
+        let Message::Caps(back) = m else { panic!() };
+        assert_eq!((back.max_rules(), back.has_rss()), (Some(128), rss));
+    }
+    let short = caps(None);
+    assert_eq!((short.max_rules(), short.has_rss()), (None, false));
+    // Any other `features` is reserved_nonzero: bit 1 without bit 0, none,
+    // a bit past the two.
+    for f in [0u32, 2, 4, 5, 7, 0x8000_0001] {
+        encode_caps(
+            &mut out,
+            GUEST,
+            5,
+            1,
+            &caps(Some(CapsExt {
+                max_rules: 1,
+                rss: true,
+            })),
+        )
+        .unwrap();
+        out[54..58].copy_from_slice(&f.to_be_bytes());
+        let e = decode_frame_driver(&out).unwrap_err();
+        assert_eq!(
+            (e.kind, e.field),
+            (FrameError::ReservedNonzero, "features"),
+            "features {f}"
+        );
+    }
+}
+
+/// An RSS_SET op's status, checked in PROTOCOL.md's order: `bad_key` (a
+/// context other than 0, an hfunc other than Toeplitz, a key with
+/// `default_key` or a table with `default_indir` not all zero) before
+/// `bad_queue` (an entry at or past `max_queue_pairs`); otherwise what it
+/// asks for.
+#[test]
+fn rss_set_statuses() {
+    let cfg = arfs::RssConfig {
+        key: Some([7; KEY_LEN]),
+        indirection: Some(core::array::from_fn(|i| (i % 4) as u16)),
+    };
+    let ok = RssSetOp::new(&cfg);
+    assert_eq!(ok.flags, 0);
+    assert_eq!(ok.config(4), Ok(cfg));
+    assert_eq!(ok.asked(), cfg);
+    // An entry at max_queue_pairs.
+    assert_eq!(ok.config(3), Err(OpStatus::BadQueue));
+    let bad_key = |f: &dyn Fn(&mut RssSetOp)| {
+        let mut op = ok;
+        f(&mut op);
+        // bad_key wins over the bad queue
+        assert_eq!(op.config(3), Err(OpStatus::BadKey), "{op:?}");
+        assert_eq!(op.config(4), Err(OpStatus::BadKey), "{op:?}");
+    };
+    bad_key(&|op| op.context = 1);
+    bad_key(&|op| op.context = u32::MAX);
+    bad_key(&|op| op.hfunc = 0);
+    bad_key(&|op| op.hfunc = 2);
+    bad_key(&|op| op.flags = RssSetOp::DEFAULT_KEY);
+    bad_key(&|op| op.flags = RssSetOp::DEFAULT_INDIR);
+    // With the flags, zeros: the defaults, whatever max_queue_pairs.
+    let mut d = ok;
+    d.flags = RssSetOp::DEFAULT_INDIR;
+    d.indirection = [0; INDIRECTION_LEN];
+    assert_eq!(
+        d.config(1),
+        Ok(arfs::RssConfig {
+            key: cfg.key,
+            indirection: None
+        })
+    );
+    d.flags |= RssSetOp::DEFAULT_KEY;
+    d.key = [0; KEY_LEN];
+    assert_eq!(d.config(1), Ok(arfs::RssConfig::default()));
+    // A driver's all-zero table is a table, not the default.
+    let zero = RssSetOp::new(&arfs::RssConfig {
+        key: None,
+        indirection: Some([0; INDIRECTION_LEN]),
+    });
+    assert_eq!(
+        zero.config(1).unwrap().indirection,
+        Some([0; INDIRECTION_LEN])
+    );
+    // Entries are checked against every queue pair, not the enabled ones.
+    let hi = RssSetOp::new(&arfs::RssConfig {
+        key: None,
+        indirection: Some([65534; INDIRECTION_LEN]),
+    });
+    assert_eq!(hi.config(65535).map(|c| c.indirection.is_some()), Ok(true));
+    assert_eq!(hi.config(65534), Err(OpStatus::BadQueue));
+}
+
 #[test]
 fn codes_match_protocol_tables() {
     let ops: Vec<(u8, &str)> = OpStatus::ALL.iter().map(|s| (s.code(), s.name())).collect();
@@ -325,7 +491,7 @@ fn codes_match_protocol_tables() {
         );
         assert_eq!(
             MsgType::from_code(c).map(MsgType::code),
-            (1..=8).contains(&c).then_some(c)
+            (1..=9).contains(&c).then_some(c)
         );
     }
     assert_eq!(max_ops_per_frame(MsgType::Add), 33);
@@ -333,6 +499,27 @@ fn codes_match_protocol_tables() {
     assert_eq!(max_ops_per_frame(MsgType::Hello), 0);
     assert_eq!(max_ops_per_frame(MsgType::RuleSet), 16);
     assert_eq!(max_ops_per_frame(MsgType::RuleDel), 371);
+    assert_eq!(max_ops_per_frame(MsgType::RssSet), 1);
+    assert_eq!(MsgType::RssSet.name(), "RSS_SET");
+    assert_eq!(MsgType::RssSet.direction(), Direction::ToDevice);
+    assert_eq!(
+        (
+            arfs::proto::FEATURE_RULES,
+            arfs::proto::FEATURE_RSS,
+            arfs::proto::RULES_DRIVER_VERSION,
+            arfs::proto::RSS_DRIVER_VERSION,
+            arfs::proto::RSS_SET_OP_LEN,
+        ),
+        (1, 2, 2, 3, 304)
+    );
+    assert_eq!(
+        (
+            RssSetOp::DEFAULT_INDIR,
+            RssSetOp::DEFAULT_KEY,
+            RssSetOp::HFUNC_TOEPLITZ
+        ),
+        (1, 2, 1)
+    );
 }
 
 #[test]
@@ -479,11 +666,11 @@ fn message_strategy() -> impl Strategy<Value = Message> {
         }),
         (
             any::<(u16, u16, u32, u32, u16, u16, u32, u32)>(),
-            any::<Option<u16>>()
+            any::<Option<(u16, bool)>>()
         )
-            .prop_map(|((a, b, c, d, e, f, g, nonce), max_rules)| {
+            .prop_map(|((a, b, c, d, e, f, g, nonce), ext)| {
                 Message::Caps(Caps {
-                    max_rules,
+                    ext: ext.map(|(max_rules, rss)| CapsExt { max_rules, rss }),
                     max_queue_pairs: a,
                     enabled_queue_pairs: b,
                     capacity: c,
@@ -520,7 +707,33 @@ fn message_strategy() -> impl Strategy<Value = Message> {
             .prop_map(Message::RuleSet),
         proptest::collection::vec(any::<u32>(), 1..=usize::from(MAX_DEL_OPS))
             .prop_map(Message::RuleDel),
+        rss_op().prop_map(|op| Message::RssSet(Box::new(op))),
     ]
+}
+
+/// An RSS_SET op with every field arbitrary but the reserved flag bits
+/// (context, hfunc, key and table are checked when it is applied).
+fn rss_op() -> impl Strategy<Value = RssSetOp> {
+    (
+        any::<u32>(),
+        0u8..4,
+        any::<u8>(),
+        any::<[u8; 32]>(),
+        any::<[u8; 8]>(),
+        proptest::collection::vec(any::<u16>(), INDIRECTION_LEN),
+    )
+        .prop_map(|(context, flags, hfunc, k0, k1, t)| {
+            let mut key = [0u8; KEY_LEN];
+            key[..32].copy_from_slice(&k0);
+            key[32..].copy_from_slice(&k1);
+            RssSetOp {
+                context,
+                flags,
+                hfunc,
+                key,
+                indirection: t.try_into().unwrap(),
+            }
+        })
 }
 
 /// A RULE_SET op with every field arbitrary (codes included: they are
@@ -593,7 +806,7 @@ proptest! {
     /// Arbitrary bytes behind a valid Ethernet + magic prefix never panic, and
     /// whatever decodes re-encodes to the same bytes (the codec is canonical).
     #[test]
-    fn arbitrary_frames_never_panic(t in 0u8..10, count in 0u16..40, body_len in prop_oneof![0u16..200, any::<u16>()], body in proptest::collection::vec(any::<u8>(), 0..300)) {
+    fn arbitrary_frames_never_panic(t in 0u8..11, count in 0u16..40, body_len in prop_oneof![0u16..200, 300u16..310, any::<u16>()], body in proptest::collection::vec(any::<u8>(), 0..320)) {
         let mut f = Vec::new();
         f.extend_from_slice(&BROADCAST_MAC);
         f.extend_from_slice(&GUEST);

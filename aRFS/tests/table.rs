@@ -1001,7 +1001,7 @@ proptest! {
                     Request::Del(v) => v.iter().map(|d| m.del(d.id)).collect(),
                     Request::Flush(_) => { m.live.clear(); m.hits.clear(); Vec::new() }
                     // (to_request makes no rule requests: tests/rules.rs)
-                    Request::RuleSet(_) | Request::RuleDel(_) => unreachable!("no rule ops here"),
+                    Request::RuleSet(_) | Request::RuleDel(_) | Request::RssSet(_) => unreachable!("no rule or RSS ops here"),
                 };
                 let done = events.iter().find_map(|e| match e {
                     TableEvent::Completed { seq, statuses, .. } if *seq == s => Some(statuses.clone()),
@@ -1016,4 +1016,165 @@ proptest! {
             check(&t, &m, &replica, &cfg)?;
         }
     }
+}
+
+/// RSS_SET (the RSS extension): applied after the programming latency
+/// like any request, reported with its status; a refused op changes
+/// nothing; a worker's `Rss` fed the events ends where the table is.
+#[test]
+fn rss_set_is_applied_refused_and_replayed() {
+    use arfs::proto::RssSetOp;
+    use arfs::rss::{INDIRECTION_LEN, KEY_LEN};
+    use arfs::table::RssChange;
+    use arfs::{Rss, RssConfig};
+    let mut t = table(TableConfig {
+        latency_ns: 100,
+        ..TableConfig::default()
+    });
+    t.set_queue_pairs(4);
+    let mut worker = Rss::new(2);
+    let feed = |t: &mut FilterTable, now: u64, worker: &mut Rss| {
+        let mut ev = Vec::new();
+        t.advance(now, 2, &mut |e| {
+            worker.apply(&e);
+            ev.push(e);
+        });
+        ev
+    };
+    let table3: [u16; INDIRECTION_LEN] = [3; INDIRECTION_LEN];
+    let cfg = RssConfig {
+        key: Some([0x11; KEY_LEN]),
+        indirection: Some(table3),
+    };
+    let op = RssSetOp::new(&cfg);
+    t.submit(0, 1, Request::RssSet(Box::new(op)));
+    assert!(feed(&mut t, 99, &mut worker).is_empty(), "not due yet");
+    assert!(t.rss().is_default());
+    let ev = feed(&mut t, 100, &mut worker);
+    assert_eq!(
+        ev,
+        vec![
+            TableEvent::RssSet(Box::new(RssChange {
+                seq: Some(1),
+                status: OpStatus::Ok,
+                op
+            })),
+            TableEvent::Completed {
+                seq: 1,
+                kind: MsgType::RssSet,
+                statuses: vec![OpStatus::Ok],
+                due_ns: 100
+            }
+        ]
+    );
+    assert_eq!(*t.rss(), cfg);
+    // Queue 3 is a queue pair of the device, not an enabled one: the
+    // worker keeps the table and falls back to round-robin for it.
+    assert_eq!(worker.driver_table(), Some(&table3));
+    assert_eq!(worker.toeplitz().key(), &[0x11; KEY_LEN]);
+    assert_eq!(worker.queue_for_hash(5), 1);
+    // Refused: bad_queue (an entry at max_queue_pairs), bad_key; nothing
+    // changes, each op is reported with its status.
+    let mut bad_q = RssSetOp::new(&RssConfig::default());
+    bad_q.flags = RssSetOp::DEFAULT_KEY;
+    bad_q.indirection[7] = 4;
+    let mut bad_k = RssSetOp::new(&RssConfig::default());
+    bad_k.hfunc = 2;
+    for (seq, op, status) in [(2, bad_q, OpStatus::BadQueue), (3, bad_k, OpStatus::BadKey)] {
+        let (st, ev) = run(&mut t, seq, Request::RssSet(Box::new(op)), 2);
+        assert_eq!(st, vec![status]);
+        assert_eq!(
+            ev[0],
+            TableEvent::RssSet(Box::new(RssChange {
+                seq: Some(seq),
+                status,
+                op
+            }))
+        );
+        assert!(!worker.apply(&ev[1]), "Completed is not RSS's");
+        assert!(worker.apply(&ev[0]));
+        assert_eq!(*t.rss(), cfg, "a refused op changes nothing");
+        assert_eq!(worker.driver_table(), Some(&table3));
+    }
+    // default_indir with the same key: the round-robin table again.
+    let rr = RssSetOp::new(&RssConfig {
+        key: cfg.key,
+        indirection: None,
+    });
+    let (st, ev) = run(&mut t, 4, Request::RssSet(Box::new(rr)), 2);
+    assert_eq!(st, vec![OpStatus::Ok]);
+    worker.apply(&ev[0]);
+    assert_eq!(worker, Rss::with_key([0x11; KEY_LEN], 2));
+    assert_eq!(t.rss().indirection, None);
+    // Filters are not RSS's: a FLUSH leaves RSS as it is.
+    run(&mut t, 5, Request::Flush(DelReason::Flush), 2);
+    assert_eq!(t.rss().key, cfg.key);
+}
+
+/// A new generation puts the RSS defaults back: one `RssSet` event without
+/// a seq before `Cleared` (none when they were the defaults already).
+#[test]
+fn clear_puts_the_rss_defaults_back() {
+    use arfs::proto::RssSetOp;
+    use arfs::rss::INDIRECTION_LEN;
+    use arfs::{Rss, RssConfig};
+    let mut t = table(TableConfig::default());
+    let mut ev = Vec::new();
+    t.clear(&mut |e| ev.push(e));
+    assert!(matches!(ev.as_slice(), [TableEvent::Cleared { .. }]));
+    let op = RssSetOp::new(&RssConfig {
+        key: None,
+        indirection: Some([0; INDIRECTION_LEN]),
+    });
+    run(&mut t, 1, Request::RssSet(Box::new(op)), 4);
+    let mut worker = Rss::new(4);
+    worker.configure(t.rss());
+    assert!(worker.indirection().iter().all(|&q| q == 0));
+    ev.clear();
+    t.clear(&mut |e| ev.push(e));
+    assert!(t.rss().is_default());
+    let [TableEvent::RssSet(c), TableEvent::Cleared { .. }] = ev.as_slice() else {
+        panic!("{ev:?}")
+    };
+    assert_eq!((c.seq, c.status), (None, OpStatus::Ok));
+    assert_eq!(c.config(), Some(RssConfig::default()));
+    assert!(worker.apply(&ev[0]));
+    assert_eq!(worker, Rss::new(4));
+}
+
+/// The key RSS_SET gives RSS is not the placement model's: a flow's
+/// bucket is the default key's hash before and after, and so is the
+/// bucket an ADD then takes (the buckets are the device's own hash table).
+#[test]
+fn an_rss_key_does_not_move_bucket_placement() {
+    use arfs::proto::RssSetOp;
+    use arfs::rss::KEY_LEN;
+    use arfs::RssConfig;
+    let cfg = TableConfig {
+        buckets: Some((16, 4)),
+        ..TableConfig::default()
+    };
+    let mut t = table(cfg.clone());
+    let before: Vec<Option<u32>> = (0..64).map(|i| t.bucket_for(&flow(i))).collect();
+    let key = [0xa5; KEY_LEN];
+    // The key would move most flows to another bucket if it were used.
+    let moved = (0..64)
+        .filter(|&i| Toeplitz::new(key).hash_flow(&flow(i)) % 16 != before[i as usize].unwrap())
+        .count();
+    assert!(moved > 32, "{moved}");
+    let op = RssSetOp::new(&RssConfig {
+        key: Some(key),
+        indirection: None,
+    });
+    assert_eq!(
+        run(&mut t, 1, Request::RssSet(Box::new(op)), 4).0,
+        vec![OpStatus::Ok]
+    );
+    let after: Vec<Option<u32>> = (0..64).map(|i| t.bucket_for(&flow(i))).collect();
+    assert_eq!(before, after);
+    for i in 0..64 {
+        assert_eq!(after[usize::from(i)], Model::bucket(&cfg, &flow(i)));
+    }
+    run(&mut t, 2, Request::Add(vec![add(1, 0, &flow(3))]), 4);
+    assert_eq!(t.entry(1).unwrap().bucket, before[3]);
 }

@@ -138,3 +138,72 @@ fn device_lines() {
         r#"{"ts_ns":7,"event":"mgmt_drop","gen":2,"reason":"spoofed","msg_type":"99","dir":"to_device"}"#
     );
 }
+
+/// `rss_set` lines (TRACE.md): `status`, `context`, the two flags, `key`
+/// (80 hex digits: the key RSS hashes with after an applied op, the op's
+/// as it came after a refused one), `indir` (the driver's table after an
+/// applied op, absent with `default_indir`; the op's as it came after a
+/// refused one); a new generation's line has no `seq` and reason `reset`.
+#[test]
+fn rss_set_lines() {
+    use arfs::proto::RssSetOp;
+    use arfs::rss::{key_to_hex, INDIRECTION_LEN, KEY_LEN};
+    use arfs::table::RssChange;
+    use arfs::{RssConfig, DEFAULT_KEY};
+    let ev = |seq, status, op| TableEvent::RssSet(Box::new(RssChange { seq, status, op }));
+    let zeros = format!("[{}]", vec!["0"; INDIRECTION_LEN].join(","));
+    let rr: Vec<String> = (0..INDIRECTION_LEN).map(|i| (i % 2).to_string()).collect();
+    let rr = format!("[{}]", rr.join(","));
+    let default_key = key_to_hex(&DEFAULT_KEY);
+    let key = "11".repeat(KEY_LEN);
+
+    // An applied op with the driver's key and table.
+    let table: [u16; INDIRECTION_LEN] = core::array::from_fn(|i| (i % 2) as u16);
+    let op = RssSetOp::new(&RssConfig {
+        key: Some([0x11; KEY_LEN]),
+        indirection: Some(table),
+    });
+    assert_eq!(
+        line(&TraceRecord::from_event(
+            100,
+            3,
+            &ev(Some(8), OpStatus::Ok, op)
+        )),
+        format!(
+            r#"{{"ts_ns":100,"event":"rss_set","gen":3,"seq":8,"status":"ok","context":0,"default_indir":false,"default_key":false,"key":"{key}","indir":{rr}}}"#
+        )
+    );
+    // An applied op asking for the defaults: the default key, no table.
+    let d = RssSetOp::new(&RssConfig::default());
+    assert_eq!(
+        line(&TraceRecord::from_event(
+            100,
+            3,
+            &ev(Some(9), OpStatus::Ok, d)
+        )),
+        format!(
+            r#"{{"ts_ns":100,"event":"rss_set","gen":3,"seq":9,"status":"ok","context":0,"default_indir":true,"default_key":true,"key":"{default_key}"}}"#
+        )
+    );
+    // A refused op: as it came (here: a context that does not exist).
+    let mut bad = d;
+    bad.context = 2;
+    assert_eq!(
+        line(&TraceRecord::from_event(
+            100,
+            3,
+            &ev(Some(10), OpStatus::BadKey, bad)
+        )),
+        format!(
+            r#"{{"ts_ns":100,"event":"rss_set","gen":3,"seq":10,"status":"bad_key","context":2,"default_indir":true,"default_key":true,"key":"{}","indir":{zeros}}}"#,
+            "00".repeat(KEY_LEN)
+        )
+    );
+    // A new generation puts the defaults back.
+    assert_eq!(
+        line(&TraceRecord::from_event(100, 4, &ev(None, OpStatus::Ok, d))),
+        format!(
+            r#"{{"ts_ns":100,"event":"rss_set","gen":4,"reason":"reset","status":"ok","context":0,"default_indir":true,"default_key":true,"key":"{default_key}"}}"#
+        )
+    );
+}

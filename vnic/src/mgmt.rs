@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arfs::proto::{self, Ack, AddOp, Caps, Direction, FrameMeta, DEVICE_MAC};
+use arfs::proto::{self, Ack, AddOp, Caps, CapsExt, Direction, FrameMeta, DEVICE_MAC};
 use arfs::{
     DropCause, FilterTable, FlowKey, L4Proto, Message, OpStatus, Request, Rss, TableConfig,
     TableEvent, TraceRecord,
@@ -157,7 +157,9 @@ impl Mgmt {
         max_pairs: u16,
     ) -> Result<Self, crate::error::Error> {
         let cfg_capacity = cfg.capacity;
-        let table = FilterTable::new(cfg)?;
+        let mut table = FilterTable::new(cfg)?;
+        // RSS_SET's table may name any queue pair the device has.
+        table.set_queue_pairs(max_pairs);
         let timer = crate::clock::timer().map_err(crate::error::Error::Timer)?;
         Ok(Self {
             table,
@@ -393,12 +395,18 @@ impl Mgmt {
                         self.cache.clear();
                         // A driver that knows the rule extension gets the
                         // longer CAPS; an older one the 24 bytes it reads.
+                        // Its `features` has the RSS extension's bit for a
+                        // driver that knows that one too (the long CAPS
+                        // exists for the rule stage: without one, no
+                        // extension is announced; RSS_SET works anyway).
                         let rules = self.table.config().rules;
+                        let v = hello.driver_version;
                         let caps = Caps {
                             nonce: hello.nonce,
-                            max_rules: (hello.driver_version >= proto::RULES_DRIVER_VERSION
-                                && rules > 0)
-                                .then(|| rules.min(u32::from(u16::MAX)) as u16),
+                            ext: (v >= proto::RULES_DRIVER_VERSION && rules > 0).then(|| CapsExt {
+                                max_rules: rules.min(u32::from(u16::MAX)) as u16,
+                                rss: v >= proto::RSS_DRIVER_VERSION,
+                            }),
                             ..self.caps()
                         };
                         let dst = if hello.mac == [0; 6] || hello.mac[0] & 1 != 0 {
@@ -426,6 +434,9 @@ impl Mgmt {
                     }
                     Message::RuleDel(locs) => {
                         self.request(now, gen, h.seq, Request::RuleDel(locs), route);
+                    }
+                    Message::RssSet(op) => {
+                        self.request(now, gen, h.seq, Request::RssSet(op), route);
                     }
                     // decode_frame rejects device->driver types.
                     Message::Caps(_) | Message::Ack(_) => {}
@@ -566,6 +577,7 @@ impl Mgmt {
                 | TableEvent::Evicted { .. }
                 | TableEvent::RuleSet { .. }
                 | TableEvent::RuleRemoved { .. }
+                | TableEvent::RssSet(_)
         );
         if replica_relevant {
             if let Some(c) = &self.conn {

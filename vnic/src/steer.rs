@@ -112,7 +112,7 @@ impl Steer {
     /// Applies one event of the filter table to the replica.
     #[inline]
     pub(crate) fn apply(&mut self, e: &TableEvent) {
-        if self.rules.apply(e) {
+        if self.rules.apply(e) || self.rss.apply(e) {
             return;
         }
         self.index.apply(e);
@@ -155,7 +155,9 @@ impl Steer {
         }
     }
 
-    /// The enabled pairs (bit i: pair i); RSS spreads over them.
+    /// The enabled pairs (bit i: pair i); RSS spreads over them (the
+    /// device's table is refilled; a driver's is kept, its entries past
+    /// them falling back to the round-robin ones).
     pub(crate) fn set_mask(&mut self, mask: u32) {
         if mask != self.mask {
             self.mask = mask;
@@ -503,6 +505,55 @@ mod tests {
             rxq: q,
             flow: k,
         });
+    }
+
+    /// An applied RSS_SET reaches the replica's RSS: a miss follows the
+    /// driver's table (kept across a change of the enabled pairs, an entry
+    /// past them falling back to round-robin), a hit its filter; a refused
+    /// one changes nothing; the defaults' op gives round-robin back.
+    #[test]
+    fn an_rss_set_event_sets_the_replicas_rss() {
+        use arfs::proto::{OpStatus, RssSetOp};
+        use arfs::rss::INDIRECTION_LEN;
+        use arfs::table::RssChange;
+        use arfs::RssConfig;
+        let ev = |status, t: Option<[u16; INDIRECTION_LEN]>| {
+            TableEvent::RssSet(Box::new(RssChange {
+                seq: Some(1),
+                status,
+                op: RssSetOp::new(&RssConfig {
+                    key: None,
+                    indirection: t,
+                }),
+            }))
+        };
+        let mut s = Steer::new(0, 64, false);
+        s.set_mask(0b11);
+        add(&mut s, 7, key(1000, 80), 0);
+        let q = |s: &mut Steer, sport| s.decide(&udp4(sport, 2000)).unwrap().q;
+        s.apply(&ev(OpStatus::Ok, Some([2; INDIRECTION_LEN])));
+        // Queue 2 is not enabled: round-robin over the two that are.
+        for p in 0..32 {
+            assert_eq!(
+                q(&mut s, p),
+                usize::from(Rss::new(2).queue_for_key(&key(p, 2000)))
+            );
+        }
+        s.set_mask(0b111);
+        assert!((0..32).all(|p| q(&mut s, p) == 2));
+        assert_eq!(s.decide(&udp4(1000, 80)).unwrap().hit, Some(7));
+        s.apply(&ev(OpStatus::BadQueue, Some([1; INDIRECTION_LEN])));
+        assert!(
+            (0..32).all(|p| q(&mut s, p) == 2),
+            "a refused op changes nothing"
+        );
+        s.apply(&ev(OpStatus::Ok, None));
+        for p in 0..32 {
+            assert_eq!(
+                q(&mut s, p),
+                usize::from(Rss::new(3).queue_for_key(&key(p, 2000)))
+            );
+        }
     }
 
     /// Rules decide first, lowest location first: a queue, a drop, the

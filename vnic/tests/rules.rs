@@ -68,12 +68,12 @@ fn an_older_driver_gets_the_caps_it_reads() {
     let mut c = ctl(&d);
     wait_stats(&mut c, "2 enabled pairs", |s| s.enabled_pairs == 2);
     let v1 = hello(&mut g, 1);
-    assert_eq!(v1.max_rules, None);
+    assert_eq!(v1.max_rules(), None);
     let v2 = hello(&mut g, 2);
-    assert_eq!(v2.max_rules, Some(128));
+    assert_eq!(v2.max_rules(), Some(128));
     assert_eq!(
         proto::Caps {
-            max_rules: None,
+            ext: None,
             nonce: v1.nonce,
             ..v2
         },
@@ -84,7 +84,7 @@ fn an_older_driver_gets_the_caps_it_reads() {
     let mut g = guest(&d, 2, 2);
     let mut c = ctl(&d);
     wait_stats(&mut c, "2 enabled pairs", |s| s.enabled_pairs == 2);
-    assert_eq!(hello(&mut g, 2).max_rules, None);
+    assert_eq!(hello(&mut g, 2).max_rules(), None);
 }
 
 #[test]
@@ -94,7 +94,7 @@ fn a_rule_decides_before_a_filter_and_goes_with_its_del() {
     let mut g = guest(&d, 2, 2);
     let mut c = ctl(&d);
     wait_stats(&mut c, "2 enabled pairs", |s| s.enabled_pairs == 2);
-    assert_eq!(hello(&mut g, 2).max_rules, Some(128));
+    assert_eq!(hello(&mut g, 2).max_rules(), Some(128));
     // A flow RSS sends to queue 0, and a filter that keeps it there.
     let sport = (20000..=u16::MAX)
         .find(|&p| rss_queue(&gen_flow(p, 5001), 2) == 0)

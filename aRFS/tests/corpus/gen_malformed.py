@@ -28,8 +28,15 @@ def del_op(id=1, reason=1, reserved=0):
     return struct.pack(">HBB", id, reason, reserved)
 
 
+def rss_op(context=0, flags=0, hfunc=1, reserved=0, key=None, table=None):
+    key = key if key is not None else bytes(range(40))
+    table = table if table is not None else [i % 4 for i in range(128)]
+    return struct.pack(">IBBH", context, flags, hfunc, reserved) + key + struct.pack(">128H", *table)
+
+
 HELLO = struct.pack(">II", 1, 0) + SRC + b"\0\0"
 CAPS = struct.pack(">HHIIHHII", 4, 4, 1024, 0, 0, 33, 0, 0)
+CAPS32 = CAPS + struct.pack(">IHH", 3, 128, 0)
 
 cases = []
 
@@ -51,7 +58,7 @@ case("device", "bad_version", "version", None, "version 2", frame(1, 0, HELLO, v
 case("device", "bad_version", "version", None, "version 0", frame(3, 1, add_op(), version=0))
 # NAKed errors
 case("device", "unknown_type", "type", None, "type 0", frame(0, 0, b""))
-case("device", "unknown_type", "type", None, "type 9", frame(9, 0, b""))
+case("device", "unknown_type", "type", None, "type 10", frame(10, 0, b""))
 case("device", "unknown_type", "type", None, "type 255", frame(255, 1, add_op()))
 case("device", "wrong_direction", "type", None, "caps sent to the device", frame(2, 0, CAPS))
 case("device", "wrong_direction", "type", None, "ack sent to the device", frame(6, 0, b"\x03\0\0\0"))
@@ -62,6 +69,11 @@ case("device", "bad_count", "count", None, "flush with count 2", frame(5, 2, b"\
 case("device", "bad_count", "count", None, "add with count 0", frame(3, 0, b""))
 case("device", "bad_count", "count", None, "del with count 0", frame(4, 0, b""))
 case("driver", "bad_count", "count", None, "caps with count 1", frame(2, 1, CAPS))
+case("device", "bad_count", "count", None, "rss_set with count 0", frame(9, 0, rss_op()))
+case("device", "bad_count", "count", None, "rss_set with count 0 and no body", frame(9, 0, b""))
+case("device", "too_many_ops", "count", None, "rss_set with count 2", frame(9, 2, rss_op() * 2))
+case("device", "too_many_ops", "count", None, "rss_set with count 2 and one op", frame(9, 2, rss_op()))
+case("driver", "wrong_direction", "type", None, "rss_set sent to the driver", frame(9, 1, rss_op()))
 case("device", "too_many_ops", "count", None, "add with 34 ops", frame(3, 34, add_op() * 34))
 case("device", "too_many_ops", "count", None, "add count 34 without body", frame(3, 34, b""))
 case("device", "too_many_ops", "count", None, "del with 34 ops (default max_ops 33)", frame(4, 34, del_op() * 34))
@@ -75,6 +87,11 @@ case("device", "bad_length", "body_len", None, "flush body_len 0", frame(5, 0, b
 case("device", "bad_length", "body_len", None, "body_len 65535", frame(5, 0, b"\x04\0\0\0", body_len=65535))
 case("driver", "bad_length", "body_len", None, "ack 2 statuses body_len 5", frame(6, 2, b"\x03\0\0\0\0\0", body_len=5))
 case("driver", "bad_length", "body_len", None, "caps body_len 20", frame(2, 0, CAPS[:20]))
+case("driver", "bad_length", "body_len", None, "caps body_len 28", frame(2, 0, CAPS32[:28]))
+case("device", "bad_length", "body_len", None, "rss_set body_len 303", frame(9, 1, rss_op()[:303]))
+case("device", "bad_length", "body_len", None, "rss_set body_len 305", frame(9, 1, rss_op() + b"\0"))
+case("device", "bad_length", "body_len", None, "rss_set body_len 88 (a rule op)", frame(9, 1, bytes(88)))
+case("device", "too_short", "body", None, "rss_set body cut by one byte", frame(9, 1, rss_op())[:-1])
 case("device", "bad_reason", "ops[].reason", 0, "del reason 0", frame(4, 1, del_op(reason=0)))
 case("device", "bad_reason", "ops[].reason", 2, "del reason 7 in op 2", frame(4, 3, del_op() + del_op(id=2) + del_op(id=3, reason=7)))
 case("device", "bad_reason", "reason", None, "flush reason 0", frame(5, 0, b"\0\0\0\0"))
@@ -84,6 +101,15 @@ case("device", "reserved_nonzero", "ops[].reserved", 1, "add op 1 reserved", fra
 case("device", "reserved_nonzero", "ops[].reserved", 0, "del op reserved", frame(4, 1, del_op(reserved=1)))
 case("device", "reserved_nonzero", "reserved", None, "flush reserved byte 3", frame(5, 0, b"\x04\0\0\x01"))
 case("driver", "reserved_nonzero", "reserved", None, "ack reserved", frame(6, 1, b"\x03\0\x01\0\0"))
+case("driver", "reserved_nonzero", "features", None, "caps features 2 (rss without rules)", frame(2, 0, CAPS + struct.pack(">IHH", 2, 128, 0)))
+case("driver", "reserved_nonzero", "features", None, "caps features 7", frame(2, 0, CAPS + struct.pack(">IHH", 7, 128, 0)))
+case("driver", "reserved_nonzero", "features", None, "caps features 0", frame(2, 0, CAPS + struct.pack(">IHH", 0, 128, 0)))
+case("driver", "reserved_nonzero", "reserved", None, "caps32 reserved", frame(2, 0, CAPS + struct.pack(">IHH", 3, 128, 1)))
+case("device", "reserved_nonzero", "ops[].flags", 0, "rss_set flag bit 2", frame(9, 1, rss_op(flags=4)))
+case("device", "reserved_nonzero", "ops[].flags", 0, "rss_set flag bit 7 with both defaults", frame(9, 1, rss_op(flags=0x83, key=bytes(40), table=[0] * 128)))
+case("device", "reserved_nonzero", "ops[].flags", 0, "rss_set flags before reserved", frame(9, 1, rss_op(flags=8, reserved=1)))
+case("device", "reserved_nonzero", "ops[].reserved", 0, "rss_set reserved byte 7", frame(9, 1, rss_op(reserved=1)))
+case("device", "reserved_nonzero", "ops[].reserved", 0, "rss_set reserved byte 6", frame(9, 1, rss_op(reserved=0x100)))
 
 print("# Malformed management frames: the decoder must return exactly this error.")
 print("# Generated by gen_malformed.py (same directory); all frames use seq 0x01020304.")

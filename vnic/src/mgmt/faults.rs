@@ -131,7 +131,7 @@ mod tests {
             max_ops: 33,
             latency_us: 0,
             nonce: 0x1234_5678,
-            max_rules: None,
+            ext: None,
         };
         let real = encode_reply(GUEST, 9, 2, &Message::Caps(caps)).unwrap();
         let fake = rogue_copy(&real, false).unwrap();

@@ -162,6 +162,13 @@ pub fn validate(r: &TraceRecord) -> Result<(), MissingField> {
             ("hits", r.hits.is_some()),
         ],
         EventKind::RuleReject => &[("loc", r.loc.is_some()), ("reason", r.reason.is_some())],
+        EventKind::RssSet => &[
+            ("status", r.status.is_some()),
+            ("context", r.context.is_some()),
+            ("default_indir", r.default_indir.is_some()),
+            ("default_key", r.default_key.is_some()),
+            ("key", r.key.is_some()),
+        ],
         EventKind::Reset | EventKind::Ack | EventKind::GenChange => &[],
     };
     match need.iter().find(|(_, present)| !present) {
@@ -191,6 +198,7 @@ pub fn event_name(k: EventKind) -> &'static str {
         EventKind::RuleSet => "rule_set",
         EventKind::RuleDel => "rule_del",
         EventKind::RuleReject => "rule_reject",
+        EventKind::RssSet => "rss_set",
     }
 }
 

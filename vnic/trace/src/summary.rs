@@ -200,6 +200,9 @@ pub struct Summary {
     /// The rule stage's lines (`rule_set`, `rule_del`, `rule_reject`), by
     /// event (`set`, `del`) and, for refusals, by status.
     pub rule_events: Reasons,
+    /// `rss_set` lines, by status (`ok`, `bad_key`, `bad_queue`), and
+    /// `reset` for a new generation's return to the defaults.
+    pub rss_events: Reasons,
     /// `(add + replace.total + del.total) / time.duration_s`: table writes per
     /// second. Null when the duration is 0.
     pub churn_per_s: Option<f64>,
@@ -249,6 +252,7 @@ struct Acc {
     mgmt_drops: Reasons,
     gen_changes: Reasons,
     rule_events: Reasons,
+    rss_events: Reasons,
     /// Live filters: id -> rx queue.
     live: HashMap<u16, u16>,
     peak: u64,
@@ -280,6 +284,7 @@ impl Acc {
             mgmt_drops: Reasons::with_names([]),
             gen_changes: Reasons::with_names([]),
             rule_events: Reasons::with_names([]),
+            rss_events: Reasons::with_names([]),
             live: HashMap::new(),
             peak: 0,
             programmed: HashMap::new(),
@@ -370,6 +375,11 @@ impl Acc {
             EventKind::RuleSet => self.rule_events.bump("set"),
             EventKind::RuleDel => self.rule_events.bump("del"),
             EventKind::RuleReject => self.rule_events.bump(&format!("reject_{reason}")),
+            EventKind::RssSet => {
+                let status = r.status.map_or("unknown", |s| s.name());
+                self.rss_events
+                    .bump(if r.seq.is_none() { reason } else { status });
+            }
         }
     }
 }
@@ -663,6 +673,7 @@ pub fn summarize(path: &Path, opts: &Options) -> Result<Summary, SummaryError> {
         mgmt_drops: acc.mgmt_drops,
         gen_changes: acc.gen_changes,
         rule_events: acc.rule_events,
+        rss_events: acc.rss_events,
         churn_per_s,
         live: Live {
             end: acc.live.len() as u64,
@@ -832,6 +843,14 @@ pub fn render(s: &Summary, exact: bool) -> String {
             "Rule events:        {}{}",
             s.rule_events.total,
             reasons_line(&s.rule_events)
+        );
+    }
+    if s.rss_events.total > 0 {
+        let _ = writeln!(
+            o,
+            "RSS_SET lines:      {}{}",
+            s.rss_events.total,
+            reasons_line(&s.rss_events)
         );
     }
     let _ = writeln!(o, "Acks:               {}", s.acks);
