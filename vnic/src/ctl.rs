@@ -525,6 +525,19 @@ fn table(sh: &Shared, s: &Snapshot) -> wire::Table {
                 hits: *hits,
             })
             .collect(),
+        rss: Some(rss(&s.rss, s.enabled_pairs)),
+    }
+}
+
+/// The RSS configuration as `table` shows it, with the table frames
+/// follow over `enabled` pairs.
+fn rss(c: &arfs::RssConfig, enabled: u16) -> wire::RssState {
+    wire::RssState {
+        default_key: c.key.is_none(),
+        key: arfs::rss::key_to_hex(&c.key_or_default()),
+        default_indir: c.indirection.is_none(),
+        indir: c.indirection.map(|t| t.to_vec()),
+        effective: arfs::rss::effective_indirection(c.indirection.as_ref(), enabled).to_vec(),
     }
 }
 
@@ -924,6 +937,13 @@ mod tests {
                 (entry(9, 0, f6, 1_206_600_000, Some(33)), 0),
             ],
             rules: Vec::new(),
+            // A driver's table naming pairs 0..4 with 2 enabled: its 2s
+            // and 3s fall back to round-robin in `effective`.
+            rss: arfs::RssConfig {
+                key: None,
+                indirection: Some(core::array::from_fn(|i| (i % 4) as u16)),
+            },
+            enabled_pairs: 2,
         }
     }
 

@@ -20,8 +20,8 @@ pub use client::{Client, CtlError, DEFAULT_TIMEOUT};
 pub use reply::{
     CtlStats, Deletes, Empty, Family, Filter, Flow, FlowSetInfo, FramesBad, GenChanged, GenList,
     GenPaused, GenResumed, GenStarted, GenStopped, Knobs, KnobsReply, MgmtDst, MgmtStats,
-    PeerStats, QueueStats, Rejects, Reply, ResolvedFlowSpec, Ring, RingPair, Rings, RttBucket,
-    RttStats, RuleEntry, Stats, StatsReply, Table, TableReply, TableStats, TraceStats,
+    PeerStats, QueueStats, Rejects, Reply, ResolvedFlowSpec, Ring, RingPair, Rings, RssState,
+    RttBucket, RttStats, RuleEntry, Stats, StatsReply, Table, TableReply, TableStats, TraceStats,
     VhostRefusals, VhostStats, L4,
 };
 pub use request::{FlowSpec, GenOp, Request, RequestError, SetValue};

@@ -532,6 +532,32 @@ pub struct Table {
     /// read as none).
     #[serde(default)]
     pub rules: Vec<RuleEntry>,
+    /// The RSS configuration (absent from a daemon older than the RSS
+    /// extension: read as None).
+    #[serde(default)]
+    pub rss: Option<RssState>,
+}
+
+/// What RSS does with the frames no rule and no filter decides: the key
+/// and the indirection table, the device's defaults or what the driver
+/// set with RSS_SET (aRFS/PROTOCOL.md, the RSS extension).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RssState {
+    /// Whether the key is the default one.
+    pub default_key: bool,
+    /// The key RSS hashes with, 80 hex digits.
+    pub key: String,
+    /// Whether the table is the device's own, round-robin over the
+    /// enabled pairs.
+    pub default_indir: bool,
+    /// The driver's table as it set it, 128 queues (None with
+    /// `default_indir`).
+    #[serde(deserialize_with = "required::deserialize")]
+    pub indir: Option<Vec<u16>>,
+    /// The table frames follow now, 128 queues: the driver's with each
+    /// entry naming a pair that is not enabled replaced by the
+    /// round-robin one, or round-robin over the enabled pairs.
+    pub effective: Vec<u16>,
 }
 
 /// One rule of the masked stage, as the trace writes it (`arfs::Rule`'s

@@ -35,6 +35,8 @@ impl Mgmt {
             } else {
                 Vec::new()
             },
+            rss: *self.table.rss(),
+            enabled_pairs: self.enabled_pairs(),
             rules: if filters {
                 self.table
                     .rules()
@@ -66,4 +68,8 @@ pub(crate) struct Snapshot {
     pub filters: Vec<(arfs::table::Entry, u64)>,
     /// The rules and their hits (when filters are asked for).
     pub rules: Vec<(arfs::Rule, u64)>,
+    /// What the driver's RSS_SET set (the defaults until one did).
+    pub rss: arfs::RssConfig,
+    /// The enabled pairs of the connection (0 without one).
+    pub enabled_pairs: u16,
 }
