@@ -163,10 +163,10 @@ fn malformed(seq: u32, gen: u32) -> Vec<Bad> {
         raw_frame(0, seq, gen, 0, 0, &[]),
     );
     push(
-        "type 9",
+        "type 10",
         E::UnknownType,
-        ("type", None, Some("9")),
-        raw_frame(9, seq, gen, 0, 0, &[]),
+        ("type", None, Some("10")),
+        raw_frame(10, seq, gen, 0, 0, &[]),
     );
     push(
         "type 255",
