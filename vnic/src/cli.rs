@@ -71,7 +71,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value = "8192", value_parser = config::parse_capacity)]
     pub table_capacity: u32,
     /// Locations of the masked rule stage that `ethtool -N` programs (the rule extension of
-    /// aRFS/PROTOCOL.md), 0..=1024; 0: a device without it (its CAPS never offers it).
+    /// aRFS/PROTOCOL.md), 0..=1024; 0: a device without it (its CAPS never offers it, nor the
+    /// RSS extension, which the same 32-byte CAPS announces; RSS_SET is still taken).
     #[arg(long, value_name = "N", default_value = "128",
           value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub rule_locations: u32,
