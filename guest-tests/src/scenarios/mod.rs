@@ -46,6 +46,7 @@ pub mod poke;
 mod ports;
 mod rfs_tables;
 mod rps;
+mod rules;
 mod session;
 pub mod shard;
 pub mod slots;
@@ -107,6 +108,8 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },
     Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout },
     Scenario { name: "relayout-4k",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout_4k },
+    // issue 48, ethtool ntuple rules with aRFS filters (rules.rs)
+    Scenario { name: "rules-mixed",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: rules::rules_mixed },
     // issue 5, stress (stress/)
     Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::hostile::hostile_mgmt },
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::device_restart },

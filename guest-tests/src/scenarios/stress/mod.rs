@@ -114,7 +114,7 @@ fn drop_module(s: &mut Session) -> Result<()> {
      after {:.0}s; only in module: {only_in_module:?}; only on device: {only_on_device:?}",
     .waited.as_secs_f64()
 )]
-struct TablesDiffer {
+pub(in crate::scenarios) struct TablesDiffer {
     device: usize,
     module: usize,
     in_flight: usize,
@@ -126,7 +126,7 @@ struct TablesDiffer {
 
 /// Wait until the device table equals the module's, entry for entry, with
 /// nothing in flight. Returns the number of entries, or the differences.
-fn tables_agree(
+pub(in crate::scenarios) fn tables_agree(
     s: &mut Session,
     timeout: Duration,
 ) -> Result<std::result::Result<usize, TablesDiffer>> {
