@@ -21,13 +21,14 @@
 //! 2. **Rules gone.** The rules deleted at the next quiet point; over a
 //!    window the flows are back on their filters' queues, each frame by
 //!    its filter (hits = sent), none lost.
-//! 3. **Churn.** [`CHURN_OPS`] rule inserts and deletes ([`Churn`]: at
+//! 3. **Churn.** At least [`CHURN_OPS`] rule inserts and deletes ([`Churn`]: at
 //!    `RX_CLS_LOC_ANY` and at chosen locations, replacing rules, deleting
 //!    them, and calls that must fail: a location past the table, a queue
 //!    past the rx queues, a delete of an empty location) while the
-//!    generator runs and every [`CHURN_ROTATE_EVERY`] ops the receivers
-//!    move to the next CPU, so that aRFS re-steers every flow while rules
-//!    are set: every call answers as expected, `ethtool -n` and the
+//!    generator runs, in rounds of at least [`CHURN_ROTATE_EVERY`] calls:
+//!    a third of them, the receivers move to the next CPU, and calls go on
+//!    until aRFS has re-steered every flow (the trace must show ADDs or
+//!    REPLACEs between a round's rule lines), then the filters settle: every call answers as expected, `ethtool -n` and the
 //!    device's table equal what the scenario set (mid-way and at the end),
 //!    and the churn's rules match no workload frame (documentation
 //!    addresses), so the workload's own verdicts (steering window,
@@ -57,15 +58,15 @@ use arfs::rng::SplitMix64;
 use arfs::{EventKind, FlowKey, TraceRecord};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Steered flows given a queue rule in step 1.
 pub(super) const QUEUE_RULED: usize = 3;
 /// Steered flows given a drop rule in step 1.
 pub(super) const DROP_RULED: usize = 1;
-/// Rule calls in the churn.
+/// Rule calls in the churn, at least (rounds go on until aRFS re-steered).
 pub(super) const CHURN_OPS: usize = 300;
-/// The receivers move to the next CPU every this many churn calls.
+/// Calls in a churn round, at least; the receivers move after a third.
 pub(super) const CHURN_ROTATE_EVERY: usize = 75;
 /// `ethtool -n` and the device's table are compared with the scenario's
 /// every this many churn calls (and at the end).
@@ -780,6 +781,17 @@ impl Session {
             .collect()
     }
 
+    /// Whether every flow that needs a filter has one to its receiver's
+    /// queue now (`wait_steered`'s condition, read once).
+    fn steered_now(&mut self) -> Result<bool> {
+        let have = self.device_filters()?;
+        Ok(self
+            .flows
+            .iter()
+            .filter(|f| f.needs_filter())
+            .all(|f| have.get(&f.key).is_some_and(|&(_, q, _)| q == f.rx_q)))
+    }
+
     /// `ethtool -n` and the device's table against `rules`; findings to `c`.
     fn check_rule_tables(&mut self, c: &mut Checks, when: &str, rules: &Rules) -> Result<()> {
         let listed = self.rule_list()?;
@@ -980,8 +992,20 @@ pub(super) fn rules_mixed(s: &mut Session, c: &mut Checks) -> Result<String> {
             call(s, &mut rules, c, &mut n)?;
         }
         s.rotate_receivers()?;
-        for _ in CHURN_ROTATE_EVERY / 3..CHURN_ROTATE_EVERY {
+        // Calls go on until every flow's filter names its new queue (the
+        // kernel asks as the flows' next frames arrive: on 7.3 later than
+        // a burst of calls takes), so that they overlap the re-steering.
+        let t0 = Instant::now();
+        let mut after = 0;
+        loop {
             call(s, &mut rules, c, &mut n)?;
+            after += 1;
+            if after >= CHURN_ROTATE_EVERY - CHURN_ROTATE_EVERY / 3
+                && after % 5 == 0
+                && (s.steered_now()? || t0.elapsed() > s.settings.warmup_timeout)
+            {
+                break;
+            }
         }
         let (round, _) = s.trace_from(from)?;
         let (f, i) = interleaved_lines(&round);
