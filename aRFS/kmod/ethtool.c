@@ -854,8 +854,8 @@ int vnic_eth_install(struct vnic_ctx *ctx)
  *
  * Under RTNL, from vnic_dev_unhook(), before its last synchronize_net():
  * after that no caller holds our copy, and vnic_eth_release() frees it.
- * The device keeps the rules: the FLUSH(unload) of module exit removes them
- * with the filters.
+ * The device keeps the rules and RSS: the FLUSH(unload) of module exit
+ * removes them with the filters (a NETDEV_UNREGISTER's device is gone).
  */
 void vnic_eth_unhook(struct vnic_ctx *ctx)
 {

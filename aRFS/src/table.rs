@@ -336,10 +336,12 @@ pub enum TableEvent {
     /// A rule went: by a RULE_DEL op (`seq`), or by [`FilterTable::clear`]
     /// (`seq` None; before its `Cleared`).
     RuleRemoved {
-        /// Request sequence number.
+        /// Request sequence number (a RULE_DEL's, or a FLUSH(unload)'s).
         seq: Option<u32>,
         /// The rule.
         rule: crate::Rule,
+        /// What removed it.
+        cause: ExtCause,
     },
     /// A RULE_SET or RULE_DEL op was refused.
     RuleRejected {
@@ -368,6 +370,41 @@ pub enum TableEvent {
     },
 }
 
+/// What made a rule go or the RSS defaults come back
+/// ([`TableEvent::RuleRemoved`], [`RssChange`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExtCause {
+    /// The driver's own op (RULE_DEL, RSS_SET).
+    #[default]
+    Op,
+    /// A new generation (device reset, reconnect): `seq` is None.
+    Reset,
+    /// A FLUSH with reason `unload`: the driver that set them is gone
+    /// (`seq` is the FLUSH's).
+    Unload,
+}
+
+impl ExtCause {
+    /// The trace's `reason` of a `rule_del` line.
+    pub const fn rule_reason(self) -> &'static str {
+        match self {
+            Self::Op => "rule_del",
+            Self::Reset => "reset",
+            Self::Unload => "unload",
+        }
+    }
+
+    /// The trace's `reason` of an `rss_set` line (none for an op's).
+    pub const fn rss_reason(self) -> Option<&'static str> {
+        match self {
+            Self::Op => None,
+            Self::Reset => Some("reset"),
+            Self::Unload => Some("unload"),
+        }
+    }
+}
+
 /// What [`TableEvent::RssSet`] reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RssChange {
@@ -380,6 +417,9 @@ pub struct RssChange {
     /// The op as it came (for a new generation: the op asking for the
     /// defaults).
     pub op: RssSetOp,
+    /// Why, when not by an op of its own (`reset`, `unload`).
+    #[serde(default)]
+    pub cause: ExtCause,
 }
 
 impl RssChange {
@@ -872,6 +912,7 @@ impl FilterTable {
             seq: Some(seq),
             status,
             op: *op,
+            cause: ExtCause::Op,
         })));
         status
     }
@@ -887,6 +928,7 @@ impl FilterTable {
                 on_event(TableEvent::RuleRemoved {
                     seq: Some(seq),
                     rule,
+                    cause: ExtCause::Op,
                 });
                 OpStatus::Ok
             }
@@ -1088,7 +1130,36 @@ impl FilterTable {
         }
     }
 
+    /// Removes every rule and puts the RSS defaults back (a new generation,
+    /// or the FLUSH(unload) of a driver that is going away): one
+    /// `RuleRemoved` per rule, then one `RssSet` when the driver had
+    /// changed the defaults.
+    fn drop_driver_config(
+        &mut self,
+        seq: Option<u32>,
+        cause: ExtCause,
+        on_event: &mut impl FnMut(TableEvent),
+    ) {
+        for (rule, _) in self.rules.clear() {
+            on_event(TableEvent::RuleRemoved { seq, rule, cause });
+        }
+        if !self.rss.is_default() {
+            self.rss = RssConfig::default();
+            on_event(TableEvent::RssSet(Box::new(RssChange {
+                seq,
+                status: OpStatus::Ok,
+                op: RssSetOp::new(&self.rss),
+                cause,
+            })));
+        }
+    }
+
     fn flush(&mut self, seq: u32, reason: DelReason, on_event: &mut impl FnMut(TableEvent)) {
+        if reason == DelReason::Unload {
+            // the driver that set the rules and the RSS configuration is
+            // going away: nobody is left to see or remove them
+            self.drop_driver_config(Some(seq), ExtCause::Unload, on_event);
+        }
         let count = self.drain_all(&mut |id, rxq, flow, hits| {
             on_event(TableEvent::Deleted {
                 seq,
@@ -1136,17 +1207,7 @@ impl FilterTable {
                 hits,
             });
         });
-        for (rule, _) in self.rules.clear() {
-            on_event(TableEvent::RuleRemoved { seq: None, rule });
-        }
-        if !self.rss.is_default() {
-            self.rss = RssConfig::default();
-            on_event(TableEvent::RssSet(Box::new(RssChange {
-                seq: None,
-                status: OpStatus::Ok,
-                op: RssSetOp::new(&self.rss),
-            })));
-        }
+        self.drop_driver_config(None, ExtCause::Reset, on_event);
         self.counters.resets += 1;
         on_event(TableEvent::Cleared {
             count,

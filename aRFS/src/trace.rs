@@ -215,11 +215,11 @@ impl TraceRecord {
                 prev_rule: *prev,
                 ..Self::bare(ts_ns, EventKind::RuleSet, gen)
             },
-            TableEvent::RuleRemoved { seq, rule } => Self {
+            TableEvent::RuleRemoved { seq, rule, cause } => Self {
                 seq: *seq,
                 loc: Some(rule.loc),
                 rule: Some(*rule),
-                reason: Some(if seq.is_some() { "rule_del" } else { "reset" }.to_string()),
+                reason: Some(cause.rule_reason().to_string()),
                 ..Self::bare(ts_ns, EventKind::RuleDel, gen)
             },
             TableEvent::RuleRejected { seq, loc, status } => Self {
@@ -349,7 +349,7 @@ impl TraceRecord {
         };
         Self {
             seq: c.seq,
-            reason: c.seq.is_none().then(|| "reset".to_string()),
+            reason: c.cause.rss_reason().map(str::to_string),
             status: Some(c.status),
             context: Some(op.context),
             default_indir: Some(op.default_indir()),

@@ -1025,7 +1025,7 @@ proptest! {
 fn rss_set_is_applied_refused_and_replayed() {
     use arfs::proto::RssSetOp;
     use arfs::rss::{INDIRECTION_LEN, KEY_LEN};
-    use arfs::table::RssChange;
+    use arfs::table::{ExtCause, RssChange};
     use arfs::{Rss, RssConfig};
     let mut t = table(TableConfig {
         latency_ns: 100,
@@ -1057,7 +1057,8 @@ fn rss_set_is_applied_refused_and_replayed() {
             TableEvent::RssSet(Box::new(RssChange {
                 seq: Some(1),
                 status: OpStatus::Ok,
-                op
+                op,
+                cause: ExtCause::Op,
             })),
             TableEvent::Completed {
                 seq: 1,
@@ -1088,7 +1089,8 @@ fn rss_set_is_applied_refused_and_replayed() {
             TableEvent::RssSet(Box::new(RssChange {
                 seq: Some(seq),
                 status,
-                op
+                op,
+                cause: ExtCause::Op,
             }))
         );
         assert!(!worker.apply(&ev[1]), "Completed is not RSS's");
@@ -1177,4 +1179,86 @@ fn an_rss_key_does_not_move_bucket_placement() {
     }
     run(&mut t, 2, Request::Add(vec![add(1, 0, &flow(3))]), 4);
     assert_eq!(t.entry(1).unwrap().bucket, before[3]);
+}
+
+/// A FLUSH(unload) says the driver is going away: with its filters go its
+/// rules and its RSS configuration (nobody would be left to see or remove
+/// them), each reported with the FLUSH's seq and cause `unload`; any other
+/// FLUSH (a reload's, a layout change's) leaves both alone.
+#[test]
+fn a_flush_of_unload_takes_the_rules_and_the_rss_configuration() {
+    use arfs::proto::{RssSetOp, RuleOp};
+    use arfs::rss::INDIRECTION_LEN;
+    use arfs::table::ExtCause;
+    use arfs::{RssConfig, Rule, RuleAction, RuleFlow};
+    let mut t = table(TableConfig::default());
+    let rule = Rule {
+        loc: 3,
+        flow: RuleFlow::Udp4,
+        src: [0; 16],
+        src_mask: [0; 16],
+        dst: [0; 16],
+        dst_mask: [0; 16],
+        sport: 0,
+        sport_mask: 0,
+        dport: 4242,
+        dport_mask: 0xffff,
+        l4_proto: 0,
+        l4_mask: 0,
+        action: RuleAction::Queue(1),
+    };
+    let (st, _) = run(&mut t, 1, Request::RuleSet(vec![RuleOp::new(&rule)]), 4);
+    assert_eq!(st, vec![OpStatus::Ok]);
+    let op = RssSetOp::new(&RssConfig {
+        key: None,
+        indirection: Some([0; INDIRECTION_LEN]),
+    });
+    let (st, _) = run(&mut t, 2, Request::RssSet(Box::new(op)), 4);
+    assert_eq!(st, vec![OpStatus::Ok]);
+
+    let (_, ev) = run(&mut t, 3, Request::Flush(DelReason::Flush), 4);
+    assert!(
+        ev.iter()
+            .all(|e| !matches!(e, TableEvent::RuleRemoved { .. } | TableEvent::RssSet(_))),
+        "{ev:?}"
+    );
+    assert_eq!(t.rules().count(), 1);
+    assert!(!t.rss().is_default());
+
+    let (_, ev) = run(&mut t, 4, Request::Flush(DelReason::Unload), 4);
+    assert_eq!(t.rules().count(), 0);
+    assert!(t.rss().is_default());
+    let removed: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match e {
+            TableEvent::RuleRemoved { seq, rule, cause } => Some((*seq, rule.loc, *cause)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed, vec![(Some(4), 3, ExtCause::Unload)]);
+    let rss: Vec<_> = ev
+        .iter()
+        .filter_map(|e| match e {
+            TableEvent::RssSet(c) => Some((c.seq, c.status, c.cause, c.config())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        rss,
+        vec![(
+            Some(4),
+            OpStatus::Ok,
+            ExtCause::Unload,
+            Some(RssConfig::default())
+        )]
+    );
+    let lines: Vec<_> = ev
+        .iter()
+        .filter(|e| matches!(e, TableEvent::RuleRemoved { .. } | TableEvent::RssSet(_)))
+        .map(|e| arfs::trace::TraceRecord::from_event(1, 1, e).reason)
+        .collect();
+    assert_eq!(
+        lines,
+        vec![Some("unload".to_string()), Some("unload".to_string())]
+    );
 }

@@ -150,7 +150,18 @@ fn rss_set_lines() {
     use arfs::rss::{key_to_hex, INDIRECTION_LEN, KEY_LEN};
     use arfs::table::RssChange;
     use arfs::{RssConfig, DEFAULT_KEY};
-    let ev = |seq, status, op| TableEvent::RssSet(Box::new(RssChange { seq, status, op }));
+    let ev = |seq: Option<u32>, status, op| {
+        TableEvent::RssSet(Box::new(RssChange {
+            seq,
+            status,
+            op,
+            cause: if seq.is_some() {
+                arfs::table::ExtCause::Op
+            } else {
+                arfs::table::ExtCause::Reset
+            },
+        }))
+    };
     let zeros = format!("[{}]", vec!["0"; INDIRECTION_LEN].join(","));
     let rr: Vec<String> = (0..INDIRECTION_LEN).map(|i| (i % 2).to_string()).collect();
     let rr = format!("[{}]", rr.join(","));

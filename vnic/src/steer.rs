@@ -525,6 +525,7 @@ mod tests {
                     key: None,
                     indirection: t,
                 }),
+                cause: arfs::table::ExtCause::Op,
             }))
         };
         let mut s = Steer::new(0, 64, false);
@@ -593,6 +594,7 @@ mod tests {
             s.apply(&TableEvent::RuleRemoved {
                 seq: None,
                 rule: Rule { loc, ..queue },
+                cause: arfs::table::ExtCause::Reset,
             });
         }
         let d = s.decide(&udp4(1000, 80)).unwrap();

@@ -1419,6 +1419,7 @@ mod tests {
             ev(TableEvent::RuleRemoved {
                 seq: Some(3),
                 rule: rb,
+                cause: arfs::table::ExtCause::Op,
             }),
         ];
         let mut good = good;
@@ -1468,7 +1469,15 @@ mod tests {
                 flow: k,
             },
         );
-        let del = TraceRecord::from_event(1, 1, &TableEvent::RuleRemoved { seq: Some(3), rule });
+        let del = TraceRecord::from_event(
+            1,
+            1,
+            &TableEvent::RuleRemoved {
+                seq: Some(3),
+                rule,
+                cause: arfs::table::ExtCause::Op,
+            },
+        );
         let v = vec![
             add.clone(),
             set.clone(),
