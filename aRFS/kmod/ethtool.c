@@ -412,6 +412,24 @@ static int vnic_eth_set_rxnfc(struct net_device *dev, struct ethtool_rxnfc *info
 	}
 }
 
+/* Under ctx->lock: the RSS_SET op of the wanted configuration. */
+static void vnic_eth_rss_op_locked(struct vnic_ctx *ctx)
+{
+	struct vnic_rss *rss = &ctx->rss;
+	u8 *op = rss->op;
+	unsigned int i;
+
+	memset(op, 0, VNIC_RSS_OP);
+	op[4] = (rss->default_indir ? VNIC_RSS_DEFAULT_INDIR : 0) |
+		(rss->default_key ? VNIC_RSS_DEFAULT_KEY : 0);
+	op[5] = VNIC_RSS_HFUNC_TOP;
+	if (!rss->default_key)
+		memcpy(op + 8, rss->key, VNIC_RSS_KEY_LEN);
+	if (!rss->default_indir)
+		for (i = 0; i < VNIC_RSS_INDIR_LEN; i++)
+			put_unaligned_be16(rss->indir[i], op + 48 + 2 * i);
+}
+
 #ifdef VNIC_HAVE_RXFH_PARAM
 static u32 vnic_eth_get_rxfh_key_size(struct net_device *dev)
 {
@@ -441,24 +459,6 @@ static int vnic_eth_get_rxfh(struct net_device *dev, struct ethtool_rxfh_param *
 		memcpy(rxfh->key, ctx->rss.key, VNIC_RSS_KEY_LEN);
 	vnic_unlock_bh(ctx);
 	return 0;
-}
-
-/* Under ctx->lock: the RSS_SET op of the wanted configuration. */
-static void vnic_eth_rss_op_locked(struct vnic_ctx *ctx)
-{
-	struct vnic_rss *rss = &ctx->rss;
-	u8 *op = rss->op;
-	unsigned int i;
-
-	memset(op, 0, VNIC_RSS_OP);
-	op[4] = (rss->default_indir ? VNIC_RSS_DEFAULT_INDIR : 0) |
-		(rss->default_key ? VNIC_RSS_DEFAULT_KEY : 0);
-	op[5] = VNIC_RSS_HFUNC_TOP;
-	if (!rss->default_key)
-		memcpy(op + 8, rss->key, VNIC_RSS_KEY_LEN);
-	if (!rss->default_indir)
-		for (i = 0; i < VNIC_RSS_INDIR_LEN; i++)
-			put_unaligned_be16(rss->indir[i], op + 48 + 2 * i);
 }
 
 static int vnic_eth_set_rxfh(struct net_device *dev, struct ethtool_rxfh_param *rxfh,
@@ -838,9 +838,7 @@ int vnic_eth_install(struct vnic_ctx *ctx)
 	memcpy(ctx->rss.key, vnic_eth_default_key, VNIC_RSS_KEY_LEN);
 	ctx->rss.default_indir = true;
 	ctx->rss.default_key = true;
-#ifdef VNIC_HAVE_RXFH_PARAM
 	vnic_eth_rss_op_locked(ctx);
-#endif
 	vnic_unlock_bh(ctx);
 	ctx->orig_eops = dev->ethtool_ops;
 	ctx->eops = eops;

@@ -747,7 +747,7 @@ pub(super) fn interleaved_lines(records: &[TraceRecord]) -> (usize, usize) {
 // ---- the scenario -----------------------------------------------------------
 
 impl Session {
-    fn rule_call(&mut self, op: &Op) -> Result<RuleOp> {
+    pub(super) fn rule_call(&mut self, op: &Op) -> Result<RuleOp> {
         let req = match op {
             Op::Insert { rule, loc } => Request::RuleInsert {
                 ifname: IFNAME.into(),
@@ -762,14 +762,14 @@ impl Session {
         self.guest.agent.req(req)
     }
 
-    fn rule_list(&mut self) -> Result<RuleList> {
+    pub(super) fn rule_list(&mut self) -> Result<RuleList> {
         self.guest.agent.req(Request::RuleList {
             ifname: IFNAME.into(),
         })
     }
 
     /// The device's rules with their hits.
-    fn device_rules(&mut self) -> Result<Vec<(arfs::Rule, u64)>> {
+    pub(super) fn device_rules(&mut self) -> Result<Vec<(arfs::Rule, u64)>> {
         let t = self.guest.ctl.table()?;
         t.rules
             .iter()
@@ -793,7 +793,7 @@ impl Session {
     }
 
     /// `ethtool -n` and the device's table against `rules`; findings to `c`.
-    fn check_rule_tables(&mut self, c: &mut Checks, when: &str, rules: &Rules) -> Result<()> {
+    pub(super) fn check_rule_tables(&mut self, c: &mut Checks, when: &str, rules: &Rules) -> Result<()> {
         let listed = self.rule_list()?;
         let dev: Vec<arfs::Rule> = self.device_rules()?.into_iter().map(|(r, _)| r).collect();
         for l in table_verdict(when, &rules.set, &listed, &dev) {
