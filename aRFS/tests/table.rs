@@ -1193,19 +1193,9 @@ fn a_flush_of_unload_takes_the_rules_and_the_rss_configuration() {
     use arfs::{RssConfig, Rule, RuleAction, RuleFlow};
     let mut t = table(TableConfig::default());
     let rule = Rule {
-        loc: 3,
-        flow: RuleFlow::Udp4,
-        src: [0; 16],
-        src_mask: [0; 16],
-        dst: [0; 16],
-        dst_mask: [0; 16],
-        sport: 0,
-        sport_mask: 0,
         dport: 4242,
         dport_mask: 0xffff,
-        l4_proto: 0,
-        l4_mask: 0,
-        action: RuleAction::Queue(1),
+        ..Rule::any(3, RuleFlow::Udp4, RuleAction::Queue(1))
     };
     let (st, _) = run(&mut t, 1, Request::RuleSet(vec![RuleOp::new(&rule)]), 4);
     assert_eq!(st, vec![OpStatus::Ok]);

@@ -17,7 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use arfs::proto::{self, AddOp, Hello, RssSetOp};
+use arfs::proto::{self, AddOp, RssSetOp};
 use arfs::rss::{key_to_hex, INDIRECTION_LEN, KEY_LEN};
 use arfs::{EventKind, Message, OpStatus, Rss, RssConfig, Toeplitz, TraceRecord, DEFAULT_KEY};
 use common::*;
@@ -25,21 +25,7 @@ use vnic_frontend::guest::Guest;
 
 /// HELLO with `driver_version` `v`; the CAPS.
 fn hello(g: &mut Guest, v: u32) -> proto::Caps {
-    let r = g
-        .request(
-            &Message::Hello(Hello {
-                driver_version: v,
-                nonce: 0x5eed_0003,
-                mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56],
-            }),
-            T,
-        )
-        .expect("CAPS");
-    let Message::Caps(c) = r.message else {
-        panic!("not a CAPS: {:?}", r.message)
-    };
-    g.generation = r.header.generation;
-    c
+    hello_caps(g, v, 0x5eed_0003)
 }
 
 /// The status of an RSS_SET.

@@ -13,7 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use arfs::proto::{self, AddOp, Hello, RuleOp};
+use arfs::proto::{self, AddOp, RuleOp};
 use arfs::{EventKind, Message, OpStatus, Rule, RuleAction, RuleFlow, TraceRecord};
 use common::*;
 use vnic_frontend::guest::Guest;
@@ -24,21 +24,7 @@ fn st(v: &[OpStatus]) -> Vec<u8> {
 
 /// HELLO with `driver_version` `v`; the CAPS.
 fn hello(g: &mut Guest, v: u32) -> proto::Caps {
-    let r = g
-        .request(
-            &Message::Hello(Hello {
-                driver_version: v,
-                nonce: 0x5eed_0002,
-                mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56],
-            }),
-            T,
-        )
-        .expect("CAPS");
-    let Message::Caps(c) = r.message else {
-        panic!("not a CAPS: {:?}", r.message)
-    };
-    g.generation = r.header.generation;
-    c
+    hello_caps(g, v, 0x5eed_0002)
 }
 
 /// The statuses of a rule request.

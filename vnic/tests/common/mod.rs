@@ -165,3 +165,23 @@ pub fn wait_gen_done(c: &mut Client, id: u32) {
 pub fn sum_queues(stats: &Stats, field: impl Fn(&QueueStats) -> u64) -> u64 {
     stats.queues.iter().map(field).sum()
 }
+
+/// HELLO with `driver_version` `v` (and `nonce`); the CAPS. Sets the
+/// guest's generation to the CAPS's.
+pub fn hello_caps(g: &mut Guest, v: u32, nonce: u32) -> arfs::proto::Caps {
+    let r = g
+        .request(
+            &arfs::Message::Hello(arfs::proto::Hello {
+                driver_version: v,
+                nonce,
+                mac: [0x52, 0x54, 0, 0x12, 0x34, 0x56],
+            }),
+            T,
+        )
+        .expect("CAPS");
+    let arfs::Message::Caps(c) = r.message else {
+        panic!("not a CAPS: {:?}", r.message)
+    };
+    g.generation = r.header.generation;
+    c
+}
