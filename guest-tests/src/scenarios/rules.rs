@@ -793,7 +793,12 @@ impl Session {
     }
 
     /// `ethtool -n` and the device's table against `rules`; findings to `c`.
-    pub(super) fn check_rule_tables(&mut self, c: &mut Checks, when: &str, rules: &Rules) -> Result<()> {
+    pub(super) fn check_rule_tables(
+        &mut self,
+        c: &mut Checks,
+        when: &str,
+        rules: &Rules,
+    ) -> Result<()> {
         let listed = self.rule_list()?;
         let dev: Vec<arfs::Rule> = self.device_rules()?.into_iter().map(|(r, _)| r).collect();
         for l in table_verdict(when, &rules.set, &listed, &dev) {
