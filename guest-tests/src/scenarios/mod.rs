@@ -1,8 +1,9 @@
 //! The guest scenarios of the suite, all in one table ([`SCENARIOS`]): the
 //! issue-4 ones (link, steer, migrate, expiry: `basic.rs`), plain RPS on
 //! one queue (`rps.rs`), the faults group (`faults/`), the stress group
-//! (`stress/`) and unequal per-queue RFS tables (`rfs_tables.rs`, the
-//! out-of-bounds slot of pre-7.0 `set_rps_cpu()`). Topologies (queue
+//! (`stress/`), ethtool ntuple rules (`rules.rs`, `rules_faults.rs`) and
+//! unequal per-queue RFS tables (`rfs_tables.rs`, the out-of-bounds slot of
+//! pre-7.0 `set_rps_cpu()`). Topologies (queue
 //! pairs x vCPUs) are in `topology.rs`. `experiments.rs`
 //! holds the experiment workloads of `vnic-experiment`, which are not
 //! scenarios of the suite; `shard.rs` cuts its collision sweep into shards
@@ -47,6 +48,7 @@ mod ports;
 mod rfs_tables;
 mod rps;
 mod rules;
+mod rules_faults;
 mod session;
 pub mod shard;
 pub mod slots;
@@ -108,8 +110,9 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario { name: "reconfig",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::reconfig },
     Scenario { name: "relayout",          boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout },
     Scenario { name: "relayout-4k",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ3, matrix: false, v6: false, run: faults::reconfig::relayout_4k },
-    // issue 48, ethtool ntuple rules with aRFS filters (rules.rs)
+    // issue 48, ethtool ntuple rules with aRFS filters (rules.rs) and under faults (rules_faults.rs)
     Scenario { name: "rules-mixed",       boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: rules::rules_mixed },
+    Scenario { name: "rules-faults",      boot: BootKind::Default, setup: Setup::Fresh,  pairs: MQ,  matrix: false, v6: false, run: rules_faults::rules_faults },
     // issue 5, stress (stress/)
     Scenario { name: "hostile-mgmt",      boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::hostile::hostile_mgmt },
     Scenario { name: "device-restart",    boot: BootKind::Default, setup: Setup::Shared, pairs: MQ,  matrix: false, v6: false, run: stress::device_restart },
