@@ -352,6 +352,83 @@ static int vnic_eth_rule_del(struct vnic_ctx *ctx, u32 loc)
 }
 
 /* ------------------------------------------------------------------------ */
+/* RSS hash fields: the device's, fixed (aRFS/PROTOCOL.md, "RSS")           */
+
+#define VNIC_RXH_2TUPLE	(RXH_IP_SRC | RXH_IP_DST)
+#define VNIC_RXH_4TUPLE	(VNIC_RXH_2TUPLE | RXH_L4_B_0_1 | RXH_L4_B_2_3)
+
+/*
+ * The fields the device hashes for @flow_type: TCP and UDP over the
+ * 4-tuple (unfragmented), every other IP protocol over the addresses, a
+ * non-IP frame over nothing (queue 0). -EOPNOTSUPP for a type it has no
+ * word on (GTP: hashed as the UDP it is, not by TEID).
+ */
+static int vnic_eth_hash_fields(u32 flow_type, u64 *data)
+{
+	switch (flow_type & ~FLOW_RSS) {
+	case TCP_V4_FLOW:
+	case UDP_V4_FLOW:
+	case TCP_V6_FLOW:
+	case UDP_V6_FLOW:
+		*data = VNIC_RXH_4TUPLE;
+		return 0;
+	case SCTP_V4_FLOW:
+	case SCTP_V6_FLOW:
+	case AH_ESP_V4_FLOW:
+	case AH_ESP_V6_FLOW:
+	case AH_V4_FLOW:
+	case AH_V6_FLOW:
+	case ESP_V4_FLOW:
+	case ESP_V6_FLOW:
+	case IPV4_FLOW:
+	case IPV6_FLOW:
+		*data = VNIC_RXH_2TUPLE;
+		return 0;
+	case ETHER_FLOW:
+		*data = 0;
+		return 0;
+	default:
+		return -EOPNOTSUPP;
+	}
+}
+
+/* A change of the fields: only to what they are (they cannot change). */
+static int vnic_eth_hash_fields_set(u32 flow_type, u64 data)
+{
+	u64 now;
+	int err = vnic_eth_hash_fields(flow_type, &now);
+
+	if (err)
+		return err;
+	return data == now ? 0 : -EOPNOTSUPP;
+}
+
+#ifdef VNIC_HAVE_RXFH_FIELDS
+static int vnic_eth_get_rxfh_fields(struct net_device *dev, struct ethtool_rxfh_fields *f)
+{
+	u64 data;
+	int err;
+
+	if (f->rss_context)
+		return -EOPNOTSUPP;
+	err = vnic_eth_hash_fields(f->flow_type, &data);
+	if (!err)
+		f->data = data;
+	return err;
+}
+
+static int vnic_eth_set_rxfh_fields(struct net_device *dev, const struct ethtool_rxfh_fields *f,
+				    struct netlink_ext_ack *extack)
+{
+	int err = f->rss_context ? -EOPNOTSUPP : vnic_eth_hash_fields_set(f->flow_type, f->data);
+
+	if (err)
+		NL_SET_ERR_MSG_MOD(extack, "fixed hash fields: 4-tuple TCP/UDP, else addresses");
+	return err;
+}
+#endif
+
+/* ------------------------------------------------------------------------ */
 /* ethtool ops                                                              */
 
 static int vnic_eth_get_rxnfc(struct net_device *dev, struct ethtool_rxnfc *info,
@@ -387,6 +464,12 @@ static int vnic_eth_get_rxnfc(struct net_device *dev, struct ethtool_rxnfc *info
 		}
 		info->rule_cnt = n;
 		return 0;
+#ifndef VNIC_HAVE_RXFH_FIELDS
+	case ETHTOOL_GRXFH:	/* before 6.17: the hash fields come this way */
+		if (ctx->eth_feat & VNIC_FEAT_RSS)
+			return vnic_eth_hash_fields(info->flow_type, &info->data);
+		fallthrough;
+#endif
 	default:
 		if (ctx->orig_eops->get_rxnfc)
 			return ctx->orig_eops->get_rxnfc(dev, info, rule_locs);
@@ -405,6 +488,12 @@ static int vnic_eth_set_rxnfc(struct net_device *dev, struct ethtool_rxnfc *info
 		return vnic_eth_rule_ins(ctx, info);
 	case ETHTOOL_SRXCLSRLDEL:
 		return vnic_eth_rule_del(ctx, info->fs.location);
+#ifndef VNIC_HAVE_RXFH_FIELDS
+	case ETHTOOL_SRXFH:
+		if (ctx->eth_feat & VNIC_FEAT_RSS)
+			return vnic_eth_hash_fields_set(info->flow_type, info->data);
+		fallthrough;
+#endif
 	default:
 		if (ctx->orig_eops->set_rxnfc)
 			return ctx->orig_eops->set_rxnfc(dev, info);
@@ -828,6 +917,10 @@ int vnic_eth_install(struct vnic_ctx *ctx)
 		eops->get_rxfh_indir_size = vnic_eth_get_rxfh_indir_size;
 		eops->get_rxfh = vnic_eth_get_rxfh;
 		eops->set_rxfh = vnic_eth_set_rxfh;
+#ifdef VNIC_HAVE_RXFH_FIELDS
+		eops->get_rxfh_fields = vnic_eth_get_rxfh_fields;
+		eops->set_rxfh_fields = vnic_eth_set_rxfh_fields;
+#endif
 	}
 #endif
 
